@@ -1,0 +1,193 @@
+/*
+ * cinfer.h — the public API of cinfer, a large-language-model runtime in C.
+ *
+ * Everything is reached through opaque handles. Every function that can fail
+ * returns a cinfer_status; the message for the last failure is kept on the
+ * handle involved (cinfer_model_error / cinfer_ctx_error) or, for functions
+ * that create a handle, written into the caller's `err` buffer.
+ *
+ * Ownership: a model is read-only after load and may be shared by threads;
+ * a context belongs to one thread at a time and keeps a pointer to its model
+ * (free the contexts before the model). Arrays returned through `**out`
+ * parameters are malloc'd and owned by the caller (free with free()).
+ */
+#ifndef CINFER_H
+#define CINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cinfer_status {
+    CINFER_OK = 0,
+    CINFER_EINVAL = 1,      /* bad argument from the caller */
+    CINFER_EIO = 2,         /* file missing, unreadable */
+    CINFER_EFORMAT = 3,     /* file present but malformed, truncated or lying */
+    CINFER_EUNSUPPORTED = 4,/* valid input cinfer does not handle (architecture, dtype) */
+    CINFER_ENOMEM = 5,
+    CINFER_EBACKEND = 6,    /* device/backend failure */
+    CINFER_ENOTFOUND = 7,   /* optional piece absent (e.g. no tokenizer in a model dir) */
+} cinfer_status;
+
+/* A short English name for a status ("format error", ...). Never NULL. */
+const char *cinfer_status_str(cinfer_status s);
+
+typedef struct cinfer_model cinfer_model;
+typedef struct cinfer_ctx cinfer_ctx;
+typedef struct cinfer_tokenizer cinfer_tokenizer;
+
+/* ---------------------------------------------------------------- models */
+
+typedef struct cinfer_load_opts {
+    const char *device;   /* "cpu" (default, NULL) or "cuda" */
+    int n_threads;        /* CPU threads; 0 = all cores */
+    int no_tokenizer;     /* 1: do not load tokenizer files even if present */
+} cinfer_load_opts;
+
+/* Loads a Hugging Face / MLX model directory: config.json, model.safetensors
+ * or shards + model.safetensors.index.json, generation_config.json and, when
+ * present, tokenizer.json / tokenizer_config.json. Weights are memory-mapped
+ * and used in place. On failure *out is NULL and `err` (may be NULL) holds a
+ * message naming the file and the problem. opts may be NULL. */
+cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts,
+                                cinfer_model **out, char *err, size_t err_len);
+void cinfer_model_free(cinfer_model *m);  /* NULL is fine */
+
+typedef struct cinfer_model_info {
+    const char *model_type;  /* HF model_type, e.g. "llama" */
+    int n_layer, hidden, n_head, n_kv_head, head_dim, ffn, n_vocab, max_pos;
+    int bos;                 /* -1 when unknown */
+    int n_eos;               /* eos ids from generation_config.json/config.json */
+    const int32_t *eos;      /* [n_eos], owned by the model */
+    const char *weight_dtype;/* "f32", "f16", "bf16" (of the projection weights) */
+    size_t weight_bytes;     /* bytes of all tensors in the safetensors files */
+    int64_t n_params;
+} cinfer_model_info;
+
+void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *info);
+
+/* The tokenizer loaded with the model, or NULL when the directory had none. */
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m);
+
+/* -------------------------------------------------------------- contexts */
+
+typedef struct cinfer_ctx_opts {
+    int n_threads;      /* 0 = the model's default */
+    int kv_f16;         /* 1: store the KV cache as f16 (default f32) */
+} cinfer_ctx_opts;
+
+/* A context holds the per-layer caches, scratch buffers and a backend
+ * context. opts may be NULL. */
+cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *opts, cinfer_ctx **out,
+                             char *err, size_t err_len);
+void cinfer_ctx_free(cinfer_ctx *c);
+const char *cinfer_ctx_error(const cinfer_ctx *c);  /* message of the last failure */
+
+/* Drops every cached token of every row. */
+void cinfer_ctx_reset(cinfer_ctx *c);
+/* Tokens held in the cache for row 0 (its next position). */
+int cinfer_ctx_pos(const cinfer_ctx *c);
+/* Bytes held by the KV cache. */
+size_t cinfer_ctx_cache_bytes(const cinfer_ctx *c);
+
+/* One forward over B token rows of padded length L (the design's forward
+ * contract). ids [B][L]; lens[B] true lengths (NULL: all L); pos0[B] start
+ * positions (NULL: continue each row from its cached length). Logits are
+ * computed only at the positions requested:
+ *   - out_rows == NULL: the last true position of each row -> logits [B][vocab]
+ *   - otherwise n_out (row, position) pairs out_rows[2*i], out_rows[2*i+1]
+ *     -> logits [n_out][vocab].
+ * logits may be NULL (prefill only). */
+cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens,
+                             const int *pos0, const int *out_rows, int n_out, float *logits);
+
+/* Convenience for one row: feeds ids[n] after the cached tokens, writes the
+ * logits of every fed position (all=1, [n][vocab]) or only the last
+ * ([vocab]). */
+cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits);
+
+/* ---------------------------------------------------------------- sampling */
+
+typedef struct cinfer_sampler_params {
+    float temp;          /* 0 = greedy */
+    int top_k;           /* 0 = off */
+    float top_p;         /* 1 = off */
+    float min_p;         /* 0 = off */
+    float rep_penalty;   /* 1 = off (CTRL-style: divide positive logits, multiply negative) */
+    int rep_last_n;      /* window of recent tokens for the penalty; 0 = all */
+    uint64_t seed;
+} cinfer_sampler_params;
+
+/* Defaults: greedy, no filters, seed 0. */
+cinfer_sampler_params cinfer_sampler_defaults(void);
+
+typedef struct cinfer_sampler cinfer_sampler;
+cinfer_status cinfer_sampler_new(const cinfer_sampler_params *p, int n_vocab, cinfer_sampler **out);
+void cinfer_sampler_free(cinfer_sampler *s);
+/* Picks the next token. logits [n_vocab] is modified in place (penalties,
+ * filters). history [n_hist] is the context the repetition penalty sees. */
+int32_t cinfer_sampler_sample(cinfer_sampler *s, float *logits, const int32_t *history, int n_hist);
+
+/* -------------------------------------------------------------- generation */
+
+typedef struct cinfer_gen_stats {
+    int prompt_tokens, gen_tokens;
+    double prompt_s, gen_s;    /* seconds in prefill / in decode */
+    size_t peak_rss;           /* bytes, process peak resident set */
+    int stopped_by_eos;
+} cinfer_gen_stats;
+
+/* Called for each generated token with the text it completes (complete UTF-8
+ * only; may be ""). Return non-zero to stop. */
+typedef int (*cinfer_token_cb)(int32_t token, const char *text, void *user);
+
+/* Feeds prompt[n_prompt] (must be >= 1 token) after the cached tokens, then
+ * samples up to max_tokens tokens, stopping at an eos id. text in the callback
+ * is NULL when the model has no tokenizer. */
+cinfer_status cinfer_generate(cinfer_ctx *c, const int32_t *prompt, int n_prompt,
+                              const cinfer_sampler_params *sp, int max_tokens,
+                              cinfer_token_cb cb, void *user, cinfer_gen_stats *stats);
+
+/* -------------------------------------------------------------- tokenizers */
+
+/* Loads tokenizer.json (+ tokenizer_config.json) from a directory that may
+ * hold only tokenizer files. */
+cinfer_status cinfer_tokenizer_load(const char *dir, cinfer_tokenizer **out, char *err, size_t err_len);
+void cinfer_tokenizer_free(cinfer_tokenizer *t);
+int cinfer_tokenizer_n_vocab(const cinfer_tokenizer *t);
+int cinfer_tokenizer_bos(const cinfer_tokenizer *t);  /* -1 if none */
+int cinfer_tokenizer_eos(const cinfer_tokenizer *t);  /* -1 if none */
+
+/* Encodes UTF-8 text. add_special: apply the post-processor's BOS/EOS as
+ * tokenizer_config.json says. parse_special: match special tokens in text. */
+cinfer_status cinfer_tokenize(const cinfer_tokenizer *t, const char *text, size_t len,
+                              int add_special, int parse_special, int32_t **ids, int *n_ids);
+/* Decodes ids to UTF-8 text; skip_special drops special tokens. */
+cinfer_status cinfer_detokenize(const cinfer_tokenizer *t, const int32_t *ids, int n,
+                                int skip_special, char **text);
+/* The vocabulary piece of an id (as stored), or NULL if out of range. */
+const char *cinfer_token_piece(const cinfer_tokenizer *t, int32_t id);
+
+/* Streaming decoder: push ids one at a time; each push returns the newly
+ * completed text (complete UTF-8 only, "" if none yet) valid until the next
+ * call. */
+typedef struct cinfer_detok_stream cinfer_detok_stream;
+cinfer_detok_stream *cinfer_detok_stream_new(const cinfer_tokenizer *t, int skip_special);
+const char *cinfer_detok_stream_push(cinfer_detok_stream *s, int32_t id);
+const char *cinfer_detok_stream_flush(cinfer_detok_stream *s);  /* remaining bytes */
+void cinfer_detok_stream_free(cinfer_detok_stream *s);
+
+/* Renders the tokenizer's chat template. messages_json: a JSON array of
+ * {"role","content",...}; tools_json and kwargs_json (an object of extra
+ * template variables) may be NULL. */
+cinfer_status cinfer_chat_render(const cinfer_tokenizer *t, const char *messages_json,
+                                 const char *tools_json, const char *kwargs_json,
+                                 int add_generation_prompt, char **out, char *err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

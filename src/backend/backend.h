@@ -1,0 +1,106 @@
+/*
+ * backend.h — the op table every backend implements (cpu/, cuda/).
+ *
+ * Model code calls these ops eagerly on activation buffers that the backend
+ * allocated (host memory on the CPU, device memory on CUDA); it never touches
+ * an activation buffer's bytes itself and never branches on the backend.
+ * Activations are float32, row-major, outermost dim first. Weights are
+ * be_mat: a [rows][cols] matrix in its stored dtype (f32/f16/bf16), read in
+ * place from the mmap on the CPU, uploaded once by mat_prepare on CUDA.
+ * Integer arrays (ids, positions, lengths) are always host arrays; a device
+ * backend copies what it needs.
+ *
+ * Every op has a scalar reference in cpu/ref.c (be_ref_*) that tests compare
+ * the fast versions against.
+ */
+#ifndef CINFER_BACKEND_H
+#define CINFER_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum be_dtype { BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2 } be_dtype;
+
+size_t be_dtype_size(be_dtype t);
+const char *be_dtype_name(be_dtype t);
+
+typedef struct be_mat {
+    const void *data;   /* [rows][cols] host copy (mmap); always valid */
+    void *dev;          /* backend copy (CUDA), NULL on the CPU */
+    be_dtype dt;
+    int64_t rows, cols; /* 1-D tensors (norms, biases) have rows == 1 */
+} be_mat;
+
+typedef struct be_ctx be_ctx;   /* backend-owned state: thread pool, handles, streams */
+
+/* Attention geometry shared by the cache and the attention op. */
+typedef struct be_attn {
+    int B, L;            /* rows, padded query length */
+    int n_head, n_kv_head, head_dim;
+    int cap;             /* cache slots per row */
+    const int *pos0;     /* [B] position of each row's first query (host) */
+    const int *len;      /* [B] true query length of each row (host) */
+    int window;          /* 0: full causal; W: key j visible to query p iff p-W < j <= p */
+    float scale;
+} be_attn;
+
+typedef struct be_ops {
+    const char *name;
+    int (*ctx_new)(be_ctx **out, int n_threads);
+    void (*ctx_free)(be_ctx *c);
+    int (*n_threads)(const be_ctx *c);
+
+    /* buffers (activations, caches) */
+    void *(*alloc)(be_ctx *c, size_t bytes);           /* zeroed; NULL on failure */
+    void (*free)(be_ctx *c, void *p);
+    void (*to_host)(be_ctx *c, void *dst, const void *src, size_t bytes);
+    void (*from_host)(be_ctx *c, void *dst, const void *src, size_t bytes);
+    void (*copy)(be_ctx *c, void *dst, const void *src, size_t bytes);
+
+    /* weights: make m usable by this backend (CUDA uploads to m->dev) */
+    int (*mat_prepare)(be_ctx *c, be_mat *m);
+    void (*mat_release)(be_ctx *c, be_mat *m);
+
+    /* out[n][cols] = tab[ids[i]] */
+    void (*embed)(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
+    /* y[n][m] = x[n][k] . w[m][k]^T (+ bias[m]) */
+    void (*matmul)(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+    /* y[n][dim] = x / rms(x) * (w + w_add); w may be NULL (weightless) */
+    void (*rmsnorm)(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add,
+                    float eps, float *y);
+    /* rotary embedding in place on x[n][heads][hd] over the first rot_dims dims;
+     * pos[n] positions; inv_freq[rot_dims/2]; neox=1 rotate-half pairs (i, i+rot/2),
+     * neox=0 interleaved pairs (2i, 2i+1). Padded tokens may carry any position. */
+    void (*rope)(be_ctx *c, float *x, int n, int heads, int hd, int rot_dims, const int *pos,
+                 const float *inv_freq, int neox);
+    /* out[i] = silu(gate[i]) * up[i] */
+    void (*swiglu)(be_ctx *c, const float *gate, const float *up, float *out, size_t n);
+    /* y[i] += x[i] */
+    void (*add)(be_ctx *c, float *y, const float *x, size_t n);
+    /* y[i][:] = x[rows[i]][:] for i < n (gather token rows before the LM head) */
+    void (*gather)(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y);
+
+    /* KV: write src[B][L][n_kv][hd] into cache[B][n_kv][cap][hd] at slots
+     * pos0[b]+i for i < len[b]; cache dtype f32 or f16 (kv_dt). */
+    void (*kv_write)(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype kv_dt);
+    /* out[B][L][n_head][hd] = softmax(q k^T * scale + mask) v over the cached
+     * keys; padded queries (i >= len[b]) get zeros. */
+    void (*attention)(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v,
+                      be_dtype kv_dt, float *out);
+} be_ops;
+
+const be_ops *be_cpu(void);
+const be_ops *be_cuda(void);   /* NULL when built without CUDA */
+
+/* float <-> half/bfloat16 (round to nearest even) */
+float be_f16_to_f32(uint16_t h);
+uint16_t be_f32_to_f16(float f);
+static inline float be_bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v = { (uint32_t)b << 16 };
+    return v.f;
+}
+uint16_t be_f32_to_bf16(float f);
+/* element i of a weight row as float */
+float be_mat_get(const be_mat *m, int64_t r, int64_t c);
+
+#endif

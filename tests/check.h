@@ -1,0 +1,29 @@
+/*
+ * check.h — the tiny harness every tests/test-*.c uses. Each CHECK prints one
+ * "PASS name" or "FAIL name: why" line; tests/run.sh counts them. A test
+ * binary exits non-zero when any check failed.
+ */
+#ifndef CINFER_CHECK_H
+#define CINFER_CHECK_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+static int check_failed_ = 0, check_passed_ = 0;
+
+#define CHECK(cond, ...) do { \
+    if (cond) { check_passed_++; printf("PASS "); printf(__VA_ARGS__); printf("\n"); } \
+    else { check_failed_++; printf("FAIL "); printf(__VA_ARGS__); \
+           printf("  [%s:%d: %s]\n", __FILE__, __LINE__, #cond); } \
+    fflush(stdout); } while (0)
+
+#define CHECK_DONE() (printf("# %d passed, %d failed\n", check_passed_, check_failed_), \
+                      check_failed_ ? 1 : 0)
+
+/* ../shared next to the checkout, or $CINFER_SHARED */
+static inline const char *shared_dir(void) {
+    const char *s = getenv("CINFER_SHARED");
+    return s ? s : "../shared";
+}
+#endif

@@ -1,0 +1,24 @@
+#!/bin/sh
+# Runs every test binary of each build folder given (default: build) from the
+# repository root and prints the closing summary "N passed, N failed".
+# A binary that crashes or exits non-zero without a FAIL line counts as a failure.
+cd "$(dirname "$0")/.." || exit 1
+[ $# -eq 0 ] && set -- build
+pass=0; fail=0; log=$(mktemp)
+for b in "$@"; do
+  for t in "$b"/tests/test-*; do
+    [ -x "$t" ] || continue
+    name="$b/$(basename "$t")"
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$t" >"$log" 2>&1
+    rc=$?
+    p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log")
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name: exited $rc without a FAIL line"; tail -20 "$log"; fi
+    grep '^FAIL ' "$log" | sed "s|^|$name: |"
+    [ $rc -ne 0 ] && tail -30 "$log" | grep -v '^PASS '
+    echo "$name: $p passed, $f failed"
+    pass=$((pass + p)); fail=$((fail + f))
+  done
+done
+rm -f "$log"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]

@@ -1,0 +1,35 @@
+/*
+ * main.c — entry point of the `cinfer` CLI: dispatches to one subcommand.
+ * The only place in the tree that exits the process.
+ */
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+
+static const cli_cmd commands[] = {
+    {"generate", cmd_generate, "generate text from a prompt (streams)"},
+    {"logits", cmd_logits, "print top-k logits per position, or write them as .npy"},
+    {"tokenize", cmd_tokenize, "text -> token ids and pieces"},
+    {"detokenize", cmd_detokenize, "token ids -> text"},
+    {"template", cmd_template, "render the model's chat template"},
+    {"chat", cmd_chat, "interactive chat through the chat template"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: cinfer COMMAND [options]   (cinfer COMMAND --help for its flags)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "cinfer: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
