@@ -1,0 +1,40 @@
+/*
+ * cpu.h — internals of the CPU backend shared by its files: the thread pool,
+ * the backend context, and the matmul entry point (matmul.c) that ops.c's
+ * table points at. Work is split as (ith, nth) over the pool; the calling
+ * thread is worker 0.
+ */
+#ifndef CINFER_CPU_H
+#define CINFER_CPU_H
+#include "backend/backend.h"
+
+typedef void (*cpu_task_fn)(void *arg, int ith, int nth);
+typedef struct cpu_pool cpu_pool;
+
+cpu_pool *cpu_pool_new(int n_threads);       /* NULL on failure */
+void cpu_pool_free(cpu_pool *p);
+int cpu_pool_size(const cpu_pool *p);
+/* runs fn(arg, i, n) for i in [0, n) across the pool; returns when all are done */
+void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *arg);
+
+struct be_ctx {
+    cpu_pool *pool;
+    int n_threads;
+    float *scratch;        /* [scratch_n] per-call f32 workspace (weight conversion for GEMM) */
+    size_t scratch_n;
+};
+
+/* y[n][m] = x[n][k] . w[m][k]^T (+ bias): GEMV kernels for small n, OpenBLAS for large n */
+void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+/* converts row r of w (any dtype) to f32 dst[cols] */
+void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst);
+
+/* scalar references (ref.c): the definitions the fast ops are tested against */
+void be_ref_matmul(const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+void be_ref_rmsnorm(const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
+void be_ref_rope(float *x, int n, int heads, int hd, int rot_dims, const int *pos,
+                 const float *inv_freq, int neox);
+void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n);
+void be_ref_attention(const be_attn *a, const float *q, const void *k, const void *v,
+                      be_dtype kv_dt, float *out);
+#endif
