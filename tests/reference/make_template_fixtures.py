@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""
+make_template_fixtures.py — golden data for cinfer's chat-template engine
+(src/tokenizer/chat-template.c, tested by tests/test-chat-template.c).
+
+Run on the GPU machine (transformers installed):
+    python3 tests/reference/make_template_fixtures.py TOKDIR OUTDIR
+where TOKDIR holds qwen3/, llama3/, gemma3/ each with tokenizer.json (or
+tokenizer.json.gz) and tokenizer_config.json. It writes OUTDIR/{qwen3,llama3,
+gemma3,micro}.json: lists of cases
+    {name, template_name, call: {messages, tools, add_generation_prompt, kwargs},
+     context: <the exact variables the template sees>, expected | expected_error}
+`expected` is transformers' apply_chat_template(..., tokenize=False). `context`
+is what cinfer's tmpl_render gets; the script checks that rendering the
+template with that context through transformers' own Jinja environment gives
+the same text, so the fixture is self-consistent.
+
+micro.json holds small feature templates (loops, filters, tests, whitespace
+control, printing, errors) rendered through transformers' Jinja environment
+(trim_blocks, lstrip_blocks, its tojson/raise_exception). Without transformers
+(e.g. on a dev machine: `--micro-only`) an equivalent environment is built
+from jinja2 directly, mirroring transformers' _compile_jinja_template.
+"""
+import gzip
+import json
+import os
+import shutil
+import sys
+
+
+def jinja_env():
+    """transformers' compiled-template environment, or a faithful copy."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+        return lambda src: _compile_jinja_template(src), "transformers"
+    except Exception:
+        pass
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from datetime import datetime
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
+    return (lambda src: env.from_string(src)), "jinja2-" + jinja2.__version__
+
+
+SYSTEM = "You are a helpful assistant.  Answer briefly."
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city — température incluse, 天气",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name, e.g. \"Paris\""},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7.5}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web\nwith a query",
+        "parameters": {"type": "object", "properties": {
+            "q": {"type": "string"}, "safe": {"type": "boolean", "default": True},
+            "tags": {"type": "array", "items": {"type": "string"}, "default": None}},
+            "required": ["q"]}}},
+]
+MULTI = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": "Hello! How are you?"},
+    {"role": "assistant", "content": "I'm fine, thanks.  And you?"},
+    {"role": "user", "content": "  Tell me a joke about C.\n\nWith newlines\ttabs — and ünïcødé 😀 中文.  "},
+]
+NOSYS = MULTI[1:]
+
+
+def qwen3_cases():
+    tc_msgs = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What's the weather in Paris and Tokyo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}},
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "東京", "days": 2}}}]},
+        {"role": "tool", "content": "{\"temp\": 21}"},
+        {"role": "tool", "content": "{\"temp\": 18.5}"},
+        {"role": "assistant", "content": "Paris is 21°C and Tokyo 18.5°C."},
+        {"role": "user", "content": "Thanks. Search for umbrellas."},
+        {"role": "assistant", "content": "Let me search.", "tool_calls": [
+            {"type": "function", "function": {"name": "search", "arguments": "{\"q\": \"umbrellas\"}"}}]},
+        {"role": "tool", "content": "<results>3 shops</results>"},
+    ]
+    think_msgs = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nSimple arithmetic.\n</think>\n\n4"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "<think>\nAgain simple.\n</think>\n\n6"},
+    ]
+    rc_msgs = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "The user greets me."},
+        {"role": "user", "content": "<tool_response>x</tool_response>"},
+        {"role": "assistant", "content": "ok", "reasoning_content": None},
+    ]
+    return [
+        ("multi_turn_gen", MULTI, None, True, {}),
+        ("multi_turn_nogen", MULTI, None, False, {}),
+        ("no_system_gen", NOSYS, None, True, {}),
+        ("no_thinking", MULTI, None, True, {"enable_thinking": False}),
+        ("thinking_true", MULTI, None, True, {"enable_thinking": True}),
+        ("tools_system", MULTI, TOOLS, True, {}),
+        ("tools_no_system", NOSYS, TOOLS, True, {}),
+        ("tool_calls", tc_msgs, TOOLS, True, {}),
+        ("tool_calls_nogen", tc_msgs, TOOLS, False, {"enable_thinking": False}),
+        ("think_history", think_msgs, None, False, {}),
+        ("reasoning_content", rc_msgs, None, True, {}),
+    ]
+
+
+def llama3_cases():
+    return [
+        ("multi_turn_gen", MULTI, None, True, {}),
+        ("multi_turn_nogen", MULTI, None, False, {}),
+        ("no_system", NOSYS, None, True, {}),
+        ("tools", MULTI, TOOLS, True, {}),
+        ("single_user", [{"role": "user", "content": "\n\n  hi  \n"}], None, True, {}),
+    ]
+
+
+def gemma3_cases():
+    parts = [
+        {"role": "system", "content": [{"type": "text", "text": "  Be terse. "}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?  "}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
+        {"role": "user", "content": "And this?"},
+    ]
+    bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    return [
+        ("multi_turn_gen", MULTI, None, True, {}),
+        ("multi_turn_nogen", MULTI, None, False, {}),
+        ("no_system", NOSYS, None, True, {}),
+        ("content_parts", parts, None, True, {}),
+        ("not_alternating", bad, None, True, {}),
+    ]
+
+
+# Small feature templates: (name, template, context). Rendered with the same
+# environment; an exception is recorded as expected_error (its message).
+MICRO = [
+    ("print_types", "{{ none }}|{{ true }}|{{ false }}|{{ 1 }}|{{ 1.0 }}|{{ 0.1 }}|{{ 1e20 }}|{{ 1.5e-7 }}|{{ -0.0 }}|{{ 3.14159 }}|{{ 10/4 }}|{{ 10//4 }}|{{ 7 % 3 }}|{{ 2**10 }}|{{ -7 // 2 }}|{{ -7 % 3 }}", {}),
+    ("print_containers", "{{ [1, 'a', none, true, 2.5] }}|{{ {'a': 1, 'b': [1,2]} }}|{{ (1, 2) }}|{{ (1,) }}|{{ x }}|{{ [\"it's\", 'say \"hi\"', 'both \\' \"', 'nl\\n', '\\u00e9\\t'] }}", {"x": {"k": [1, {"z": None}]}}),
+    ("print_undefined", "[{{ nothing }}][{{ d.missing }}][{{ d['missing'] }}]", {"d": {}}),
+    ("strings", "{{ 'a' ~ 1 ~ none ~ true }}|{{ 'ab' + 'cd' }}|{{ 'x' * 3 }}|{{ \"dq\" }}|{{ 'adj' 'acent' }}|{{ 'esc\\\\n\\'' }}", {}),
+    ("string_methods", "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.strip(' H!') }}|{{ s.upper() }}|{{ s.lower() }}|{{ s.title() }}|{{ s.capitalize() }}|{{ s.replace('l', 'L') }}|{{ s.replace('l', 'L', 1) }}|{{ s.startswith('  He') }}|{{ s.endswith('!  ') }}|{{ s.startswith(('x', '  ')) }}|{{ s.find('o') }}|{{ s.count('l') }}", {"s": "  Hello world!  "}),
+    ("split", "{{ 'a,b,,c'.split(',') }}|{{ '  a  b c '.split() }}|{{ 'a<x>b<x>c'.split('<x>')[-1] }}|{{ 'a,b,c'.split(',', 1) }}|{{ 'a,b,c'.rsplit(',', 1) }}|{{ 'abc'.split('z') }}|{{ '-'.join(['a','b']) }}", {}),
+    ("slicing", "{{ l[::-1] }}|{{ l[1:] }}|{{ l[:2] }}|{{ l[-1] }}|{{ l[1:-1] }}|{{ l[::2] }}|{{ s[::-1] }}|{{ s[1:3] }}|{{ s[-2:] }}|{{ l[10:] }}|{{ s[0] }}", {"l": [1, 2, 3, 4, 5], "s": "héllo"}),
+    ("loop_vars", "{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{% if not loop.first %}{{ loop.previtem }}{% endif %}{% if not loop.last %}{{ loop.nextitem }}{% endif %}{{ loop.cycle('a','b') }};{% endfor %}", {"l": ["x", "y", "z"]}),
+    ("for_else_filter", "{% for x in l if x > 2 %}{{ x }}{% else %}none{% endfor %}|{% for x in [] %}{{ x }}{% else %}empty{% endfor %}|{% for x in l if x > 1 %}{{ loop.index }}/{{ loop.length }}{{ ',' if not loop.last }}{% endfor %}", {"l": [1, 2, 3, 4]}),
+    ("for_dict", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}{% for k in d.keys() %}{{ k }}{% endfor %}{% for v in d.values() %}{{ v }}{% endfor %}|{% for k, v in d|items %}{{ k }}{{ v }}{% endfor %}|{% for a, b in [[1, 2], (3, 4)] %}{{ a + b }}{% endfor %}", {"d": {"z": 1, "a": 2, "m": 3}}),
+    ("for_string", "{% for c in 'abc' %}[{{ c }}]{% endfor %}", {}),
+    ("nested_loops", "{% for a in l %}{% for b in l %}{{ loop.index }}{{ a }}{{ b }} {% endfor %}{{ loop.index }}|{% endfor %}", {"l": [1, 2]}),
+    ("break_continue", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("range", "{{ range(3)|list }}{{ range(1, 4)|list }}{{ range(10, 0, -3)|list }}{{ range(0)|list }}", {}),
+    ("if_elif", "{% for x in [1, 2, 3, 0] %}{% if x == 1 %}one{% elif x == 2 %}two{% elif x %}many{% else %}zero{% endif %},{% endfor %}", {}),
+    ("truthiness", "{% for v in [0, 1, '', 'a', [], [0], {}, {'a': 1}, none, 0.0, true, false] %}{{ 'T' if v else 'F' }}{% endfor %}|{{ 'T' if nothing else 'F' }}", {}),
+    ("cond_expr", "{{ 'a' if x else 'b' }}|{{ 'a' if not x }}|[{{ 'a' if x }}]", {"x": True}),
+    ("bool_ops", "{{ 1 and 2 }}|{{ 0 and 2 }}|{{ 0 or 'x' }}|{{ '' or [] }}|{{ not 1 }}|{{ none or 5 }}|{{ 1 < 2 < 3 }}|{{ 3 > 2 > 2 }}|{{ 1 == 1.0 }}|{{ 'a' != 'b' }}|{{ [1, 2] == [1, 2] }}|{{ 'a' < 'b' }}", {}),
+    ("in_ops", "{{ 'a' in 'cat' }}|{{ 'z' not in 'cat' }}|{{ 2 in [1, 2] }}|{{ 'k' in d }}|{{ 'v' in d }}|{{ not 'k' in d }}", {"d": {"k": "v"}}),
+    ("arith", "{{ 1 + 2 * 3 }}|{{ (1 + 2) * 3 }}|{{ 7 / 2 }}|{{ 1 + 1.5 }}|{{ -x }}|{{ +x }}|{{ 2 ** 3 ** 2 }}|{{ 10 - 2 - 3 }}|{{ 0.1 + 0.2 }}|{{ 1 / 3 }}|{{ 2.0 * 3 }}|{{ 6 / 3 }}|{{ true + 1 }}", {"x": 5}),
+    ("set_scoping", "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}|{{ x }}{% if true %}{% set x = 9 %}{% endif %}|{{ x }}", {}),
+    ("namespace", "{% set ns = namespace(count=0, found=false, name='n') %}{% for i in [1, 2, 3] %}{% set ns.count = ns.count + i %}{% if i == 2 %}{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.count }}{{ ns.found }}{{ ns.name }}", {}),
+    ("set_tuple_block", "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set blk %}  in {{ a }} block  {% endset %}[{{ blk }}]", {}),
+    ("macro", "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('Bob') }} {{ greet('Al', punct='?') }} {{ greet(name='Z') }}", {}),
+    ("macro_recursive", "{% macro show(v) %}{% if v is mapping %}{ {% for k, x in v.items() %}{{ k }}: {{ show(x) }} {% endfor %}}{% elif v is iterable and v is not string %}[{% for x in v %}{{ show(x) }},{% endfor %}]{% else %}{{ v }}{% endif %}{% endmacro %}{{ show(d) }}", {"d": {"a": [1, {"b": "c"}], "e": None}}),
+    ("filters_basic", "{{ ' x '|trim }}|{{ 'aBc'|upper }}|{{ 'aBc'|lower }}|{{ 'hello world'|title }}|{{ 'hello'|capitalize }}|{{ l|length }}|{{ 'abc'|length }}|{{ d|length }}|{{ l|first }}|{{ l|last }}|{{ l|join(', ') }}|{{ l|join }}|{{ 5|string ~ 'x' }}|{{ '42'|int + 1 }}|{{ '3.5'|float }}|{{ 3.9|int }}|{{ 'x'|int }}|{{ l|reverse|list }}|{{ l|sum }}|{{ [3, 1, 2]|sort }}|{{ l|min }}|{{ l|max }}|{{ -3|abs }}|{{ 'a'|replace('a', 'b') }}|{{ l|count }}", {"l": [1, 2, 3], "d": {"a": 1}}),
+    ("filter_default", "{{ nothing|default('dflt') }}|{{ ''|default('e') }}|{{ ''|default('e', true) }}|{{ none|default('n') }}|{{ 'v'|d('x') }}|{{ d.x|default(7) }}", {"d": {}}),
+    ("filters_attr", "{{ msgs|selectattr('role', 'equalto', 'user')|map(attribute='content')|join(',') }}|{{ msgs|rejectattr('role', 'equalto', 'user')|list|length }}|{{ msgs|map(attribute='role')|list }}|{{ msgs|selectattr('tool')|list|length }}|{{ [1, 2, 3]|select('odd')|list }}|{{ [1, 2, 3]|reject('odd')|list }}|{{ ['a', 'B']|map('upper')|list }}|{{ msgs|map(attribute='missing', default='m')|list }}", {"msgs": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool": 1}, {"role": "user", "content": "c"}]}),
+    ("filter_unique_batch", "{{ [1, 2, 1, 3]|unique|list }}|{{ d|dictsort }}|{{ [1, 2, 3]|batch(2)|list }}|{{ 'a\\nb'|indent(2) }}|{{ 'a b c'|wordcount }}|{{ [[1], [2]]|sum(start=[]) }}", {"d": {"b": 1, "a": 2}}),
+    ("tojson", "{{ d|tojson }}|{{ d|tojson(indent=2) }}|{{ l|tojson }}|{{ 'é\"\\n\\t<>&\\'\\u0001'|tojson }}|{{ none|tojson }}|{{ true|tojson }}|{{ 1.0|tojson }}|{{ 1e100|tojson }}|{{ d|tojson(sort_keys=true) }}|{{ {}|tojson(indent=2) }}|{{ []|tojson(indent=4) }}|{{ d|tojson(separators=(',', ':')) }}|{{ 'é'|tojson(ensure_ascii=true) }}", {"d": {"z": [1, 2.5, None, True], "a": {"b": "ü😀"}, "e": {}, "f": []}, "l": ["x", 1]}),
+    ("tests", "{% for v in [none, 1, 1.5, 'a', [1], {'a': 1}, true] %}{{ v is none }}{{ v is number }}{{ v is integer }}{{ v is float }}{{ v is string }}{{ v is sequence }}{{ v is mapping }}{{ v is iterable }}{{ v is boolean }}{{ v is true }}{{ v is false }}{{ v is defined }};{% endfor %}{{ x is undefined }}{{ x is defined }}{{ 4 is even }}{{ 3 is odd }}{{ 9 is divisibleby 3 }}{{ 'A' is upper }}{{ 'a' is lower }}{{ 1 is eq 1 }}{{ 2 is gt 1 }}{{ 'a' is in 'abc' }}{{ none is not none }}", {}),
+    ("dict_methods", "{{ d.get('a') }}|{{ d.get('zz') }}|{{ d.get('zz', 'dflt') }}|{{ d['a'] }}|{{ d.a }}|{{ d.items()|list }}|{{ d.keys()|list }}|{{ d.values()|list }}|{{ 'a' in d.keys() }}", {"d": {"a": 1, "b": [2]}}),
+    ("whitespace_control", "a  {{- ' b ' -}}  c\n  {%- if true -%}  d  {%- endif -%}\n  e {# comment #} f {#- c -#} g\n", {}),
+    ("trim_lstrip", "line1\n    {% if true %}\n    inner\n    {% endif %}\nline2 {% if true %}x{% endif %}\n  {{ 'v' }}\n  {# c #}\nend\n\n", {}),
+    ("lstrip_plus", "a\n    {%+ if true %}x{% endif +%}\nb\n  {%- if true %}\ny{% endif %}", {}),
+    ("crlf", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n", {}),
+    ("raw", "{% raw %}{{ not rendered }} {% if %}{% endraw %}|done", {}),
+    ("comments_multiline", "a{#\n multi\n line {{ x }}\n#}b", {}),
+    ("string_escapes", "{{ 'tab\\there' }}|{{ \"q\\\"q\" }}|{{ '\\x41\\u00e9\\U0001F600' }}|{{ 'back\\\\slash' }}|{{ 'unknown\\d' }}", {}),
+    ("filter_block", "{% filter upper %}abc {{ 'd' }}{% endfilter %}", {}),
+    ("with_block", "{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}[{{ a }}]", {}),
+    ("generation_tag", "{% for m in msgs %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}", {"msgs": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}),
+    ("unicode_case", "{{ 'ÉCOLE straße'|lower }}|{{ 'école'|upper }}|{{ 'ñ'|length }}|{{ '😀x'[1] }}", {}),
+    ("attr_vs_item", "{{ d.items is defined }}|{{ d['items'] }}|{{ d.get('items') }}", {"d": {"items": "ITEMS"}}),
+    ("list_ops", "{{ [1] + [2, 3] }}|{{ l|length > 1 }}|{{ l[0] if l else 'none' }}|{{ [] is iterable }}", {"l": [5]}),
+    ("int_float_json", "{{ i }}|{{ f }}|{{ big }}|{{ i + f }}|{{ neg }}", {"i": 3, "f": 2.0, "big": 12345678901234, "neg": -0.5}),
+    ("is_not_chains", "{{ x is not defined }}|{{ not x is defined }}|{{ y is not string }}", {"y": 3}),
+    ("format", "{{ '%s and %d'|format('a', 3) }}|{{ '{} {}'.format('x', 1) }}", {}),
+    ("raise_exception", "{{ raise_exception('Bad role: ' ~ r) }}", {"r": "robot"}),
+    ("syntax_error_unclosed", "{% if true %}never closed", {}),
+    ("syntax_error_expr", "{{ 1 + }}", {}),
+    ("syntax_error_endfor", "{% for x in y %}{% endif %}", {}),
+    ("unknown_filter", "{{ 'a'|nosuchfilter }}", {}),
+    ("unknown_test", "{{ 'a' is nosuchtest }}", {}),
+    ("undefined_attr_error", "{{ nothing.attr }}", {}),
+    ("undefined_add_error", "{{ nothing + 'a' }}", {}),
+    ("type_error_add", "{{ 'a' + 1 }}", {}),
+    ("index_error", "{{ [1, 2][5] }}", {}),
+    ("immutable_append", "{% set l = [1] %}{{ l.append(2) }}", {}),
+    ("recursion_macro", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", {}),
+]
+
+
+def norm(ctx):
+    """JSON round trip: the fixture context exactly as C will parse it."""
+    return json.loads(json.dumps(ctx, ensure_ascii=False))
+
+
+def render_micro(compile_fn):
+    out = []
+    for name, src, ctx in MICRO:
+        case = {"name": name, "template_name": "micro", "template": src, "context": ctx}
+        try:
+            case["expected"] = compile_fn(src).render(**norm(ctx))
+        except RecursionError:
+            case["expected_error"] = "RecursionError"
+        except Exception as e:  # recorded: the C side must fail too
+            case["expected_error"] = type(e).__name__ + ": " + str(e)
+        out.append(case)
+    return out
+
+
+def load_tokenizer(d):
+    import transformers
+    try:
+        return transformers.AutoTokenizer.from_pretrained(d), "AutoTokenizer"
+    except Exception as e:
+        print("AutoTokenizer failed for", d, ":", repr(e)[:300])
+    cfg = json.load(open(os.path.join(d, "tokenizer_config.json")))
+    cfg = {k: v for k, v in cfg.items() if k not in ("tokenizer_class", "added_tokens_decoder", "auto_map")}
+    return (transformers.PreTrainedTokenizerFast(
+        tokenizer_file=os.path.join(d, "tokenizer.json"), **cfg), "PreTrainedTokenizerFast")
+
+
+def real_cases(tokdir, name, cases, compile_fn, work):
+    d = os.path.join(work, name)
+    os.makedirs(d, exist_ok=True)
+    src = os.path.join(tokdir, name)
+    for f in os.listdir(src):
+        if f.endswith(".gz"):
+            with gzip.open(os.path.join(src, f)) as fi, open(os.path.join(d, f[:-3]), "wb") as fo:
+                shutil.copyfileobj(fi, fo)
+        else:
+            shutil.copy(os.path.join(src, f), d)
+    tmpl = json.load(open(os.path.join(d, "tokenizer_config.json")))["chat_template"]
+    tok, how = load_tokenizer(d)
+    print(name, "loaded via", how, type(tok).__name__)
+    specials = {k: (v if isinstance(v, (str, list)) else str(v))
+                for k, v in tok.special_tokens_map.items()}
+    out = []
+    for cname, msgs, tools, agp, kw in cases:
+        call = {"messages": msgs, "tools": tools, "add_generation_prompt": agp, "kwargs": kw}
+        ctx = dict(specials)
+        ctx.update({"messages": msgs, "tools": tools, "documents": None,
+                    "add_generation_prompt": agp})
+        ctx.update(kw)
+        case = {"name": cname, "template_name": name, "call": call, "context": norm(ctx)}
+        try:
+            case["expected"] = tok.apply_chat_template(
+                msgs, tools=tools, add_generation_prompt=agp, tokenize=False,
+                chat_template=tmpl, **kw)
+        except Exception as e:
+            case["expected_error"] = type(e).__name__ + ": " + str(e)
+        # self-consistency: the recorded context reproduces the render
+        try:
+            direct = compile_fn(tmpl).render(**case["context"])
+        except Exception as e:
+            direct = "ERROR " + type(e).__name__
+        if "expected" in case and direct != case["expected"]:
+            print("WARNING", name, cname, "context does not reproduce apply_chat_template")
+            case["context_mismatch"] = True
+        out.append(case)
+        print(name, cname, "ok" if "expected" in case else case["expected_error"][:80])
+    return out
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    compile_fn, how = jinja_env()
+    print("environment:", how)
+    if "--micro-only" in sys.argv:
+        outdir = args[0]
+    else:
+        tokdir, outdir = args
+    os.makedirs(outdir, exist_ok=True)
+    meta = {"generator": how}
+    try:
+        import transformers
+        import jinja2
+        meta.update(transformers=transformers.__version__, jinja2=jinja2.__version__)
+    except Exception:
+        pass
+    micro = render_micro(compile_fn)
+    json.dump({"meta": meta, "cases": micro}, open(os.path.join(outdir, "micro.json"), "w"),
+              ensure_ascii=False, indent=1)
+    if "--micro-only" in sys.argv:
+        return
+    work = "/tmp/tmpl_work"
+    for name, cases in (("qwen3", qwen3_cases()), ("llama3", llama3_cases()),
+                        ("gemma3", gemma3_cases())):
+        try:
+            res = real_cases(tokdir, name, cases, compile_fn, work)
+        except Exception as e:
+            import traceback
+            traceback.print_exc()
+            res = [{"name": "load_failed", "error": repr(e)}]
+        json.dump({"meta": meta, "cases": res}, open(os.path.join(outdir, name + ".json"), "w"),
+                  ensure_ascii=False, indent=1)
+
+
+if __name__ == "__main__":
+    main()
