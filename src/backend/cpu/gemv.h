@@ -1,0 +1,44 @@
+/*
+ * gemv.h — the CPU matrix-vector kernels (gemv-avx512.c, gemv-avx2.c,
+ * gemv-scalar.c) that cpu_matmul (matmul.c) uses for few tokens, and the row
+ * converters its GEMM path uses.
+ *
+ * A kernel computes, for the weight rows r in [r0, r1) and tokens t < n:
+ *     y[t*ldy + r] = sum_i x[t*k + i] * w[r][i]          (no bias)
+ * reading w (row-major [rows][k], stored dtype) in place and accumulating in
+ * f32. Any n >= 1 and any k >= 1 work (tails are masked or scalar); kernels
+ * are fastest for n <= 4 (one pass over the weights per 4 tokens, while the
+ * row block stays in L1). x rows are contiguous (stride k).
+ *
+ * The AVX-512 / AVX2 versions are compiled with function-level target
+ * attributes so the build works on any x86-64; gemv_pick() chooses at run time
+ * with __builtin_cpu_supports. Non-x86 builds get only the scalar versions.
+ */
+#ifndef CINFER_GEMV_H
+#define CINFER_GEMV_H
+#include <stdint.h>
+#include "backend/backend.h"
+
+typedef void (*gemv_fn)(const float *x, int n, int64_t k, const void *w, int64_t r0, int64_t r1,
+                        float *y, int64_t ldy);
+/* converts rows [r0, r1) of w[.][k] to f32 dst[(r1-r0)][k] */
+typedef void (*rows_f32_fn)(const void *w, int64_t k, int64_t r0, int64_t r1, float *dst);
+
+typedef struct gemv_kernels {
+    const char *isa;          /* "avx512", "avx2", "scalar" */
+    gemv_fn gemv[3];          /* indexed by be_dtype */
+    rows_f32_fn rows_f32[3];
+} gemv_kernels;
+
+/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice) */
+const gemv_kernels *gemv_pick(void);
+/* one specific set, NULL if this CPU (or build) lacks it: for tests */
+const gemv_kernels *gemv_isa(const char *isa);
+
+extern const gemv_kernels gemv_scalar_kernels;
+#if defined(__x86_64__) || defined(__i386__)
+extern const gemv_kernels gemv_avx2_kernels;
+extern const gemv_kernels gemv_avx512_kernels;
+#define GEMV_X86 1
+#endif
+#endif
