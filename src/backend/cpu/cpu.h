@@ -22,6 +22,8 @@ struct be_ctx {
     int n_threads;
     float *scratch;        /* [scratch_n] per-call f32 workspace (weight conversion for GEMM) */
     size_t scratch_n;
+    float *att;            /* [n_threads][att_n] attention score rows */
+    size_t att_n;
 };
 
 /* y[n][m] = x[n][k] . w[m][k]^T (+ bias): GEMV kernels for small n, OpenBLAS for large n */

@@ -1,0 +1,142 @@
+/*
+ * arch.c — the architecture registry, the llama-family weight binder and the
+ * RoPE frequency table. Tensor names follow Hugging Face's
+ * model.layers.N.{self_attn,mlp}.*; every tensor is checked for presence,
+ * dtype (F32/F16/BF16) and shape before the model is usable.
+ * RoPE scaling follows transformers' modeling_rope_utils (default, linear,
+ * llama3), computed in float32 as transformers does.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "arch/arch.h"
+#include "util.h"
+
+extern const arch_def arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
+static const arch_def *const registry[] = {&arch_llama, &arch_mistral, &arch_qwen2, &arch_qwen3};
+
+const arch_def *arch_find(const char *model_type) {
+    for (size_t i = 0; i < sizeof registry / sizeof *registry; i++)
+        if (!strcmp(registry[i]->model_type, model_type)) return registry[i];
+    return NULL;
+}
+
+const char *arch_supported(void) { return "llama, mistral, qwen2, qwen3"; }
+
+typedef struct binder {
+    const st_set *st;
+    const char *dir;
+    char *err;
+    size_t n;
+    cinfer_status status;
+} binder;
+
+/* rows == 0 means a 1-D tensor of `cols` elements */
+static void bind(binder *b, be_mat *m, const char *name, int64_t rows, int64_t cols, int required) {
+    memset(m, 0, sizeof *m);
+    if (b->status) return;
+    const st_tensor *t = st_find(b->st, name);
+    if (!t) {
+        if (required) b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: missing tensor '%s'", b->dir, name);
+        return;
+    }
+    const char *file = b->st->paths[t->file];
+    if (!strcmp(t->dtype, "F32")) m->dt = BE_F32;
+    else if (!strcmp(t->dtype, "F16")) m->dt = BE_F16;
+    else if (!strcmp(t->dtype, "BF16")) m->dt = BE_BF16;
+    else {
+        b->status = cf_err(b->err, b->n, CINFER_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file, name, t->dtype);
+        return;
+    }
+    int ok = rows ? (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols) : (t->ndim == 1 && t->shape[0] == cols);
+    if (!ok) {
+        char got[96] = "", exp[48];
+        for (int i = 0, k = 0; i < t->ndim && k < 80; i++)
+            k += snprintf(got + k, sizeof got - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (rows) snprintf(exp, sizeof exp, "[%lld, %lld]", (long long)rows, (long long)cols);
+        else snprintf(exp, sizeof exp, "[%lld]", (long long)cols);
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: tensor '%s' has shape [%s], expected %s", file, name, got, exp);
+        return;
+    }
+    m->data = t->data;
+    m->rows = rows ? rows : 1;
+    m->cols = cols;
+}
+
+cinfer_status weights_bind(const model_config *c, const st_set *st, const char *dir, model_weights *w, char *err, size_t n) {
+    memset(w, 0, sizeof *w);
+    binder b = {st, dir, err, n, CINFER_OK};
+    int64_t H = c->hidden, hd = c->head_dim, qd = (int64_t)c->n_head * hd, kvd = (int64_t)c->n_kv_head * hd;
+    bind(&b, &w->tok_embd, "model.embed_tokens.weight", c->n_vocab, H, 1);
+    bind(&b, &w->out_norm, "model.norm.weight", 0, H, 1);
+    if (c->tie_embeddings || !st_find(st, "lm_head.weight")) {
+        if (!c->tie_embeddings && !b.status)
+            b.status = cf_err(err, n, CINFER_EFORMAT, "%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", dir);
+        w->lm_head = w->tok_embd;
+    } else {
+        bind(&b, &w->lm_head, "lm_head.weight", c->n_vocab, H, 1);
+    }
+    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    if (!w->layers) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
+    char name[160];
+#define L(field, suffix, rows, cols, req)                                             \
+    snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix);                     \
+    bind(&b, &lw->field, name, rows, cols, req)
+    for (int i = 0; i < c->n_layer && !b.status; i++) {
+        layer_weights *lw = &w->layers[i];
+        L(attn_norm, "input_layernorm.weight", 0, H, 1);
+        L(wq, "self_attn.q_proj.weight", qd, H, 1);
+        L(wk, "self_attn.k_proj.weight", kvd, H, 1);
+        L(wv, "self_attn.v_proj.weight", kvd, H, 1);
+        L(wo, "self_attn.o_proj.weight", H, qd, 1);
+        L(bq, "self_attn.q_proj.bias", 0, qd, c->attention_bias);
+        L(bk, "self_attn.k_proj.bias", 0, kvd, c->attention_bias);
+        L(bv, "self_attn.v_proj.bias", 0, kvd, c->attention_bias);
+        L(q_norm, "self_attn.q_norm.weight", 0, hd, c->qk_norm);
+        L(k_norm, "self_attn.k_norm.weight", 0, hd, c->qk_norm);
+        L(ffn_norm, "post_attention_layernorm.weight", 0, H, 1);
+        L(w_gate, "mlp.gate_proj.weight", c->ffn, H, 1);
+        L(w_up, "mlp.up_proj.weight", c->ffn, H, 1);
+        L(w_down, "mlp.down_proj.weight", H, c->ffn, 1);
+    }
+#undef L
+    if (!b.status) {
+        w->inv_freq = rope_inv_freq(c, &w->rot_dims);
+        if (!w->inv_freq) b.status = cf_err(err, n, CINFER_ENOMEM, "out of memory");
+    }
+    if (b.status) weights_free(w);
+    return b.status;
+}
+
+void weights_free(model_weights *w) {
+    if (!w) return;
+    free(w->layers);
+    free(w->inv_freq);
+    memset(w, 0, sizeof *w);
+}
+
+float *rope_inv_freq(const model_config *c, int *rot_dims) {
+    int rd = (int)(c->head_dim * c->partial_rotary);
+    rd -= rd % 2;
+    *rot_dims = rd;
+    float *f = malloc(sizeof(float) * (size_t)(rd / 2 > 0 ? rd / 2 : 1));
+    if (!f) return NULL;
+    for (int i = 0; i < rd / 2; i++) {
+        float inv = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)rd);
+        if (c->rope_type == ROPE_LINEAR) {
+            inv /= c->rope_factor;
+        } else if (c->rope_type == ROPE_LLAMA3) {
+            float old = (float)(c->rope_orig_max_pos ? c->rope_orig_max_pos : 8192);
+            float low_wl = old / c->rope_low_freq, high_wl = old / c->rope_high_freq;
+            float wl = 2.0f * (float)M_PI / inv;
+            if (wl > low_wl) {
+                inv /= c->rope_factor;
+            } else if (wl >= high_wl) {
+                float smooth = (old / wl - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+                inv = (1.0f - smooth) * inv / c->rope_factor + smooth * inv;
+            }
+        }
+        f[i] = inv;
+    }
+    return f;
+}

@@ -1,0 +1,90 @@
+/*
+ * arch.h — model configuration, weights and the per-architecture table.
+ *
+ * Each HF model_type has one file (llama.c, mistral.c, qwen2.c, qwen3.c)
+ * that registers an arch_def: which options of the shared decoder blocks it
+ * uses (blocks.c) and how its tensors are named. The registry (arch.c) maps
+ * config.json's model_type to a def; an unknown type is an error that names it.
+ */
+#ifndef CINFER_ARCH_H
+#define CINFER_ARCH_H
+#include "backend/backend.h"
+#include "cache/cache.h"
+#include "io/safetensors.h"
+
+enum { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3, ROPE_DYNAMIC };
+
+typedef struct model_config {
+    char model_type[32];
+    int hidden, n_layer, n_head, n_kv_head, head_dim, ffn, n_vocab, max_pos;
+    float eps;
+    float rope_theta;
+    int rope_type;            /* ROPE_* */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_orig_max_pos;
+    float partial_rotary;     /* fraction of head_dim rotated (1.0) */
+    int tie_embeddings;
+    int attention_bias;       /* q/k/v biases */
+    int o_bias, mlp_bias;
+    int qk_norm;              /* RMSNorm over head_dim on q and k before RoPE */
+    int sliding_window;       /* 0 = none (mistral may set one) */
+    int bos;                  /* -1 unknown */
+    int n_eos;
+    int eos[8];
+} model_config;
+
+typedef struct layer_weights {
+    be_mat attn_norm;         /* [1][hidden] */
+    be_mat wq, wk, wv;        /* [n_head*hd][hidden], [n_kv*hd][hidden] x2 */
+    be_mat bq, bk, bv;        /* [1][...] biases, data NULL when absent */
+    be_mat wo;                /* [hidden][n_head*hd] */
+    be_mat q_norm, k_norm;    /* [1][hd] when qk_norm */
+    be_mat ffn_norm;          /* [1][hidden] */
+    be_mat w_gate, w_up;      /* [ffn][hidden] */
+    be_mat w_down;            /* [hidden][ffn] */
+} layer_weights;
+
+typedef struct model_weights {
+    be_mat tok_embd;          /* [n_vocab][hidden] */
+    be_mat out_norm;          /* [1][hidden] */
+    be_mat lm_head;           /* [n_vocab][hidden]; aliases tok_embd when tied */
+    layer_weights *layers;    /* [n_layer] */
+    float *inv_freq;          /* [rot_dims/2] RoPE inverse frequencies after scaling */
+    int rot_dims;
+} model_weights;
+
+struct arch_def;
+typedef struct arch_def {
+    const char *model_type;
+    /* fills config fields the generic parser cannot know (e.g. qk_norm) */
+    void (*adjust)(model_config *cfg);
+} arch_def;
+
+const arch_def *arch_find(const char *model_type);
+/* comma-separated list of supported model types, for error messages */
+const char *arch_supported(void);
+
+/* config.json (+ generation_config.json) -> cfg */
+cinfer_status config_load(const char *dir, model_config *cfg, char *err, size_t n);
+
+/* binds every tensor of the llama-family layout, checking names, shapes, dtypes */
+cinfer_status weights_bind(const model_config *cfg, const st_set *st, const char *dir,
+                           model_weights *w, char *err, size_t n);
+void weights_free(model_weights *w);
+
+/* the decoder forward over a batch: hidden [B*L][hidden] in, out. Scratch is
+ * owned by the caller (blocks.c sizes it via block_scratch_floats). */
+typedef struct block_batch {
+    int B, L;
+    const int *pos0;          /* [B] */
+    const int *len;           /* [B] */
+    const int *pos;           /* [B*L] absolute position of every token */
+} block_batch;
+
+size_t block_scratch_floats(const model_config *cfg, int n_tokens);
+cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *cfg, const model_weights *w,
+                            kv_cache **caches, const block_batch *bb, float *x, float *scratch);
+
+/* RoPE inverse frequencies for cfg (default/linear/llama3 scaling) */
+float *rope_inv_freq(const model_config *cfg, int *rot_dims);
+#endif

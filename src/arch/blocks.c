@@ -1,0 +1,64 @@
+/*
+ * blocks.c — the shared pre-norm decoder block of the llama family
+ * (llama, mistral, qwen2, qwen3), run layer by layer over a padded batch:
+ *
+ *   h = x + o_proj(attn(rope(norm_q(q_proj(rms(x)))), rope(norm_k(k_proj(..))), v_proj(..)))
+ *   x = h + down(silu(gate(rms(h))) * up(rms(h)))
+ *
+ * Options come from model_config (biases, qk-norm, sliding window); the
+ * attention and its mask belong to the layer's cache. All buffers are backend
+ * memory; the scratch is sized by block_scratch_floats for n_tokens = B*L.
+ * Reference: transformers models/llama/modeling_llama.py, qwen3/modeling_qwen3.py.
+ */
+#include <math.h>
+#include "arch/arch.h"
+
+size_t block_scratch_floats(const model_config *c, int n) {
+    size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_kv_head * c->head_dim;
+    size_t per = (size_t)c->hidden * 2 + qd * 2 + kvd * 2 + (size_t)c->ffn * 2;
+    return per * (size_t)n;
+}
+
+static const be_mat *opt(const be_mat *m) { return m->data ? m : NULL; }
+
+cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c, const model_weights *w,
+                            kv_cache **caches, const block_batch *bb, float *x, float *scratch) {
+    int T = bb->B * bb->L, hd = c->head_dim, H = c->hidden;
+    size_t qd = (size_t)c->n_head * hd, kvd = (size_t)c->n_kv_head * hd;
+    float *xn = scratch;                       /* [T][H] */
+    float *tmp = xn + (size_t)T * H;           /* [T][H] */
+    float *q = tmp + (size_t)T * H;            /* [T][qd] */
+    float *att = q + (size_t)T * qd;           /* [T][qd] */
+    float *k = att + (size_t)T * qd;           /* [T][kvd] */
+    float *v = k + (size_t)T * kvd;            /* [T][kvd] */
+    float *gate = v + (size_t)T * kvd;         /* [T][ffn] */
+    float *up = gate + (size_t)T * c->ffn;     /* [T][ffn] */
+    be_attn a = {
+        .B = bb->B, .L = bb->L, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+        .pos0 = bb->pos0, .len = bb->len, .window = c->sliding_window, .scale = 1.0f / sqrtf((float)hd),
+    };
+    for (int l = 0; l < c->n_layer; l++) {
+        const layer_weights *lw = &w->layers[l];
+        be->rmsnorm(bc, x, T, H, &lw->attn_norm, 0.0f, c->eps, xn);
+        be->matmul(bc, xn, T, &lw->wq, opt(&lw->bq), q);
+        be->matmul(bc, xn, T, &lw->wk, opt(&lw->bk), k);
+        be->matmul(bc, xn, T, &lw->wv, opt(&lw->bv), v);
+        if (c->qk_norm) {
+            be->rmsnorm(bc, q, T * c->n_head, hd, &lw->q_norm, 0.0f, c->eps, q);
+            be->rmsnorm(bc, k, T * c->n_kv_head, hd, &lw->k_norm, 0.0f, c->eps, k);
+        }
+        be->rope(bc, q, T, c->n_head, hd, w->rot_dims, bb->pos, w->inv_freq, 1);
+        be->rope(bc, k, T, c->n_kv_head, hd, w->rot_dims, bb->pos, w->inv_freq, 1);
+        cinfer_status st = caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
+        if (st) return st;
+        be->matmul(bc, att, T, &lw->wo, NULL, tmp);
+        be->add(bc, x, tmp, (size_t)T * H);
+        be->rmsnorm(bc, x, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
+        be->matmul(bc, xn, T, &lw->w_gate, NULL, gate);
+        be->matmul(bc, xn, T, &lw->w_up, NULL, up);
+        be->swiglu(bc, gate, up, gate, (size_t)T * c->ffn);
+        be->matmul(bc, gate, T, &lw->w_down, NULL, tmp);
+        be->add(bc, x, tmp, (size_t)T * H);
+    }
+    return CINFER_OK;
+}

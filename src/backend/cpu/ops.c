@@ -1,0 +1,193 @@
+/*
+ * ops.c — the CPU backend's op table (be_cpu()). Buffers are plain host
+ * memory; heavy ops (matmul, attention) split work (ith, nth) over the pool.
+ * Numerics follow transformers in float32: RoPE angles are float(pos) *
+ * inv_freq in float32, softmax subtracts the row max.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu.h"
+
+static int cpu_ctx_new(be_ctx **out, int n_threads) {
+    be_ctx *c = calloc(1, sizeof *c);
+    if (!c) return 1;
+    c->pool = cpu_pool_new(n_threads);
+    if (!c->pool) { free(c); return 1; }
+    c->n_threads = cpu_pool_size(c->pool);
+    openblas_set_num_threads(c->n_threads);
+    *out = c;
+    return 0;
+}
+
+static void cpu_ctx_free(be_ctx *c) {
+    if (!c) return;
+    cpu_pool_free(c->pool);
+    free(c->scratch);
+    free(c->att);
+    free(c);
+}
+
+static int cpu_n_threads(const be_ctx *c) { return c->n_threads; }
+static void *cpu_alloc(be_ctx *c, size_t bytes) { (void)c; return calloc(1, bytes ? bytes : 1); }
+static void cpu_free(be_ctx *c, void *p) { (void)c; free(p); }
+static void cpu_copy(be_ctx *c, void *dst, const void *src, size_t bytes) { (void)c; memcpy(dst, src, bytes); }
+static int cpu_mat_prepare(be_ctx *c, be_mat *m) { (void)c; (void)m; return 0; }
+static void cpu_mat_release(be_ctx *c, be_mat *m) { (void)c; (void)m; }
+
+static void cpu_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out) {
+    (void)c;
+    for (int i = 0; i < n; i++) cpu_mat_row_f32(tab, ids[i], out + (size_t)i * tab->cols);
+}
+
+static void cpu_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
+    (void)c;
+    for (int t = 0; t < n; t++) {
+        const float *a = x + (size_t)t * dim;
+        float ss = 0;
+        for (int i = 0; i < dim; i++) ss += a[i] * a[i];
+        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        float *o = y + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) o[i] = a[i] * inv * ((w ? be_mat_get(w, 0, i) : 1.0f) + w_add);
+    }
+}
+
+#define ROPE_MAX 1024
+static void cpu_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox) {
+    (void)c;
+    float cs[ROPE_MAX / 2], sn[ROPE_MAX / 2];
+    if (rot > ROPE_MAX) { be_ref_rope(x, n, heads, hd, rot, pos, inv_freq, neox); return; }
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < rot / 2; i++) {
+            float ang = (float)pos[t] * inv_freq[i];
+            cs[i] = cosf(ang);
+            sn[i] = sinf(ang);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *v = x + ((size_t)t * heads + h) * hd;
+            for (int i = 0; i < rot / 2; i++) {
+                int i0 = neox ? i : 2 * i, i1 = neox ? i + rot / 2 : 2 * i + 1;
+                float a = v[i0], b = v[i1];
+                v[i0] = a * cs[i] - b * sn[i];
+                v[i1] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+static void cpu_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n) {
+    (void)c;
+    for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void cpu_add(be_ctx *c, float *y, const float *x, size_t n) {
+    (void)c;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y) {
+    (void)c;
+    for (int i = 0; i < n; i++) memcpy(y + (size_t)i * dim, x + (size_t)rows[i] * dim, sizeof(float) * dim);
+}
+
+static void cpu_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt) {
+    (void)c;
+    int hd = a->head_dim;
+    for (int b = 0; b < a->B; b++)
+        for (int i = 0; i < a->len[b]; i++)
+            for (int h = 0; h < a->n_kv_head; h++) {
+                const float *s = src + (((size_t)b * a->L + i) * a->n_kv_head + h) * hd;
+                size_t off = (((size_t)b * a->n_kv_head + h) * a->cap + a->pos0[b] + i) * hd;
+                if (dt == BE_F32) memcpy((float *)cache + off, s, sizeof(float) * hd);
+                else for (int d = 0; d < hd; d++) ((uint16_t *)cache)[off + d] = be_f32_to_f16(s[d]);
+            }
+}
+
+typedef struct att_job {
+    const be_attn *a;
+    const float *q;
+    const void *k, *v;
+    be_dtype dt;
+    float *out;
+    float *scr;   /* [nth][cap] */
+} att_job;
+
+static inline float kv_dot(const void *k, be_dtype dt, size_t off, const float *q, int hd) {
+    float d = 0;
+    if (dt == BE_F32) { const float *kk = (const float *)k + off; for (int e = 0; e < hd; e++) d += q[e] * kk[e]; }
+    else { const uint16_t *kk = (const uint16_t *)k + off; for (int e = 0; e < hd; e++) d += q[e] * be_f16_to_f32(kk[e]); }
+    return d;
+}
+
+static void att_task(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    const be_attn *a = j->a;
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
+    float *s = j->scr + (size_t)ith * a->cap;
+    size_t total = (size_t)a->B * a->L * a->n_head;
+    size_t w0 = total * ith / nth, w1 = total * (ith + 1) / nth;
+    for (size_t w = w0; w < w1; w++) {
+        int h = (int)(w % a->n_head), i = (int)(w / a->n_head % a->L), b = (int)(w / a->n_head / a->L);
+        float *o = j->out + w * hd;
+        memset(o, 0, sizeof(float) * hd);
+        if (i >= a->len[b]) continue;
+        int p = a->pos0[b] + i, lo = a->window && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        const float *qq = j->q + w * hd;
+        size_t base = ((size_t)b * a->n_kv_head + h / grp) * a->cap * hd;
+        float mx = -INFINITY, sum = 0;
+        for (int t = lo; t <= p; t++) {
+            s[t] = kv_dot(j->k, j->dt, base + (size_t)t * hd, qq, hd) * a->scale;
+            if (s[t] > mx) mx = s[t];
+        }
+        for (int t = lo; t <= p; t++) sum += (s[t] = expf(s[t] - mx));
+        float inv = 1.0f / sum;
+        for (int t = lo; t <= p; t++) {
+            float pw = s[t] * inv;
+            size_t off = base + (size_t)t * hd;
+            if (j->dt == BE_F32) { const float *vv = (const float *)j->v + off; for (int d = 0; d < hd; d++) o[d] += pw * vv[d]; }
+            else { const uint16_t *vv = (const uint16_t *)j->v + off; for (int d = 0; d < hd; d++) o[d] += pw * be_f16_to_f32(vv[d]); }
+        }
+    }
+}
+
+static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
+    size_t need = (size_t)c->n_threads * a->cap;
+    if (c->att_n < need) {
+        float *p = realloc(c->att, need * sizeof(float));
+        if (!p) { be_ref_attention(a, q, k, v, dt, out); return; }
+        c->att = p;
+        c->att_n = need;
+    }
+    att_job j = {a, q, k, v, dt, out, c->att};
+    cpu_pool_run(c->pool, att_task, &j);
+}
+
+static const be_ops cpu_ops = {
+    .name = "cpu",
+    .ctx_new = cpu_ctx_new,
+    .ctx_free = cpu_ctx_free,
+    .n_threads = cpu_n_threads,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .copy = cpu_copy,
+    .mat_prepare = cpu_mat_prepare,
+    .mat_release = cpu_mat_release,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .gather = cpu_gather,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+};
+
+const be_ops *be_cpu(void) { return &cpu_ops; }
+
+#ifndef CINFER_CUDA
+const be_ops *be_cuda(void) { return NULL; }
+#endif

@@ -1,0 +1,118 @@
+/*
+ * model.c — cinfer_model_load: config -> architecture -> mapped weights ->
+ * backend preparation -> optional tokenizer. Every failure leaves nothing
+ * allocated and a message naming the file and the problem.
+ */
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "engine/engine.h"
+#include "util.h"
+
+void cinfer_model_free(cinfer_model *m) {
+    if (!m) return;
+    if (m->bc) {
+        model_weights *w = &m->w;
+        if (w->layers) {
+            for (int l = 0; l < m->cfg.n_layer; l++) {
+                be_mat *mats = (be_mat *)&w->layers[l];
+                for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat); i++) m->be->mat_release(m->bc, &mats[i]);
+            }
+            m->be->mat_release(m->bc, &w->tok_embd);
+            m->be->mat_release(m->bc, &w->out_norm);
+            if (w->lm_head.data != w->tok_embd.data) m->be->mat_release(m->bc, &w->lm_head);
+        }
+        m->be->ctx_free(m->bc);
+    }
+    weights_free(&m->w);
+    st_close(&m->st);
+    cinfer_tokenizer_free(m->tok);
+    free(m->dir);
+    free(m);
+}
+
+static cinfer_status prepare(cinfer_model *m, char *err, size_t n) {
+    model_weights *w = &m->w;
+    int bad = m->be->mat_prepare(m->bc, &w->tok_embd) || m->be->mat_prepare(m->bc, &w->out_norm);
+    if (w->lm_head.data == w->tok_embd.data) w->lm_head = w->tok_embd;
+    else bad |= m->be->mat_prepare(m->bc, &w->lm_head);
+    for (int l = 0; l < m->cfg.n_layer && !bad; l++) {
+        be_mat *mats = (be_mat *)&w->layers[l];
+        for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat) && !bad; i++)
+            if (mats[i].data) bad |= m->be->mat_prepare(m->bc, &mats[i]);
+    }
+    return bad ? cf_err(err, n, CINFER_EBACKEND, "%s: could not prepare the weights on the %s backend", m->dir, m->be->name)
+               : CINFER_OK;
+}
+
+cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, cinfer_model **out, char *err, size_t n) {
+    if (out) *out = NULL;
+    if (!dir || !out) return cf_err(err, n, CINFER_EINVAL, "cinfer_model_load: NULL argument");
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return cf_err(err, n, CINFER_EIO, "%s: not a directory (expected a model directory with config.json)", dir);
+    cinfer_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir))) { free(m); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
+    cinfer_status st = config_load(dir, &m->cfg, err, n);
+    if (!st) {
+        m->arch = arch_find(m->cfg.model_type);
+        st = st_open_dir(dir, &m->st, err, n);
+    }
+    if (!st) st = weights_bind(&m->cfg, &m->st, dir, &m->w, err, n);
+    const char *dev = opts && opts->device ? opts->device : "cpu";
+    if (!st) {
+        if (!strcmp(dev, "cpu")) m->be = be_cpu();
+        else if (!strcmp(dev, "cuda")) m->be = be_cuda();
+        if (!m->be)
+            st = cf_err(err, n, CINFER_EUNSUPPORTED, "device '%s' is not available in this build (%s)", dev,
+                        strcmp(dev, "cuda") ? "use cpu or cuda" : "built without CUDA");
+    }
+    if (!st) {
+        m->n_threads = opts && opts->n_threads > 0 ? opts->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (m->n_threads < 1) m->n_threads = 1;
+        if (m->be->ctx_new(&m->bc, m->n_threads)) st = cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name);
+    }
+    if (!st) st = prepare(m, err, n);
+    if (!st && !(opts && opts->no_tokenizer)) {
+        cinfer_status ts = cinfer_tokenizer_load(dir, &m->tok, err, n);
+        if (ts == CINFER_ENOTFOUND) m->tok = NULL;
+        else st = ts;
+    }
+    if (st) {
+        cinfer_model_free(m);
+        return st;
+    }
+    snprintf(m->dtype_name, sizeof m->dtype_name, "%s", be_dtype_name(m->w.layers[0].wq.dt));
+    for (int i = 0; i < m->cfg.n_eos; i++) m->eos[i] = m->cfg.eos[i];
+    if (err && n) err[0] = 0;
+    *out = m;
+    return CINFER_OK;
+}
+
+void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *info) {
+    const model_config *c = &m->cfg;
+    memset(info, 0, sizeof *info);
+    info->model_type = c->model_type;
+    info->n_layer = c->n_layer;
+    info->hidden = c->hidden;
+    info->n_head = c->n_head;
+    info->n_kv_head = c->n_kv_head;
+    info->head_dim = c->head_dim;
+    info->ffn = c->ffn;
+    info->n_vocab = c->n_vocab;
+    info->max_pos = c->max_pos;
+    info->bos = c->bos;
+    info->n_eos = c->n_eos;
+    info->eos = m->eos;
+    info->weight_dtype = m->dtype_name;
+    info->weight_bytes = m->st.total_bytes;
+    int64_t p = 0;
+    for (int i = 0; i < m->st.n; i++) {
+        int64_t e = 1;
+        for (int d = 0; d < m->st.t[i].ndim; d++) e *= m->st.t[i].shape[d];
+        p += e;
+    }
+    info->n_params = p;
+}
+
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m) { return m->tok; }

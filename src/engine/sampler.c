@@ -1,0 +1,123 @@
+/*
+ * sampler.c — next-token selection: repetition penalty (CTRL rule: positive
+ * logits divided, negative multiplied, once per distinct recent token), then
+ * greedy when temp == 0, else temperature, top-k, softmax, top-p (smallest set
+ * whose mass reaches p), min-p (keep p_i >= min_p * p_max), and a draw from a
+ * seeded xoshiro256** generator: same seed, same tokens. Work arrays are
+ * allocated once per sampler, none per token.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cinfer.h"
+
+struct cinfer_sampler {
+    cinfer_sampler_params p;
+    int n_vocab;
+    uint64_t s[4];
+    int32_t *idx;      /* [n_vocab] candidate ids */
+    float *prob;       /* [n_vocab] */
+    uint8_t *seen;     /* [n_vocab] penalty bookkeeping */
+};
+
+cinfer_sampler_params cinfer_sampler_defaults(void) {
+    cinfer_sampler_params p = {0};
+    p.top_p = 1.0f;
+    p.rep_penalty = 1.0f;
+    return p;
+}
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static double next_unit(cinfer_sampler *s) {
+    uint64_t *q = s->s, r = rotl(q[1] * 5, 7) * 9, t = q[1] << 17;
+    q[2] ^= q[0]; q[3] ^= q[1]; q[1] ^= q[2]; q[0] ^= q[3]; q[2] ^= t; q[3] = rotl(q[3], 45);
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+cinfer_status cinfer_sampler_new(const cinfer_sampler_params *p, int n_vocab, cinfer_sampler **out) {
+    *out = NULL;
+    if (n_vocab < 1 || !p || p->temp < 0 || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1) || p->min_p < 0 ||
+        p->min_p > 1 || !(p->rep_penalty > 0) || p->rep_last_n < 0)
+        return CINFER_EINVAL;
+    cinfer_sampler *s = calloc(1, sizeof *s);
+    if (!s) return CINFER_ENOMEM;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->idx = malloc(sizeof *s->idx * n_vocab);
+    s->prob = malloc(sizeof *s->prob * n_vocab);
+    s->seen = calloc((size_t)n_vocab, 1);
+    if (!s->idx || !s->prob || !s->seen) { cinfer_sampler_free(s); return CINFER_ENOMEM; }
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->s[i] = splitmix(&x);
+    *out = s;
+    return CINFER_OK;
+}
+
+void cinfer_sampler_free(cinfer_sampler *s) {
+    if (!s) return;
+    free(s->idx);
+    free(s->prob);
+    free(s->seen);
+    free(s);
+}
+
+static int by_logit_desc(const void *a, const void *b, void *ctx) {
+    const float *l = ctx;
+    float x = l[*(const int32_t *)a], y = l[*(const int32_t *)b];
+    return x < y ? 1 : x > y ? -1 : (*(const int32_t *)a - *(const int32_t *)b);
+}
+
+int32_t cinfer_sampler_sample(cinfer_sampler *s, float *logits, const int32_t *hist, int n_hist) {
+    int V = s->n_vocab;
+    if (s->p.rep_penalty != 1.0f && hist && n_hist > 0) {
+        int from = s->p.rep_last_n > 0 && n_hist > s->p.rep_last_n ? n_hist - s->p.rep_last_n : 0;
+        for (int i = from; i < n_hist; i++) {
+            int32_t t = hist[i];
+            if (t < 0 || t >= V || s->seen[t]) continue;
+            s->seen[t] = 1;
+            logits[t] = logits[t] > 0 ? logits[t] / s->p.rep_penalty : logits[t] * s->p.rep_penalty;
+        }
+        for (int i = from; i < n_hist; i++)
+            if (hist[i] >= 0 && hist[i] < V) s->seen[hist[i]] = 0;
+    }
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (s->p.temp == 0.0f) return best;
+    float inv_t = 1.0f / s->p.temp;
+    int n = V;
+    for (int i = 0; i < V; i++) s->idx[i] = i;
+    if (s->p.top_k > 0 && s->p.top_k < V) n = s->p.top_k;
+    if (n < V || s->p.top_p < 1.0f || s->p.min_p > 0) qsort_r(s->idx, (size_t)V, sizeof *s->idx, by_logit_desc, logits);
+    double mx = logits[best] * inv_t, sum = 0;
+    for (int i = 0; i < n; i++) sum += (s->prob[i] = (float)exp(logits[s->idx[i]] * inv_t - mx));
+    for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    if (s->p.top_p < 1.0f) {   /* candidates are sorted: keep the prefix reaching top_p */
+        double acc = 0;
+        int k = 0;
+        while (k < n && acc < s->p.top_p) acc += s->prob[k++];
+        n = k > 0 ? k : 1;
+    }
+    if (s->p.min_p > 0) {
+        float floor_p = s->p.min_p * s->prob[0];
+        int k = 1;
+        while (k < n && s->prob[k] >= floor_p) k++;
+        n = k;
+    }
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += s->prob[i];
+    double r = next_unit(s) * tot, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += s->prob[i];
+        if (r < acc) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}

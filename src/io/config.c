@@ -1,0 +1,167 @@
+/*
+ * config.c — config.json and generation_config.json -> model_config.
+ *
+ * Accepts both RoPE spellings: transformers-4 `rope_theta` + `rope_scaling`
+ * ({"type"|"rope_type": "linear"|"llama3"|...}) and transformers-5
+ * `rope_parameters` ({"rope_theta", "rope_type", ...}). Every required field
+ * is checked for presence, type and range; a message names the file and field.
+ * eos ids come from generation_config.json when present (int or list), else
+ * from config.json.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+#include "arch/arch.h"
+#include "util.h"
+
+typedef struct cfgp {
+    const char *path;
+    json_t *root;
+    char *err;
+    size_t n;
+    cinfer_status st;
+} cfgp;
+
+static int get_int(cfgp *p, const char *key, int def, int required, int lo, int *out) {
+    json_t *v = json_object_get(p->root, key);
+    if (!v || json_is_null(v)) {
+        if (required) { p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: missing required field \"%s\"", p->path, key); return 0; }
+        *out = def;
+        return 1;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > (1 << 30)) {
+        p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: field \"%s\" must be an integer >= %d", p->path, key, lo);
+        return 0;
+    }
+    *out = (int)json_integer_value(v);
+    return 1;
+}
+
+static int get_num(cfgp *p, json_t *obj, const char *key, float def, float *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) { *out = def; return 1; }
+    if (!json_is_number(v)) {
+        p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: field \"%s\" must be a number", p->path, key);
+        return 0;
+    }
+    *out = (float)json_number_value(v);
+    return 1;
+}
+
+static int get_bool(json_t *obj, const char *key, int def) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+static void read_eos(json_t *v, model_config *c) {
+    if (json_is_integer(v)) {
+        c->n_eos = 1;
+        c->eos[0] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        c->n_eos = 0;
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8) c->eos[c->n_eos++] = (int)json_integer_value(e);
+    }
+}
+
+/* rope_scaling (t4) or rope_parameters (t5) object */
+static int parse_rope(cfgp *p, json_t *rs, model_config *c) {
+    if (!json_is_object(rs)) return 1;
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!json_is_string(t)) t = json_object_get(rs, "type");
+    const char *ty = json_is_string(t) ? json_string_value(t) : "default";
+    if (!get_num(p, rs, "rope_theta", c->rope_theta, &c->rope_theta)) return 0;
+    if (!strcmp(ty, "default")) c->rope_type = ROPE_DEFAULT;
+    else if (!strcmp(ty, "linear")) c->rope_type = ROPE_LINEAR;
+    else if (!strcmp(ty, "llama3")) c->rope_type = ROPE_LLAMA3;
+    else {
+        p->st = cf_err(p->err, p->n, CINFER_EUNSUPPORTED, "%s: RoPE scaling type \"%s\" is not supported (default, linear, llama3)", p->path, ty);
+        return 0;
+    }
+    if (!get_num(p, rs, "factor", 1.0f, &c->rope_factor) || !get_num(p, rs, "low_freq_factor", 1.0f, &c->rope_low_freq) ||
+        !get_num(p, rs, "high_freq_factor", 4.0f, &c->rope_high_freq))
+        return 0;
+    json_t *om = json_object_get(rs, "original_max_position_embeddings");
+    if (json_is_integer(om)) c->rope_orig_max_pos = (int)json_integer_value(om);
+    if (c->rope_type != ROPE_DEFAULT && !(c->rope_factor > 0)) {
+        p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: RoPE scaling factor must be > 0", p->path);
+        return 0;
+    }
+    return 1;
+}
+
+cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n) {
+    memset(c, 0, sizeof *c);
+    char *path = cf_path(dir, "config.json");
+    if (!path) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
+    cfgp p = {path, NULL, err, n, CINFER_OK};
+    char *txt = NULL;
+    size_t len;
+    p.st = cf_read_file(path, &txt, &len, err, n);
+    if (p.st) goto out;
+    json_error_t je;
+    p.root = json_loadb(txt, len, 0, &je);
+    if (!p.root || !json_is_object(p.root)) {
+        p.st = p.root ? cf_err(err, n, CINFER_EFORMAT, "%s: not a JSON object", path)
+                      : cf_err(err, n, CINFER_EFORMAT, "%s: malformed JSON at line %d: %s", path, je.line, je.text);
+        goto out;
+    }
+    json_t *mt = json_object_get(p.root, "model_type");
+    if (!json_is_string(mt)) { p.st = cf_err(err, n, CINFER_EFORMAT, "%s: missing \"model_type\"", path); goto out; }
+    snprintf(c->model_type, sizeof c->model_type, "%s", json_string_value(mt));
+    const arch_def *ad = arch_find(c->model_type);
+    if (!ad) {
+        p.st = cf_err(err, n, CINFER_EUNSUPPORTED, "%s: unknown model_type \"%s\" (supported: %s)", path,
+                      json_string_value(mt), arch_supported());
+        goto out;
+    }
+    if (!get_int(&p, "hidden_size", 0, 1, 1, &c->hidden) || !get_int(&p, "num_hidden_layers", 0, 1, 1, &c->n_layer) ||
+        !get_int(&p, "num_attention_heads", 0, 1, 1, &c->n_head) ||
+        !get_int(&p, "num_key_value_heads", c->n_head, 0, 1, &c->n_kv_head) ||
+        !get_int(&p, "intermediate_size", 0, 1, 1, &c->ffn) || !get_int(&p, "vocab_size", 0, 1, 1, &c->n_vocab) ||
+        !get_int(&p, "max_position_embeddings", 2048, 0, 1, &c->max_pos) ||
+        !get_int(&p, "head_dim", c->hidden / c->n_head, 0, 1, &c->head_dim) ||
+        !get_int(&p, "sliding_window", 0, 0, 0, &c->sliding_window) || !get_int(&p, "bos_token_id", -1, 0, 0, &c->bos))
+        goto out;
+    if (c->n_head % c->n_kv_head) {
+        p.st = cf_err(err, n, CINFER_EFORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->n_head, c->n_kv_head);
+        goto out;
+    }
+    float eps;
+    if (!get_num(&p, p.root, "rms_norm_eps", 1e-6f, &eps) || !get_num(&p, p.root, "rope_theta", 10000.0f, &c->rope_theta) ||
+        !get_num(&p, p.root, "partial_rotary_factor", 1.0f, &c->partial_rotary))
+        goto out;
+    c->eps = eps;
+    c->rope_factor = 1.0f;
+    if (!parse_rope(&p, json_object_get(p.root, "rope_parameters"), c) ||
+        !parse_rope(&p, json_object_get(p.root, "rope_scaling"), c))
+        goto out;
+    c->tie_embeddings = get_bool(p.root, "tie_word_embeddings", 0);
+    c->attention_bias = get_bool(p.root, "attention_bias", 0);
+    c->mlp_bias = get_bool(p.root, "mlp_bias", 0);
+    c->bos = c->bos;
+    read_eos(json_object_get(p.root, "eos_token_id"), c);
+    if (!get_bool(p.root, "use_sliding_window", 1)) c->sliding_window = 0;
+    ad->adjust(c);
+
+    /* generation_config.json overrides bos/eos when present */
+    char *gpath = cf_path(dir, "generation_config.json");
+    if (gpath && cf_file_exists(gpath)) {
+        json_t *g = json_load_file(gpath, 0, &je);
+        if (!g) {
+            p.st = cf_err(err, n, CINFER_EFORMAT, "%s: malformed JSON at line %d: %s", gpath, je.line, je.text);
+        } else {
+            read_eos(json_object_get(g, "eos_token_id"), c);
+            json_t *b = json_object_get(g, "bos_token_id");
+            if (json_is_integer(b)) c->bos = (int)json_integer_value(b);
+            json_decref(g);
+        }
+    }
+    free(gpath);
+out:
+    json_decref(p.root);
+    free(txt);
+    free(path);
+    return p.st;
+}

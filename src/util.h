@@ -1,0 +1,30 @@
+/*
+ * util.h — small internal helpers shared by every module: error messages
+ * into caller buffers, checked allocation sizes, file reading, timing.
+ */
+#ifndef CINFER_UTIL_H
+#define CINFER_UTIL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "cinfer.h"
+
+/* Invariants that stay on in release builds. */
+#define CF_ASSERT(c) do { if (!(c)) { fprintf(stderr, "cinfer: internal invariant failed: %s (%s:%d)\n", \
+                                     #c, __FILE__, __LINE__); abort(); } } while (0)
+
+/* formats into err[n] (err may be NULL) and returns s */
+cinfer_status cf_err(char *err, size_t n, cinfer_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* a*b with overflow check: returns 0 on overflow */
+int cf_mul_ok(size_t a, size_t b, size_t *out);
+/* reads a whole regular file into a NUL-terminated malloc'd buffer */
+cinfer_status cf_read_file(const char *path, char **out, size_t *len, char *err, size_t n);
+/* path join into a malloc'd string */
+char *cf_path(const char *dir, const char *name);
+int cf_file_exists(const char *path);
+double cf_now(void);          /* monotonic seconds */
+size_t cf_peak_rss(void);     /* bytes */
+#endif
