@@ -187,14 +187,28 @@ static int32_t piece_id(const cinfer_tokenizer *t, const char *s) {
     return model_id(t, s, l);
 }
 
+/* chat_template.jinja beside the config (newer transformers) wins */
+static cinfer_status load_jinja(cinfer_tokenizer *t, const char *dir, char *err, size_t n) {
+    char *path = cf_path(dir, "chat_template.jinja");
+    if (!path) return CINFER_ENOMEM;
+    cinfer_status st = CINFER_OK;
+    if (cf_file_exists(path)) {
+        char *src;
+        st = cf_read_file(path, &src, NULL, err, n);
+        if (!st) { free(t->chat_template); t->chat_template = src; }
+    }
+    free(path);
+    return st;
+}
+
 static cinfer_status load_config(cinfer_tokenizer *t, const char *dir, char *err, size_t n) {
     char *path = cf_path(dir, "tokenizer_config.json");
     if (!path) return CINFER_ENOMEM;
     t->bos = t->n_pre_ids ? t->pre_ids[0] : -1;
     t->eos = -1;
-    if (!cf_file_exists(path)) { free(path); return CINFER_OK; }
+    if (!cf_file_exists(path)) { free(path); return load_jinja(t, dir, err, n); }
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_DECODE_ANY, &je);
+    json_t *root = json_load_file(path, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &je);
     if (!root || !json_is_object(root)) {
         cinfer_status st = cf_err(err, n, CINFER_EFORMAT, "%s: line %d: %s", path, je.line, root ? "not an object" : je.text);
         json_decref(root);
@@ -227,7 +241,7 @@ static cinfer_status load_config(cinfer_tokenizer *t, const char *dir, char *err
         }
     }
     json_decref(root);
-    return CINFER_OK;
+    return load_jinja(t, dir, err, n);
 }
 
 static cinfer_status load_json(cinfer_tokenizer *t, const char *dir, const char *path, char *buf, size_t len,
