@@ -32,7 +32,7 @@ static const char *shared(void) {
 }
 
 static int place(const char *src, const char *dst) {
-    char cmd[3000], gz[1100];
+    char cmd[3400], gz[1500];
     if (access(src, R_OK) == 0) snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, dst);
     else {
         snprintf(gz, sizeof gz, "%s.gz", src);

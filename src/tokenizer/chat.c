@@ -2,10 +2,11 @@
  * chat.c — cinfer_chat_render: builds the variables a Hugging Face chat
  * template sees and hands them to the Jinja interpreter (chat-template.c).
  *
- * The context mirrors transformers' apply_chat_template: messages, tools
- * (when given), add_generation_prompt, the special-token strings bos_token /
- * eos_token from tokenizer_config.json (only those that are set), then every
- * key of kwargs_json (which may override any of them). The template comes
+ * The context mirrors transformers' apply_chat_template: the special-token
+ * strings of tokenizer_config.json that are set (bos/eos/unk/sep/pad/cls/
+ * mask_token and the extra_special_tokens), messages, tools (null when not
+ * given), documents (null), add_generation_prompt, then every key of
+ * kwargs_json (which may override any of them). The template comes
  * from tokenizer_config.json "chat_template" (a string, or a list of
  * {name, template} of which "default" is used) or, preferred when present,
  * from a chat_template.jinja file beside it (newer transformers save it so).
@@ -44,15 +45,17 @@ cinfer_status cinfer_chat_render(const cinfer_tokenizer *t, const char *messages
     json_t *ctx = json_object();
     json_t *msgs = parse("messages", messages_json, 1, &st, err, err_len);
     if (!ctx || !msgs) { json_decref(ctx); return st ? st : CINFER_ENOMEM; }
-    json_object_set_new(ctx, "messages", msgs);
-    if (tools_json) {
-        json_t *tools = parse("tools", tools_json, 1, &st, err, err_len);
-        if (!tools) { json_decref(ctx); return st; }
-        json_object_set_new(ctx, "tools", tools);
+    if (t->chat_vars) {
+        json_t *vars = json_loads(t->chat_vars, 0, NULL);
+        if (vars) json_object_update(ctx, vars);
+        json_decref(vars);
     }
+    json_object_set_new(ctx, "messages", msgs);
+    json_t *tools = json_null();
+    if (tools_json && !(tools = parse("tools", tools_json, 1, &st, err, err_len))) { json_decref(ctx); return st; }
+    json_object_set_new(ctx, "tools", tools);
+    json_object_set_new(ctx, "documents", json_null());
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
-    if (t->bos_str) json_object_set_new(ctx, "bos_token", json_string(t->bos_str));
-    if (t->eos_str) json_object_set_new(ctx, "eos_token", json_string(t->eos_str));
     if (kwargs_json) {
         json_t *kw = parse("kwargs", kwargs_json, 0, &st, err, err_len);
         if (!kw) { json_decref(ctx); return st; }

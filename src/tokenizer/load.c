@@ -216,6 +216,26 @@ static cinfer_status load_config(cinfer_tokenizer *t, const char *dir, char *err
         return st;
     }
     free(path);
+    /* the special-token strings transformers passes to chat templates */
+    json_t *vars = json_object();
+    static const char *const names[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                        "pad_token", "cls_token", "mask_token"};
+    for (size_t i = 0; vars && i < sizeof names / sizeof *names; i++) {
+        char *v = token_str(json_object_get(root, names[i]));
+        if (v) json_object_set_new(vars, names[i], json_string(v));
+        free(v);
+    }
+    json_t *extra = json_object_get(root, "extra_special_tokens");
+    const char *ek;
+    json_t *ev;
+    if (vars && json_is_object(extra))
+        json_object_foreach(extra, ek, ev) {
+            char *v = token_str(ev);
+            if (v) json_object_set_new(vars, ek, json_string(v));
+            free(v);
+        }
+    t->chat_vars = vars ? json_dumps(vars, JSON_COMPACT) : NULL;
+    json_decref(vars);
     t->bos_str = token_str(json_object_get(root, "bos_token"));
     t->eos_str = token_str(json_object_get(root, "eos_token"));
     if (t->bos_str) t->bos = piece_id(t, t->bos_str);
@@ -361,7 +381,7 @@ void cinfer_tokenizer_free(cinfer_tokenizer *t) {
     free(t->added);
     tok_trie_free(&t->trie_raw);
     tok_trie_free(&t->trie_norm);
-    free(t->chat_template); free(t->bos_str); free(t->eos_str); free(t->config_json);
+    free(t->chat_template); free(t->bos_str); free(t->eos_str); free(t->chat_vars);
     free(t);
 }
 

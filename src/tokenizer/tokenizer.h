@@ -110,7 +110,7 @@ struct cinfer_tokenizer {
 
     char *chat_template;        /* from tokenizer_config.json, may be NULL */
     char *bos_str, *eos_str;    /* bos_token / eos_token strings, may be NULL */
-    char *config_json;          /* the tokenizer_config.json text, may be NULL */
+    char *chat_vars;            /* JSON object of special-token strings for templates, may be NULL */
 };
 
 /* strmap */
