@@ -83,14 +83,32 @@ static int is_cased(uint32_t c) {
 static int is_upper_cp(uint32_t c) { return is_cased(c) && map_case(c, CASE_LOWER) != c; }
 static int is_lower_cp(uint32_t c) { return is_cased(c) && map_case(c, CASE_UPPER) != c; }
 
+/* the unconditional one-to-many mappings of Unicode's SpecialCasing.txt that
+ * Python applies (a common subset) */
+static const char *special_case(uint32_t c, int how) {
+    if (how == CASE_LOWER) return c == 0x130 ? "i\xcc\x87" : NULL;
+    switch (c) {
+    case 0xdf: return how == CASE_UPPER ? "SS" : "Ss";
+    case 0xfb00: return how == CASE_UPPER ? "FF" : "Ff";
+    case 0xfb01: return how == CASE_UPPER ? "FI" : "Fi";
+    case 0xfb02: return how == CASE_UPPER ? "FL" : "Fl";
+    case 0xfb03: return how == CASE_UPPER ? "FFI" : "Ffi";
+    case 0xfb04: return how == CASE_UPPER ? "FFL" : "Ffl";
+    case 0xfb05: case 0xfb06: return how == CASE_UPPER ? "ST" : "St";
+    case 0x149: return "\xca\xbcN";
+    default: return NULL;
+    }
+}
+
 static jv str_case(tmpl_st *J, jstr *s, int how) {
     tbuf b; tb_init(&b, J);
     size_t i = 0;
     while (i < s->n) {
         size_t st = i;
         uint32_t c = u8_next(s->s, s->n, &i);
+        const char *sp = c >= 0x80 ? special_case(c, how) : NULL;
         if (c >= 0x80 && i - st == 1) tb_put(&b, s->s + st, 1);
-        else if (c == 0xdf && how == CASE_UPPER) tb_puts(&b, "SS");
+        else if (sp) tb_puts(&b, sp);
         else u8_put(&b, map_case(c, how));
     }
     return mkstr(J, &b);
@@ -166,11 +184,7 @@ static jv str_split(tmpl_st *J, jstr *s, const jstr *sep, int64_t maxsplit, int 
                 size_t j = i; uint32_t c = u8_next(p, n, &j);
                 if (py_isspace(c)) { i = j; continue; }
                 if (maxsplit >= 0 && (int64_t)out.u.l->n >= maxsplit) {
-                    /* rest, right-stripped */
-                    jstr tmp_hdr; (void)tmp_hdr;
-                    size_t e = n, k = i, keep = i;
-                    while (k < e) { uint32_t d = u8_next(p, e, &k); if (!py_isspace(d)) keep = k; }
-                    jl_push(J, &out, jv_str(J, p + i, keep - i));
+                    jl_push(J, &out, jv_str(J, p + i, n - i));   /* the rest, as is */
                     return out;
                 }
                 size_t st = i;
@@ -202,9 +216,7 @@ static jv str_split(tmpl_st *J, jstr *s, const jstr *sep, int64_t maxsplit, int 
             if (k < 0) break;
             size_t end = starts[k + 1];
             if (maxsplit >= 0 && (int64_t)rev.u.l->n >= maxsplit) {
-                size_t a = 0;
-                while (a < end) { size_t j = a; if (!py_isspace(u8_next(p, n, &j))) break; a = j; }
-                jl_push(J, &rev, jv_str(J, p + a, end - a));
+                jl_push(J, &rev, jv_str(J, p, end));   /* the rest, as is */
                 break;
             }
             while (k >= 0) { size_t j = starts[k]; if (py_isspace(u8_next(p, n, &j))) break; k--; }
@@ -643,7 +655,7 @@ static jv sorted(tmpl_st *J, jv items, jv *keys, int reverse, int line) {
 }
 
 /* Jinja's make_attrgetter: dotted path, digit parts are indexes */
-static jv attr_path(tmpl_st *J, jv item, jstr *path, int line) {
+static jv attr_path_d(tmpl_st *J, jv item, jstr *path, const jv *dflt, int line) {
     const char *p = path->s;
     for (;;) {
         const char *dot = strchr(p, '.');
@@ -652,10 +664,13 @@ static jv attr_path(tmpl_st *J, jv item, jstr *path, int line) {
         for (size_t i = 0; i < n; i++) if (p[i] < '0' || p[i] > '9') digits = 0;
         jv key = digits ? jv_int(atoll(p)) : jv_str(J, p, n);
         item = tmpl_getitem(J, item, key, line);
+        if (dflt && item.k == JV_UNDEF) item = *dflt;   /* per part, as Jinja */
         if (!dot) return item;
         p = dot + 1;
     }
 }
+
+static jv attr_path(tmpl_st *J, jv item, jstr *path, int line) { return attr_path_d(J, item, path, NULL, line); }
 
 /* ------------------------------------------------------------- filters */
 static const char *const filter_names[] = {
@@ -695,12 +710,9 @@ static jv f_map(tmpl_st *J, jv v, const fargs *a, int line) {
     jv at, dflt;
     if (!a->nargs && arg(a, "attribute", -1, &at)) {
         jstr *path = want_str(J, at, "attribute", line);
-        int has_d = arg(a, "default", -1, &dflt);
-        for (size_t i = 0; i < items.u.l->n; i++) {
-            jv x = attr_path(J, items.u.l->v[i], path, line);
-            if (x.k == JV_UNDEF && has_d) x = dflt;
-            jl_push(J, &out, x);
-        }
+        int has_d = arg(a, "default", -1, &dflt) && dflt.k != JV_NONE;
+        for (size_t i = 0; i < items.u.l->n; i++)
+            jl_push(J, &out, attr_path_d(J, items.u.l->v[i], path, has_d ? &dflt : NULL, line));
         return out;
     }
     if (a->nargs < 1) tmpl_fail(J, CINFER_EINVAL, line, "map requires a filter name or attribute=");
@@ -709,6 +721,28 @@ static jv f_map(tmpl_st *J, jv v, const fargs *a, int line) {
     for (size_t i = 0; i < items.u.l->n; i++)
         jl_push(J, &out, tmpl_filter(J, f, items.u.l->v[i], a->args + 1, a->nargs - 1, a->kwn, a->kwv, a->nkw, line));
     return out;
+}
+
+/* the text Python's float() accepts (no hex, underscores only between digits) */
+static int py_float_text(const char *s, size_t n, double *out) {
+    char buf[512];
+    size_t k = 0;
+    if (!n || n >= sizeof buf) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '_') {
+            if (!i || i + 1 >= n || s[i - 1] < '0' || s[i - 1] > '9' || s[i + 1] < '0' || s[i + 1] > '9') return 0;
+            continue;
+        }
+        if (c == 'x' || c == 'X' || c == 'p' || c == 'P') return 0;
+        buf[k++] = c;
+    }
+    buf[k] = 0;
+    char *end;
+    double f = strtod(buf, &end);
+    if (end != buf + k) return 0;
+    *out = f;
+    return 1;
 }
 
 static jv to_int(tmpl_st *J, jv v, jv dflt, int line) {
@@ -734,9 +768,8 @@ static jv to_int(tmpl_st *J, jv v, jv dflt, int line) {
             nd++;
         }
         if (ok && nd) return jv_int(neg ? -r : r);
-        char *end;
-        double f = strtod(s, &end);
-        if (n && end == s + n && !isnan(f) && !isinf(f)) return to_int(J, jv_float(f), dflt, line);
+        double f;
+        if (py_float_text(s, n, &f) && !isnan(f) && !isinf(f)) return to_int(J, jv_float(f), dflt, line);
         return dflt;
     }
     default: return dflt;
@@ -750,10 +783,8 @@ static jv to_float(tmpl_st *J, jv v, jv dflt) {
     case JV_BOOL: return jv_float(v.u.b);
     case JV_STR: {
         jv t = str_strip(J, v.u.s, NULL, 3);
-        char *end;
-        if (!t.u.s->n) return dflt;
-        double f = strtod(t.u.s->s, &end);
-        return end == t.u.s->s + t.u.s->n ? jv_float(f) : dflt;
+        double f;
+        return py_float_text(t.u.s->s, t.u.s->n, &f) ? jv_float(f) : dflt;
     }
     default: return dflt;
     }
@@ -943,6 +974,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         if (prec < 0 || prec > 30) tmpl_fail(J, CINFER_EUNSUPPORTED, line, "round precision %lld", (long long)prec);
         double m = pow(10.0, (double)prec);
         if (!strcmp(method, "common")) {
+            if (v.k == JV_INT || v.k == JV_BOOL) return jv_int(v.k == JV_INT ? v.u.i : v.u.b);  /* round(int) is int */
             char buf[400];
             snprintf(buf, sizeof buf, "%.*f", (int)prec, f);
             return jv_float(strtod(buf, NULL));
@@ -1013,7 +1045,10 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
     if (!strcmp(name, "rejectattr")) return f_select(J, v, &a, 1, 0, line);
     if (!strcmp(name, "attr")) {
         if (nargs != 1) tmpl_fail(J, CINFER_EINVAL, line, "attr needs a name");
-        return tmpl_getattr(J, v, want_str(J, args[0], "attr", line)->s, line);
+        const char *an = want_str(J, args[0], "attr", line)->s;
+        if (v.k == JV_UNDEF) return jv_undef(an);
+        if (v.k == JV_DICT && v.u.d->kind == JD_PLAIN && !tmpl_is_method(v, an)) return jv_undef(an);
+        return tmpl_getattr(J, v, an, line);   /* methods, namespace/loop attributes */
     }
     if (!strcmp(name, "batch")) {
         jv items = tmpl_iterate(J, v, line);

@@ -224,9 +224,8 @@ static void lex_tag(lx *L, int is_var) {
             int64_t v = 0;
             for (size_t i = p; i < p + d; i++) {
                 if (s[i] == '_') continue;
-                if (v > (INT64_MAX - 9) / 10)
-                    tmpl_fail(L->J, CINFER_EUNSUPPORTED, L->line, "integer literal too large");
-                v = v * 10 + (s[i] - '0');
+                if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s[i] - '0', &v))
+                    tmpl_fail(L->J, CINFER_EUNSUPPORTED, L->line, "integer literal does not fit in 64 bits");
             }
             t->i = v;
             L->pos = p + d;

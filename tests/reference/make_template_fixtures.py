@@ -16,7 +16,9 @@ template with that context through transformers' own Jinja environment gives
 the same text, so the fixture is self-consistent.
 
 micro.json holds small feature templates (loops, filters, tests, whitespace
-control, printing, errors) rendered through transformers' Jinja environment
+control, printing, errors) rendered through transformers' Jinja environment.
+`--extra-only OUTDIR` writes extra.json, a larger edge-case set, without
+transformers (jinja2 3.1.6, configured as transformers does; no device needed)
 (trim_blocks, lstrip_blocks, its tojson/raise_exception). Without transformers
 (e.g. on a dev machine: `--micro-only`) an equivalent environment is built
 from jinja2 directly, mirroring transformers' _compile_jinja_template.
@@ -47,8 +49,19 @@ def jinja_env():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                           separators=separators, sort_keys=sort_keys)
 
+    class Generation(jinja2.ext.Extension):   # transformers' AssistantTracker, untracked
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_gen"), [], [], body).set_lineno(lineno)
+
+        def _gen(self, caller):
+            return caller()
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
@@ -216,14 +229,186 @@ MICRO = [
 ]
 
 
+def extra_cases():
+    """Edge cases of whitespace control, expressions, filters, methods and
+    statements (and syntax/runtime errors): (name, template, context)."""
+    out = []
+    # whitespace control edge cases
+    ws = [
+     "  {% if true %}x{% endif %}  ",
+     "a\n  {% if true %}\n  b\n  {% endif %}\n",
+     "a\n  {%- if true %}\n  b\n  {%+ endif %}\n",
+     "{{ 'x' }}\n{{ 'y' }}\n",
+     "{% set x = 1 %}\n\n{{ x }}",
+     "a {# c #}\n b",
+     "a\n    {# c #}\n b",
+     "  {#- c #}  x",
+     "x  {{- 'y' }}\n  z",
+     "{% for i in [1,2] %}\n  {{ i }}\n{% endfor %}\n",
+     "{% for i in [1,2] -%}\n  {{ i }}\n{%- endfor %}",
+     "\t  {% if true %}\tx\n{% endif %}",
+     "a\r\n  {% if true %}\r\nb{% endif %}",
+     "{% raw -%}   x  {%- endraw %}",
+     "  {% raw %}\n{{ x }}\n  {% endraw %}\n",
+     "a{%- raw %} x {% endraw -%}   b",
+     "{%- if true -%}\n\n  x  \n\n{%- endif -%}",
+     "x\n{%- set a = 1 -%}\ny",
+     "{{- '  a  ' -}}",
+     "   {{ 'a' }}   {% if true %}   {% endif %}",
+     "\u00a0\u2003{%- if true %}x{% endif %}",
+     "x {%+ if true %}y{% endif %}",
+     "line\n   {% if true %}   inline {% endif %}\n",
+     "{% if true %}\n{% endif %}\n{% if true %}\n{% endif %}\nEND",
+     "{% macro m() %}\n  body\n{% endmacro %}\n[{{ m() }}]",
+     "{% set s %}\n  block\n{% endset %}\n[{{ s }}]",
+     "a #} b %} c }}",
+     "{{ '{{' }} {{ '}}' }} {{ '{%' }}",
+     "{ {x} } {{ {'a': {'b': 1}} }}",
+     "{{ 'a' ~ '}}' }}",
+     "{# {{ x }} {% if %} #}ok",
+     "{#\n#}\n  x",
+    ]
+    out += [("ws%d" % i, t, {"x": 1}) for i, t in enumerate(ws)]
+
+    exprs = [
+     "{{ 1 + 2 * 3 - 4 / 2 }}", "{{ 2 ** -1 }}", "{{ -2 ** 2 }}", "{{ 7 // -2 }}", "{{ -7 % -3 }}", "{{ 7.5 // 2 }}", "{{ -7.5 % 2 }}",
+     "{{ 1e3 }}{{ 1E-3 }}{{ 1.5e+3 }}{{ 100000000000000000.0 }}{{ 1234567890123456.0 }}{{ 0.0001 }}{{ 0.00001 }}{{ 123456789.123456789 }}",
+     "{{ 1_000_000 }}{{ 0.1 * 3 }}{{ 2.675 }}{{ 1/7 }}{{ 1e16 }}{{ 9999999999999998.0 }}{{ 5e-324 }}{{ 1.7976931348623157e308 }}",
+     "{{ 3 > 2 and 'yes' or 'no' }}", "{{ not none }}{{ not '' }}{{ not [] }}", "{{ 1 in [1.0] }}{{ true in [1] }}{{ '1' in [1] }}",
+     "{{ (1, 2) == (1, 2) }}{{ (1, 2) == [1, 2] }}{{ [1, 2] < [1, 3] }}{{ 'abc' < 'abd' }}{{ 'Z' < 'a' }}",
+     "{{ {'a': 1} == {'a': 1} }}{{ {'a': 1, 'b': 2} == {'b': 2, 'a': 1} }}{{ none == none }}{{ none == 0 }}{{ false == 0 }}",
+     "{{ 'a' 'b' \"c\" }}", "{{ [1, 2, 3][1:] }}{{ [1, 2, 3][:-1] }}{{ [1, 2, 3][::-2] }}{{ 'hello'[::2] }}{{ 'hello'[-3:] }}{{ 'hello'[10:] }}{{ 'héllo wörld'[3:8] }}",
+     "{{ x[0] }}{{ x[-1] }}{{ x.0 }}", "{{ d.a.b }}{{ d['a']['b'] }}{{ d.a['b'] }}{{ d['a'].b }}",
+     "{{ (1) }}{{ (1,) }}{{ () }}{{ (1, 'a', none) }}", "{{ [] }}{{ {} }}{{ [[]] }}{{ [{}] }}",
+     "{{ 'a' if false }}|{{ 'a' if false else 'b' if false else 'c' }}", "{{ 1 if 1 else 2 if 2 else 3 }}",
+     "{{ x|length > 2 and x[0] == 1 }}", "{{ -x[0] }}{{ - 3|abs }}{{ (-3)|abs }}",
+     "{{ 'abc'|upper|lower|length }}", "{{ [3,1,2]|sort|first }}{{ [3,1,2]|sort(reverse=true)|join(',') }}",
+     "{{ 10 / 4 * 2 }}{{ 10 // 4 * 2 }}{{ 2 * 3 ** 2 }}{{ (2 * 3) ** 2 }}", "{{ 1 < 2 == 2 }}{{ 1 == 1 != 2 }}",
+     "{{ 'x' ~ 1 + 2 }}", "{{ 'x' ~ [1] }}{{ 'x' ~ {'a': 'b'} }}{{ 'x' ~ 1.0 }}",
+     "{{ true and none }}|{{ false or none }}|{{ 0 or false }}", "{{ 'a' * 3 }}{{ 3 * 'a' }}{{ [1] * 2 }}{{ 'a' * 0 }}{{ 'a' * -1 }}",
+     "{{ 9223372036854775807 }}", "{{ 2 ** 62 }}", "{{ 5 / 0 }}", "{{ 5 // 0 }}", "{{ 5 % 0 }}", "{{ 1.0 / 0 }}",
+     "{{ [1,2] + (3,) }}", "{{ 'a' - 'b' }}", "{{ none + 1 }}", "{{ [1] < 'a' }}", "{{ {} < {} }}",
+     "{{ x[10] }}|{{ x['k'] }}|{{ 'abc'[5] }}|{{ none.x }}|{{ none['x'] }}|{{ 5.x }}",
+     "{{ d.get('a').b }}{{ d.get('zz', {}).b }}", "{{ d.items()|list|length }}{{ d.keys()|first }}",
+     "{{ x|sum }}{{ x|sum(start=10) }}{{ [0.5, 1]|sum }}", "{{ [1.5, 2]|max }}{{ ['b', 'A', 'c']|max }}{{ ['b', 'A', 'c']|min }}{{ ['b', 'A', 'c']|max(case_sensitive=true) }}{{ []|max }}",
+     "{{ x is sequence }}{{ d is mapping }}{{ 'a' is sequence }}{{ 1 is sequence }}{{ none is iterable }}{{ x is iterable }}",
+     "{{ 1 is number }}{{ 1.5 is number }}{{ '1' is number }}{{ true is number }}{{ true is integer }}{{ 1 is boolean }}",
+     "{{ x is defined }}{{ x.foo is defined }}{{ d.a is defined }}{{ d.zz is undefined }}{{ d['a'] is not none }}",
+     "{{ 'abc' is lower }}{{ 'ABC' is upper }}{{ 'aBc' is lower }}{{ '123' is lower }}",
+     "{{ 10 is divisibleby(3) }}{{ 9 is divisibleby(3) }}{{ 3 is odd }}{{ 2 is even }}{{ 2 is eq(2) }}{{ 2 is ne(3) }}{{ 2 is lt(3) }}{{ 2 is ge 2 }}{{ 1 is in([1]) }}",
+     "{{ x is sameas x }}{{ none is sameas none }}{{ true is sameas true }}{{ 1 is sameas 1 }}",
+     "{{ range is callable }}{{ x is callable }}{{ 'upper' is filter }}{{ 'odd' is test }}{{ 'nope' is filter }}",
+    ]
+    out += [("expr%d" % i, t, {"x": [1, 2, 3], "d": {"a": {"b": "B"}}}) for i, t in enumerate(exprs)]
+
+    filters = [
+     "{{ '  a b  '|trim }}|{{ 'xxaxx'|trim('x') }}|{{ 5|trim }}|{{ none|trim }}",
+     "{{ s|title }}|{{ s|capitalize }}|{{ s|upper }}|{{ s|lower }}|{{ s|length }}|{{ s|wordcount }}|{{ s|reverse }}",
+     "{{ 'hello-world foo(bar)[baz]<q>'|title }}|{{ \"they're bill's\"|title }}|{{ \"they're bill's\".title() }}|{{ 'ABC def'.capitalize() }}",
+     "{{ 'a,b'|replace(',', ';') }}{{ 'aaa'|replace('a', 'b', 2) }}{{ 'abc'|replace('', '-') }}{{ 5|replace('5', 'five') }}",
+     "{{ x|join('-') }}{{ x|join }}{{ d|join(',') }}{{ 'abc'|join('.') }}{{ msgs|join(',', attribute='role') }}",
+     "{{ x|first }}{{ x|last }}{{ 'abc'|first }}{{ 'abc'|last }}{{ d|first }}{{ []|first }}",
+     "{{ x|list }}{{ 'ab'|list }}{{ d|list }}{{ d|items|list }}{{ nothing|list }}{{ nothing|items|list }}",
+     "{{ '3'|int }}{{ ' -3 '|int }}{{ '3.9'|int }}{{ 'x'|int(7) }}{{ none|int }}{{ true|int }}{{ '1e3'|int }}{{ '0x10'|int }}{{ '1_000'|int }}{{ ''|int }}",
+     "{{ '3'|float }}{{ '3.25'|float }}{{ 'x'|float }}{{ 'x'|float(1.5) }}{{ 4|float }}{{ ' 2.5 '|float }}{{ 'inf'|float }}{{ 'nan'|float }}",
+     "{{ 3.14159|round(2) }}{{ 3.5|round }}{{ 4.5|round }}{{ 2.5|round(0, 'floor') }}{{ 2.1|round(0, 'ceil') }}{{ 7|round }}{{ 1.005|round(2) }}{{ -2.5|round }}",
+     "{{ x|map('string')|join('|') }}{{ msgs|map(attribute='role')|join }}{{ msgs|map(attribute='x.y', default='-')|join }}",
+     "{{ msgs|selectattr('role', 'equalto', 'user')|list|length }}{{ msgs|selectattr('role', '==', 'user')|list|length }}{{ msgs|rejectattr('content')|list|length }}{{ msgs|selectattr('content', 'defined')|map(attribute='content')|join }}",
+     "{{ x|select('odd')|list }}{{ x|select('gt', 1)|list }}{{ x|select('in', [1, 3])|list }}{{ [0, 1, '', 'a', none]|select|list }}{{ [0, 1, '', 'a', none]|reject|list }}",
+     "{{ ['b', 'a', 'C']|sort }}{{ ['b', 'a', 'C']|sort(case_sensitive=true) }}{{ msgs|sort(attribute='role')|map(attribute='content')|join }}{{ [3, 1, 2]|sort(true) }}",
+     "{{ ['a', 'A', 'b', 'a']|unique|list }}{{ ['a', 'A', 'b']|unique(case_sensitive=true)|list }}",
+     "{{ {'b': 1, 'A': 2, 'c': 0}|dictsort }}{{ {'b': 1, 'A': 2, 'c': 0}|dictsort(by='value') }}{{ {'b': 1, 'a': 2}|dictsort(reverse=true) }}",
+     "{{ x|batch(2)|list }}{{ x|batch(2, 'x')|list }}", "{{ 'a\\nb\\n\\nc'|indent }}|{{ 'a\\nb\\n\\nc'|indent(2, true) }}|{{ 'a\\nb\\n\\nc'|indent(2, blank=true) }}|{{ 'a\\nb'|indent('> ') }}",
+     "{{ 'abc'|center(9) }}|{{ 'abcd'|center(9) }}|{{ 'abc'|center(2) }}", "{{ '<a href=\"x\">&\\'</a>'|e }}{{ '<b>'|safe }}{{ '<b>'|escape }}",
+     "{{ d|attr('a') }}{{ 'abc'|attr('upper') is defined }}", "{{ '%s-%d'|format('a', 3) }}{{ '%5.2f|%-4s|%04d|%x|%%'|format(3.14159, 'ab', 7, 255) }}{{ '%r'|format('a') }}",
+     "{{ x|tojson }}{{ x|tojson(indent=1) }}{{ 'a\\u2028b'|tojson }}{{ '\\x7f\\x00'|tojson }}{{ 1.5|tojson }}{{ -0.0|tojson }}{{ (1, 2)|tojson }}",
+     "{{ d|tojson(indent='\\t') }}", "{{ msgs|tojson(separators=(',', ':')) }}", "{{ {'b': 1, 'a': {'d': 1, 'c': 2}}|tojson(sort_keys=true, indent=2) }}",
+     "{{ {1: 'a', 2.5: 'b', true: 'c', none: 'd'}|tojson }}", "{{ nothing|tojson }}", "{{ x|tojson(2) }}", "{{ 'é😀'|tojson(true) }}",
+     "{{ x|string }}{{ d|string }}{{ none|string }}{{ nothing|string }}|", "{{ x|count }}{{ 'abc'|count }}{{ d|length }}{{ nothing|length }}{{ 5|length }}",
+     "{{ x|abs }}", "{{ -5|abs }}{{ -5.5|abs }}{{ true|abs }}", "{{ x|reverse|list }}{{ 'héllo'|reverse }}{{ d|reverse|list }}",
+     "{{ x|default('d') }}{{ nothing|default('d') }}{{ none|default('d') }}{{ none|default('d', true) }}{{ 0|default('d', boolean=true) }}{{ nothing|d }}|",
+    ]
+    ctx = {"x": [1, 2, 3], "d": {"a": 1, "b": 2}, "s": "hello wORLD  foo", "msgs": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}, {"role": "user"}]}
+    out += [("filter%d" % i, t, ctx) for i, t in enumerate(filters)]
+
+    methods = [
+     "{{ s.split() }}{{ s.split(' ') }}{{ s.split('o', 1) }}{{ s.rsplit(None, 1) }}{{ s.rsplit('o', 1) }}{{ '  '.split() }}{{ ''.split(',') }}{{ 'a  b'.split(' ') }}",
+     "{{ '  a b c  '.split(None, 1) }}{{ '  a b c  '.rsplit(None, 1) }}{{ 'a,b,c'.rsplit(',') }}{{ 'a,b,c'.split(',', 0) }}{{ 'a\\tb\\nc'.split() }}",
+     "{{ s.strip() }}|{{ s.strip('h') }}|{{ s.lstrip('leh') }}|{{ s.rstrip('o ') }}|{{ '\\n\\nx\\n'.strip('\\n') }}|{{ 'xyx'.strip('x') }}",
+     "{{ s.startswith('hel') }}{{ s.startswith(('x', 'h')) }}{{ s.endswith('foo') }}{{ s.endswith('') }}{{ ''.startswith('') }}",
+     "{{ s.find('o') }}{{ s.find('zz') }}{{ s.rfind('o') }}{{ s.count('o') }}{{ 'héllo'.find('l') }}{{ s.index('w') }}",
+     "{{ s.replace('o', '0') }}{{ s.replace('o', '0', 1) }}{{ s.upper() }}{{ s.lower() }}{{ s.title() }}{{ s.capitalize() }}{{ s.swapcase() }}",
+     "{{ ', '.join(['a', 'b']) }}{{ ''.join('abc') }}{{ '-'.join(d) }}", "{{ ','.join([1, 2]) }}",
+     "{{ '{} and {}'.format('a', 'b') }}{{ '{1}{0}'.format('a', 'b') }}{{ '{x}!'.format(x=5) }}{{ '{{}}{}'.format(1) }}",
+     "{{ '123'.isdigit() }}{{ '12a'.isdigit() }}{{ 'abc'.isalpha() }}{{ 'ab1'.isalnum() }}{{ '  '.isspace() }}{{ ''.isspace() }}{{ 'AB'.isupper() }}{{ 'ab'.islower() }}{{ 'A1'.isupper() }}",
+     "{{ 'a\\nb\\r\\nc'.splitlines() }}{{ ''.splitlines() }}{{ 'a\\n'.splitlines() }}",
+     "{{ d.get('a') }}{{ d.get('zz') }}{{ d.get('zz', 0) }}{{ d.keys()|list }}{{ d.values()|list }}{{ d.items()|list }}",
+     "{{ x.count(1) }}{{ x.index(2) }}", "{{ s.nonexistent }}|{{ s.nonexistent is defined }}", "{{ s.nonexistent() }}",
+     "{{ 'ß'.upper() }}{{ 'İ'.lower()|length }}{{ 'ǆ'.title() }}{{ 'ﬁ'.upper() }}",
+    ]
+    out += [("method%d" % i, t, ctx) for i, t in enumerate(methods)]
+
+    stmts = [
+     "{% for a, b in [(1, 2), (3, 4)] %}{{ a }}{{ b }}{% endfor %}",
+     "{% for a, b in [(1, 2, 3)] %}{{ a }}{% endfor %}",
+     "{% for k, v in d|dictsort %}{{ k }}{{ v }}{% endfor %}",
+     "{% for x in x if x is odd %}{{ loop.index }}:{{ x }}{{ loop.last }}{% endfor %}",
+     "{% for i in x %}{% for j in x %}{% if j == 2 %}{% break %}{% endif %}{{ i }}{{ j }}{% endfor %}{% endfor %}",
+     "{% for i in x %}{% if i == 2 %}{% continue %}{% endif %}{{ loop.index }}{% else %}E{% endfor %}",
+     "{% for i in [] %}{% else %}{% for j in [1] %}{{ j }}{% endfor %}{% endfor %}",
+     "{% set x = 5 %}{{ x }}{% for i in [1] %}{% set x = 6 %}{{ x }}{% endfor %}{{ x }}",
+     "{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.a }}{{ ns.b }}{{ ns.c is defined }}",
+     "{% set ns = namespace(d) %}{{ ns.a }}", "{% set ns = namespace() %}{% for i in x %}{% set ns.last = i %}{% endfor %}{{ ns.last }}",
+     "{% set d2 = dict(a=1, b=2) %}{{ d2 }}{{ dict(d, c=3) }}",
+     "{% set a = 1 %}{% set b = a + 1 %}{% set a = b * 10 %}{{ a }}{{ b }}",
+     "{% set t = (1, 2) %}{% set a, b = t %}{{ a + b }}", "{% set a, b = [1, 2, 3] %}",
+     "{% set x %}{{ 'a' }}b{% endset %}{{ x }}{{ x|length }}", "{% set x | upper %}abc{% endset %}{{ x }}", "{% set x | trim | upper %}  abc  {% endset %}[{{ x }}]",
+     "{% macro m(a, b=2, c='x') %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}{{ m(1, 3) }}{{ m(1, c='y') }}{{ m() }}",
+     "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(b=1) }}",
+     "{% macro outer() %}{% macro inner() %}in{% endmacro %}[{{ inner() }}]{% endmacro %}{{ outer() }}",
+     "{% macro m() %}{{ x }}{% endmacro %}{% for x in [7] %}{{ m() }}{% endfor %}",
+     "{% macro m(n) %}{% if n > 0 %}{{ n }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(5) }}",
+     "{% if x %}{% set y = 1 %}{% endif %}{{ y }}",
+     "{% for i in [1] %}{% set y = 1 %}{% endfor %}{{ y is defined }}",
+     "{% with a = 1 %}{% set b = 2 %}{{ a }}{{ b }}{% endwith %}{{ b is defined }}",
+     "{% filter trim %}   x   {% endfilter %}|{% filter replace('a', 'b') %}aaa{% endfilter %}",
+     "{{ loop is defined }}{% for i in [1] %}{{ loop is defined }}{% endfor %}",
+     "{% for i in [1, 2, 3] %}{{ loop.previtem is defined }}{{ loop.nextitem|default('-') }}{% endfor %}",
+     "{% for i in 'ab' %}{% for j in 'cd' %}{{ loop.index }}{% endfor %}{{ loop.index }}{% endfor %}",
+     "{% for m in msgs %}{{ loop.index0 }}{{ m.role[0] }}{% endfor %}",
+     "{% for k in d %}{{ k }}{% endfor %}{% for k, v in d.items() %}{{ k }}={{ v }}{% endfor %}",
+     "{% for x in 5 %}{% endfor %}", "{% for x in none %}{% endfor %}",
+     "{% if x is defined and x|length > 0 and x[0] is number %}ok{% endif %}",
+     "{% if not x %}a{% elif x|length == 3 %}b{% endif %}",
+     "{% set items = [] %}{% for i in x %}{% set items = items + [i * 2] %}{% endfor %}{{ items }}",
+     "{% set ns = namespace(items=[]) %}{% for i in x %}{% set ns.items = ns.items + [i * 2] %}{% endfor %}{{ ns.items }}",
+     "{{ range(5)|list }}{{ range(2, 5)|list }}{{ range(5, 2, -1)|list }}{{ range(0, 10, 3)|list }}",
+     "{% for i in range(3) %}{{ i }}{% endfor %}", "{{ range(x|length)|list }}",
+     "{{ raise_exception('boom') if false else 'fine' }}",
+     "{% if x %}{{ raise_exception('x is ' ~ x) }}{% endif %}",
+     "{{ 'abc' is string and 'abc' is not mapping }}",
+     "{% set content = 'a</think>\\n\\nb' %}{{ content.split('</think>')[-1].lstrip('\\n') }}|{{ content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') }}",
+     "{%- for m in msgs -%}{{- m.role -}}{%- endfor -%}",
+     "{% generation %}x{% endgeneration %}",
+     "{% for i in x %}{% endfor %}{{ i }}",
+     "{% set x.y = 1 %}",
+     "{% break %}", "{% endfor %}", "{% else %}", "{% if %}{% endif %}", "{% for in x %}{% endfor %}", "{{ }}", "{% set %}", "{{ x y }}", "{{ x | }}", "{{ 1 is }}",
+     "{% macro m(a=1, b) %}{% endmacro %}", "{{ f(*x) }}", "{{ 'a' if }}", "{{ x[1:2:3:4] }}", "{{ [1, 2}}", "{% set x = [1, 2 %}",
+     "{{ x.1 }}{{ x[0:1][0] }}", "{% if true %}{% elif %}{% endif %}", "{{ 'unterminated }}", "{{ x | default }}", "{{ 1.5.x }}",
+    ]
+    out += [("stmt%d" % i, t, ctx) for i, t in enumerate(stmts)]
+
+    return out
+
+
 def norm(ctx):
     """JSON round trip: the fixture context exactly as C will parse it."""
     return json.loads(json.dumps(ctx, ensure_ascii=False))
 
 
-def render_micro(compile_fn):
+def render_micro(compile_fn, cases=MICRO):
     out = []
-    for name, src, ctx in MICRO:
+    for name, src, ctx in cases:
         case = {"name": name, "template_name": "micro", "template": src, "context": ctx}
         try:
             case["expected"] = compile_fn(src).render(**norm(ctx))
@@ -293,6 +478,12 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     compile_fn, how = jinja_env()
     print("environment:", how)
+    if "--extra-only" in sys.argv:
+        # no device needed: jinja2 as transformers configures it (same 3.1.x)
+        os.makedirs(args[0], exist_ok=True)
+        json.dump({"meta": {"generator": how}, "cases": render_micro(compile_fn, extra_cases())},
+                  open(os.path.join(args[0], "extra.json"), "w"), ensure_ascii=False, indent=1)
+        return
     if "--micro-only" in sys.argv:
         outdir = args[0]
     else:
