@@ -201,6 +201,39 @@ static int32_t lookup_decorated(const cinfer_tokenizer *t, tok_bpe_scratch *sc, 
     return tok_strmap_get(&t->vocab, sc->tmp, n);
 }
 
+/* Short words: the same order of merges (lowest rank, then leftmost) by a
+ * linear scan over a compact array of pair ranks; cheaper than the heap
+ * below that size. Equivalent to the heap because a pair's position only
+ * ever gains a longer (so different) token, so no stale entry can match. */
+#define SMALL_WORD 48
+static int merge_small(const cinfer_tokenizer *t, const sym *in, size_t n, tok_ids *out) {
+    int32_t id[SMALL_WORD], nid[SMALL_WORD];
+    uint32_t rk[SMALL_WORD];
+    int m = (int)n;
+    for (int i = 0; i < m; i++) id[i] = in[i].id;
+    for (int i = 0; i + 1 < m; i++)
+        if (!merge_get(t, id[i], id[i + 1], &rk[i], &nid[i])) rk[i] = UINT32_MAX;
+    while (m > 1) {
+        int best = 0;
+        for (int i = 1; i + 1 < m; i++)
+            if (rk[i] < rk[best]) best = i;
+        if (rk[best] == UINT32_MAX) break;
+        id[best] = nid[best];
+        /* drop symbol best+1 and pair best+1 */
+        if (m - best - 2 > 0) memmove(id + best + 1, id + best + 2, (size_t)(m - best - 2) * sizeof *id);
+        if (m - best - 3 > 0) {
+            memmove(rk + best + 1, rk + best + 2, (size_t)(m - best - 3) * sizeof *rk);
+            memmove(nid + best + 1, nid + best + 2, (size_t)(m - best - 3) * sizeof *nid);
+        }
+        m--;
+        if (best > 0 && !merge_get(t, id[best - 1], id[best], &rk[best - 1], &nid[best - 1])) rk[best - 1] = UINT32_MAX;
+        if (best + 1 < m && !merge_get(t, id[best], id[best + 1], &rk[best], &nid[best])) rk[best] = UINT32_MAX;
+    }
+    for (int i = 0; i < m; i++)
+        if (tok_ids_push(out, id[i])) return -1;
+    return 0;
+}
+
 int tok_bpe_word(const cinfer_tokenizer *t, tok_bpe_scratch *sc, const char *w, size_t len, tok_ids *out) {
     if (!len) return 0;
     if (t->ignore_merges) {
@@ -255,6 +288,7 @@ int tok_bpe_word(const cinfer_tokenizer *t, tok_bpe_scratch *sc, const char *w, 
     }
     if (unk_id >= 0 && add_sym(sc, &n, unk_id, unk_len)) return -1;
     if (!n) return 0;
+    if (n <= SMALL_WORD) return merge_small(t, sc->s, n, out);
     sc->s[n - 1].next = -1;
     sym *s = sc->s;
 

@@ -29,7 +29,8 @@ typedef struct enc {
     tok_ids *out;
     tok_buf pbuf;
     tok_spans spans;
-    wc_ent *wc;             /* [1 << WC_BITS] */
+    wc_ent *wc;             /* [wc_mask + 1] */
+    uint32_t wc_mask;
     tok_buf wc_bytes;       /* word bytes of entries */
     tok_ids wc_ids;         /* ids of entries */
 } enc;
@@ -37,7 +38,7 @@ typedef struct enc {
 static int bpe_cached(enc *e, const char *w, size_t len) {
     if (len > WC_MAXLEN || !e->wc) return tok_bpe_word(e->t, e->sc, w, len, e->out);
     uint64_t h = XXH3_64bits(w, len);
-    wc_ent *c = &e->wc[h & ((1u << WC_BITS) - 1)];
+    wc_ent *c = &e->wc[h & e->wc_mask];
     if (c->used && c->h == h && c->len == len && !memcmp(e->wc_bytes.p + c->boff, w, len)) {
         for (uint32_t i = 0; i < c->n_ids; i++)
             if (tok_ids_push(e->out, e->wc_ids.v[c->ioff + i])) return -1;
@@ -57,13 +58,41 @@ static int bpe_cached(enc *e, const char *w, size_t len) {
     return 0;
 }
 
+/* may a SentencePiece word be cut before the U+2581 at w[i]? (tokenizer.h) */
+static int can_cut(const cinfer_tokenizer *t, const char *w, size_t i) {
+    size_t k = i - 1;
+    while (k > 0 && ((unsigned char)w[k] & 0xc0) == 0x80) k--;
+    int l = tok_utf8_next((const unsigned char *)w + k, i - k);
+    if (l <= 0) return 0;
+    uint32_t c = tok_utf8_decode((const unsigned char *)w + k, l);
+    if (c == 0x2581) return 0;
+    for (int j = 0; j < t->n_nosplit; j++)
+        if (t->nosplit[j] == c) return 0;
+    if (t->nosplit_unknown && tok_strmap_get(&t->vocab, w + k, (size_t)l) < 0) return 0;
+    return 1;
+}
+
+static int spm_word(enc *e, const char *w, size_t n) {
+    size_t start = 0;
+    for (size_t i = 1; i + 3 <= n; i++) {
+        if ((unsigned char)w[i] != 0xe2 || (unsigned char)w[i + 1] != 0x96 || (unsigned char)w[i + 2] != 0x81) continue;
+        if (!can_cut(e->t, w, i)) continue;
+        if (bpe_cached(e, w + start, i - start)) return -1;
+        start = i;
+    }
+    return bpe_cached(e, w + start, n - start);
+}
+
 static int model_stretch(enc *e, const char *s, size_t n, int first) {
     if (!n) return 0;
     e->pbuf.n = 0;
     if (tok_buf_put(&e->pbuf, s, n)) return -1;
     if (tok_pretokenize(e->t, &e->pbuf, &e->spans, first)) return -1;
-    for (size_t i = 0; i < e->spans.n; i++)
-        if (bpe_cached(e, e->pbuf.p + e->spans.v[i].off, e->spans.v[i].len)) return -1;
+    for (size_t i = 0; i < e->spans.n; i++) {
+        const char *w = e->pbuf.p + e->spans.v[i].off;
+        size_t len = e->spans.v[i].len;
+        if (e->t->spm_split && !e->t->ignore_merges ? spm_word(e, w, len) : bpe_cached(e, w, len)) return -1;
+    }
     return 0;
 }
 
@@ -102,7 +131,13 @@ cinfer_status cinfer_tokenize(const cinfer_tokenizer *t, const char *text, size_
     tok_ids out = {0};
     enc e = {.t = t, .out = &out};
     e.sc = tok_bpe_scratch_new();
-    if (n >= 256) e.wc = calloc((size_t)1 << WC_BITS, sizeof *e.wc);
+    if (n >= 256) {
+        /* about one slot per 8 bytes of text: a short text pays little */
+        uint32_t cap = 64;
+        while (cap < (1u << WC_BITS) && cap * 8 < n) cap *= 2;
+        e.wc = calloc(cap, sizeof *e.wc);
+        e.wc_mask = cap - 1;
+    }
     int rc = e.sc ? 0 : -1;
     if (add_special)
         for (int i = 0; i < t->n_pre_ids && !rc; i++) rc = tok_ids_push(&out, t->pre_ids[i]);

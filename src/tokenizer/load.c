@@ -264,6 +264,34 @@ static cinfer_status load_config(cinfer_tokenizer *t, const char *dir, char *err
     return load_jinja(t, dir, err, n);
 }
 
+/* see tokenizer.h: which chars before U+2581 forbid cutting a word there */
+static void spm_split_setup(cinfer_tokenizer *t) {
+    if (t->byte_level || t->cont_prefix || t->end_suffix) return;
+    static const char mark[] = "\xe2\x96\x81";
+    for (int id = 0; id < t->n_vocab; id++) {
+        const char *p = t->key[id];
+        if (!p) continue;
+        size_t n = t->key_len[id];
+        for (const char *q = p; (q = memmem(q, n - (size_t)(q - p), mark, 3)) != NULL; q += 3) {
+            if (q == p) continue;
+            size_t k = (size_t)(q - p) - 1;
+            while (k > 0 && ((unsigned char)p[k] & 0xc0) == 0x80) k--;
+            int l = tok_utf8_next((const unsigned char *)p + k, (size_t)(q - p) - k);
+            if (l <= 0) return;  /* not UTF-8: give up the optimisation */
+            uint32_t c = tok_utf8_decode((const unsigned char *)p + k, l);
+            if (c == 0x2581) continue;
+            int seen = 0;
+            for (int i = 0; i < t->n_nosplit; i++) seen |= t->nosplit[i] == c;
+            if (seen) continue;
+            if (t->n_nosplit == 16) return;
+            t->nosplit[t->n_nosplit++] = c;
+            /* byte-fallback and unk symbols end in '>' */
+            if (c == '>') t->nosplit_unknown = 1;
+        }
+    }
+    t->spm_split = 1;
+}
+
 static cinfer_status load_json(cinfer_tokenizer *t, const char *dir, const char *path, char *buf, size_t len,
                                char *err, size_t n) {
     tj_doc d;
@@ -316,6 +344,7 @@ static cinfer_status load_json(cinfer_tokenizer *t, const char *dir, const char 
             t->byte_id[b] = t->byte_fallback ? tok_strmap_get(&t->vocab, hex, 6) : -1;
         }
     }
+    spm_split_setup(t);
     if ((st = load_added(t, &d, added, err, n))) goto done;
     for (int i = 0; i < t->n_pre_ids; i++)
         if (t->pre_ids[i] >= t->n_vocab) { st = cf_err(err, n, CINFER_EFORMAT, "%s: post_processor id out of range", path); goto done; }

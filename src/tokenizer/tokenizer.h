@@ -92,6 +92,12 @@ struct cinfer_tokenizer {
     int32_t unk_id;             /* -1 if none */
     char *cont_prefix, *end_suffix;     /* continuing_subword_prefix / end_of_word_suffix, may be NULL */
     int32_t byte_id[256];       /* byte-level: id of each single byte; fallback: id of <0xXX>; -1 */
+    /* SentencePiece words may be cut before a U+2581 that follows another
+     * char c when no piece contains "c\u2581" (then no merge can cross the
+     * cut and BPE of the parts equals BPE of the whole): spm_split says the
+     * vocabulary allows it, nosplit[] lists the chars c that forbid it */
+    int spm_split, nosplit_unknown;
+    uint32_t nosplit[16]; int n_nosplit;
 
     tok_norm *norm; int n_norm;
     tok_pretok *pre; int n_pre;

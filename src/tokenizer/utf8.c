@@ -105,10 +105,11 @@ uint32_t tok_byte_to_cp(uint8_t b) {
 int tok_cp_to_byte(uint32_t cp) {
     if (cp < 256) return byte_is_self(cp) ? (int)cp : -1;
     if (cp >= 256 + 68) return -1;
+    /* the 68 remapped bytes in order: 0..32, 127..160, 173 */
     uint32_t k = cp - 256;
-    for (unsigned b = 0; b < 256; b++)
-        if (!byte_is_self(b) && k-- == 0) return (int)b;
-    return -1;
+    if (k <= 32) return (int)k;
+    if (k <= 32 + 34) return (int)(127 + k - 33);
+    return 173;
 }
 
 int tok_buf_put(tok_buf *b, const char *s, size_t n) {
