@@ -115,6 +115,18 @@ static uint64_t fnv64(const int32_t *ids, int n) {
     return h;
 }
 
+static int n_bad_chunks, n_held;  /* chunks that were not complete UTF-8; pushes that held bytes back */
+
+static int valid_utf8(const char *p) {
+    size_t n = strlen(p);
+    for (size_t i = 0; i < n;) {
+        int l = tok_utf8_next((const unsigned char *)p + i, n - i);
+        if (l <= 0) return 0;
+        i += (size_t)l;
+    }
+    return 1;
+}
+
 static char *stream_decode(const cinfer_tokenizer *t, const int32_t *ids, int n, int skip) {
     cinfer_detok_stream *s = cinfer_detok_stream_new(t, skip);
     size_t cap = 64, len = 0;
@@ -123,6 +135,8 @@ static char *stream_decode(const cinfer_tokenizer *t, const int32_t *ids, int n,
     for (int i = 0; i <= n; i++) {
         const char *p = i < n ? cinfer_detok_stream_push(s, ids[i]) : cinfer_detok_stream_flush(s);
         if (!p) break;
+        if (!valid_utf8(p)) n_bad_chunks++;
+        if (i < n && !*p) n_held++;
         size_t l = strlen(p);
         while (len + l + 1 > cap) { cap *= 2; o = realloc(o, cap); }
         memcpy(o + len, p, l + 1);
@@ -229,6 +243,24 @@ static void run_one(const char *name) {
     CHECK(ok_dec == (int)nc, "%s: %d/%zu decodes equal HF", name, ok_dec, nc);
     CHECK(ok_skip == (int)nc, "%s: %d/%zu decodes (skip_special) equal HF", name, ok_skip, nc);
     CHECK(ok_stream == 2 * (int)nc, "%s: %d/%zu streaming decodes equal whole decodes", name, ok_stream, 2 * nc);
+    CHECK(n_bad_chunks == 0, "%s: every streamed chunk is complete UTF-8 (%d were not)", name, n_bad_chunks);
+    {
+        /* a char split over tokens (byte fallback, or byte-level pieces) is held back, then completed */
+        const char *txt = "\xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd \xea\xaf\x8d";
+        int32_t *ids;
+        int nids;
+        n_held = 0;
+        if (!cinfer_tokenize(t, txt, strlen(txt), 0, 1, &ids, &nids)) {
+            char *so = stream_decode(t, ids, nids, 0), *whole = NULL;
+            cinfer_detokenize(t, ids, nids, 0, &whole);
+            CHECK(whole && !strcmp(so, whole) && n_held > 0 && n_bad_chunks == 0,
+                  "%s: streaming %d ids of CJK+emoji holds partial chars (%d pushes held) and equals whole decode",
+                  name, nids, n_held);
+            free(so);
+            free(whole);
+            free(ids);
+        }
+    }
     CHECK(ok_rt == n_rt, "%s: %d/%d decode(encode(x)) == x where HF round-trips", name, ok_rt, n_rt);
 
     json_t *chs = json_object_get(root, "chapters");
