@@ -19,6 +19,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 static char *read_all(FILE *f) {
@@ -203,6 +204,44 @@ static void error_cases(void) {
                 "9007199254740993 1e+300 0.1");
 }
 
+/* truncations and byte mutations of the real templates: any status is fine,
+ * but never a crash, a leak or an output on failure (ASan/UBSan run) */
+static void mutation_cases(const char *name) {
+    char *tmpl = load_template(name);
+    if (!tmpl) { CHECK(0, "%s: template for mutation test", name); return; }
+    char path[512];
+    snprintf(path, sizeof path, "tests/fixtures/templates/%s.json", name);
+    json_t *root = json_load_file(path, 0, NULL);
+    json_t *c0 = root ? json_array_get(json_object_get(root, "cases"), 0) : NULL;
+    char *ctx = c0 ? json_dumps(json_object_get(c0, "context"), JSON_COMPACT) : strdup("{}");
+    size_t n = strlen(tmpl);
+    char *buf = malloc(n + 1);
+    int bad = 0, ok = 0, failed = 0;
+    uint32_t seed = 12345;
+    static const char alphabet[] = "{}%#-+()[]|.'\"~ \nab1=,:!<>*/if";
+    for (size_t round = 0; round < 700; round++) {
+        memcpy(buf, tmpl, n + 1);
+        if (round < 300) buf[(round * 997) % n] = 0;   /* truncation */
+        else {
+            for (int k = 0; k < 1 + (int)(round % 3); k++) {
+                seed = seed * 1103515245u + 12345u;
+                size_t at = (seed >> 8) % n;
+                seed = seed * 1103515245u + 12345u;
+                buf[at] = alphabet[(seed >> 8) % (sizeof alphabet - 1)];
+            }
+        }
+        char *out = NULL, err[256];
+        int st = tmpl_render(buf, ctx, &out, err, sizeof err);
+        if ((st == CINFER_OK) != (out != NULL) || (st != CINFER_OK && !err[0])) bad++;
+        if (st == CINFER_OK) ok++; else failed++;
+        free(out);
+    }
+    CHECK(bad == 0, "%s: 700 truncated/mutated templates: %d rendered, %d refused with a message, %d inconsistent",
+          name, ok, failed, bad);
+    free(buf); free(ctx); free(tmpl);
+    json_decref(root);
+}
+
 int main(void) {
     run_fixture_file("micro");
     run_fixture_file("extra");
@@ -210,5 +249,8 @@ int main(void) {
     run_fixture_file("llama3");
     run_fixture_file("gemma3");
     error_cases();
+    mutation_cases("qwen3");
+    mutation_cases("llama3");
+    mutation_cases("gemma3");
     return CHECK_DONE();
 }

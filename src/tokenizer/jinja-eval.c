@@ -57,7 +57,22 @@ jv *scope_lookup(jscope *s, const char *name) {
 
 /* -------------------------------------------------------- access helpers */
 static __attribute__((noreturn)) void undef_error(tmpl_st *J, jv u, int line) {
+    if (u.u.uname && u.u.uname[0] == '\'')   /* a full message from a failed lookup */
+        tmpl_fail(J, CINFER_EINVAL, line, "%s", u.u.uname);
     tmpl_fail(J, CINFER_EINVAL, line, "'%s' is undefined", u.u.uname ? u.u.uname : "value");
+}
+
+/* Undefined from a failed attribute/item lookup, remembering why */
+static jv undef_lookup(tmpl_st *J, jv obj, jv key, int attr) {
+    tbuf b; tb_init(&b, J);
+    tb_printf(&b, "'%s object' has no %s ", jv_typename(obj), attr ? "attribute" : "element");
+    if (key.k == JV_STR) { tb_putc(&b, '\''); tb_put(&b, key.u.s->s, key.u.s->n > 200 ? 200 : key.u.s->n); tb_putc(&b, '\''); }
+    else if (key.k == JV_INT) tb_printf(&b, "%lld", (long long)key.u.i);
+    else tb_puts(&b, jv_typename(key));
+    return jv_undef(b.p);
+}
+static jv undef_attr(tmpl_st *J, jv obj, const char *name) {
+    return undef_lookup(J, obj, jv_cstr(J, name), 1);
 }
 
 jv tmpl_getattr(tmpl_st *J, jv obj, const char *name, int line) {
@@ -70,12 +85,12 @@ jv tmpl_getattr(tmpl_st *J, jv obj, const char *name, int line) {
             jv *p = jd_gets(&obj, name);
             if (p) return *p;
         }
-        return jv_undef(name);
+        return undef_attr(J, obj, name);
     case JV_STR: case JV_LIST:
         if (tmpl_is_method(obj, name)) return jv_func(J, name, FN_METHOD, &obj);
-        return jv_undef(name);
+        return undef_attr(J, obj, name);
     default:
-        return jv_undef(name);
+        return undef_attr(J, obj, name);
     }
 }
 
@@ -101,31 +116,31 @@ jv tmpl_getitem(tmpl_st *J, jv obj, jv key, int line) {
             if (p) return *p;
         }
         if (key.k == JV_STR) return tmpl_getattr(J, obj, key.u.s->s, line);
-        return jv_undef(NULL);
+        return undef_lookup(J, obj, key, 0);
     }
     case JV_LIST:
         if (key.k == JV_INT || key.k == JV_BOOL) {
             int ok;
             int64_t i = norm_index(key.k == JV_INT ? key.u.i : key.u.b, obj.u.l->n, &ok);
             if (ok) return obj.u.l->v[i];
-            return jv_undef(NULL);
+            return undef_lookup(J, obj, key, 0);
         }
         if (key.k == JV_STR) return tmpl_getattr(J, obj, key.u.s->s, line);
-        return jv_undef(NULL);
+        return undef_lookup(J, obj, key, 0);
     case JV_STR:
         if (key.k == JV_INT || key.k == JV_BOOL) {
             size_t len = u8_len(obj.u.s->s, obj.u.s->n);
             int ok;
             int64_t i = norm_index(key.k == JV_INT ? key.u.i : key.u.b, len, &ok);
-            if (!ok) return jv_undef(NULL);
+            if (!ok) return undef_lookup(J, obj, key, 0);
             size_t a = u8_offset(obj.u.s->s, obj.u.s->n, (size_t)i), b = a;
             u8_next(obj.u.s->s, obj.u.s->n, &b);
             return jv_str(J, obj.u.s->s + a, b - a);
         }
         if (key.k == JV_STR) return tmpl_getattr(J, obj, key.u.s->s, line);
-        return jv_undef(NULL);
+        return undef_lookup(J, obj, key, 0);
     default:
-        return jv_undef(NULL);
+        return undef_lookup(J, obj, key, 0);
     }
 }
 
