@@ -18,6 +18,8 @@
 
 /* ------------------------------------------------------------ strmap */
 
+/* a slot holds a tag (24 hash bits, the low 8 bits of the key length) and
+ * id + 1: a probe touches the key bytes only when the tag matches */
 int tok_strmap_build(tok_strmap *m, const char *const *key, const uint32_t *klen, int n) {
     uint32_t cap = 16;
     while (cap < (uint32_t)n * 2u + 16u) cap *= 2;
@@ -28,13 +30,16 @@ int tok_strmap_build(tok_strmap *m, const char *const *key, const uint32_t *klen
     m->klen = klen;
     for (int id = 0; id < n; id++) {
         if (!key[id]) continue;
-        uint32_t h = (uint32_t)XXH3_64bits(key[id], klen[id]) & (cap - 1);
+        uint64_t hv = XXH3_64bits(key[id], klen[id]);
+        uint32_t h = (uint32_t)hv & (cap - 1);
+        uint64_t tag = (hv >> 40 << 40) | (uint64_t)(klen[id] & 0xff) << 32;
         for (;;) {
-            uint32_t s = m->slot[h];
-            if (!s) { m->slot[h] = (uint32_t)id + 1; break; }
+            uint64_t s = m->slot[h];
+            if (!s) { m->slot[h] = tag | ((uint32_t)id + 1); break; }
+            uint32_t o = (uint32_t)s - 1;
             /* duplicate key: HF keeps the last id for a key (map insert) */
-            if (klen[s - 1] == klen[id] && !memcmp(key[s - 1], key[id], klen[id])) {
-                m->slot[h] = (uint32_t)id + 1;
+            if ((s >> 32 << 32) == tag && klen[o] == klen[id] && !memcmp(key[o], key[id], klen[id])) {
+                m->slot[h] = tag | ((uint32_t)id + 1);
                 break;
             }
             h = (h + 1) & (cap - 1);
@@ -45,11 +50,16 @@ int tok_strmap_build(tok_strmap *m, const char *const *key, const uint32_t *klen
 
 int32_t tok_strmap_get(const tok_strmap *m, const char *s, size_t len) {
     if (!m->slot) return -1;
-    uint32_t h = (uint32_t)XXH3_64bits(s, len) & (m->cap - 1);
+    uint64_t hv = XXH3_64bits(s, len);
+    uint32_t h = (uint32_t)hv & (m->cap - 1);
+    uint64_t tag = (hv >> 40 << 40) | (uint64_t)(len & 0xff) << 32;
     for (;;) {
-        uint32_t v = m->slot[h];
+        uint64_t v = m->slot[h];
         if (!v) return -1;
-        if (m->klen[v - 1] == len && !memcmp(m->key[v - 1], s, len)) return (int32_t)(v - 1);
+        if ((v >> 32 << 32) == tag) {
+            uint32_t id = (uint32_t)v - 1;
+            if (m->klen[id] == len && !memcmp(m->key[id], s, len)) return (int32_t)id;
+        }
         h = (h + 1) & (m->cap - 1);
     }
 }

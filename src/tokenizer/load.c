@@ -34,20 +34,27 @@ static int id_of(const tj_node *v, int32_t *out) {
     return 1;
 }
 
-/* byte-level: the raw bytes a GPT-2-mapped piece stands for, or NULL if a
- * char is outside the map (such a piece can never be produced by encoding) */
-static char *unmap_bytes(const char *s, size_t n, uint32_t *out_len) {
-    char *o = malloc(n + 1);
-    if (!o) return NULL;
+/* byte-level: the raw bytes a GPT-2-mapped piece stands for, written to o
+ * (at most n bytes); -1 if a char is outside the map (such a piece can never
+ * be produced by encoding) */
+static long unmap_into(const char *s, size_t n, char *o) {
     size_t k = 0;
     for (size_t i = 0; i < n;) {
         int l = tok_utf8_next((const unsigned char *)s + i, n - i);
-        if (l <= 0) { free(o); return NULL; }
+        if (l <= 0) return -1;
         int b = tok_cp_to_byte(tok_utf8_decode((const unsigned char *)s + i, l));
-        if (b < 0) { free(o); return NULL; }
+        if (b < 0) return -1;
         o[k++] = (char)b;
         i += (size_t)l;
     }
+    return (long)k;
+}
+
+static char *unmap_bytes(const char *s, size_t n, uint32_t *out_len) {
+    char *o = malloc(n + 1);
+    if (!o) return NULL;
+    long k = unmap_into(s, n, o);
+    if (k < 0) { free(o); return NULL; }
     o[k] = 0;
     *out_len = (uint32_t)k;
     return o;
@@ -75,16 +82,29 @@ static cinfer_status load_vocab(cinfer_tokenizer *t, const tj_doc *d, const tj_n
     t->is_special = calloc((size_t)nv, 1);
     t->is_added = calloc((size_t)nv, 1);
     if (!t->piece || !t->piece_len || !t->key || !t->key_len || !t->is_special || !t->is_added) return CINFER_ENOMEM;
+    /* keys live in one pool in file order: fewer cache misses when the
+     * merges are resolved against the hash table */
+    size_t total = 1;
+    for (const tj_node *c = tj_first(d, vocab); c; c = tj_next(d, c)) total += (size_t)c->klen + 1;
+    t->key_pool = malloc(total);
+    if (!t->key_pool) return CINFER_ENOMEM;
+    size_t off = 0;
     for (const tj_node *c = tj_first(d, vocab); c; c = tj_next(d, c)) {
         id_of(c, &id);
         free(t->piece[id]);
-        free(t->key[id]);
         t->key[id] = NULL;
         t->piece[id] = dupn(c->key, c->klen);
         if (!t->piece[id]) return CINFER_ENOMEM;
         t->piece_len[id] = c->klen;
-        if (t->byte_level) t->key[id] = unmap_bytes(c->key, c->klen, &t->key_len[id]);
-        else { t->key[id] = dupn(c->key, c->klen); t->key_len[id] = c->klen; }
+        char *k = t->key_pool + off;
+        long kl = c->klen;
+        if (t->byte_level) kl = unmap_into(c->key, c->klen, k);
+        else memcpy(k, c->key, c->klen);
+        if (kl < 0) continue;
+        k[kl] = 0;
+        t->key[id] = k;
+        t->key_len[id] = (uint32_t)kl;
+        off += (size_t)kl + 1;
     }
     if (tok_strmap_build(&t->vocab, (const char *const *)t->key, t->key_len, nv)) return CINFER_ENOMEM;
     return CINFER_OK;
@@ -391,9 +411,8 @@ void cinfer_tokenizer_free(cinfer_tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_vocab; i++) {
         free(t->piece[i]);
-        if (t->key) free(t->key[i]);
     }
-    free(t->piece); free(t->piece_len); free(t->key); free(t->key_len);
+    free(t->piece); free(t->piece_len); free(t->key); free(t->key_len); free(t->key_pool);
     free(t->is_special); free(t->is_added);
     tok_strmap_free(&t->vocab);
     free(t->merge_key); free(t->merge_rank); free(t->merge_id);

@@ -23,7 +23,7 @@
 
 /* ---- string -> id hash table (open addressing, keys in a byte pool) ---- */
 typedef struct tok_strmap {
-    uint32_t *slot;     /* [cap] id+1, 0 = empty */
+    uint64_t *slot;     /* [cap] (hash tag << 32) | (id + 1), 0 = empty */
     uint32_t cap;       /* power of two */
     const char *const *key;  /* key[id] -> bytes (borrowed from the tokenizer) */
     const uint32_t *klen;    /* klen[id] */
@@ -78,6 +78,7 @@ struct cinfer_tokenizer {
     uint32_t *piece_len;        /* [n_vocab] */
     char **key;                 /* [n_vocab] model-key bytes (raw bytes for byte-level) */
     uint32_t *key_len;          /* [n_vocab] */
+    char *key_pool;             /* the bytes key[] points into */
     uint8_t *is_special;        /* [n_vocab] added token with special=true */
     uint8_t *is_added;          /* [n_vocab] */
     tok_strmap vocab;           /* model vocab key -> id */
