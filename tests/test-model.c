@@ -1,0 +1,186 @@
+/*
+ * test-model.c — the forward against HF transformers (golden logits made by
+ * tests/reference/make_model_fixtures.py), greedy text of the real models,
+ * prefill == token-by-token decode, padded batch == rows alone.
+ */
+#include <jansson.h>
+#include "check.h"
+#include "cinfer.h"
+#include "io/npy.h"
+
+static cinfer_model *load(const char *dir) {
+    char err[1024];
+    cinfer_load_opts o = {0};
+    o.no_tokenizer = 1;
+    cinfer_model *m = NULL;
+    if (cinfer_model_load(dir, &o, &m, err, sizeof err)) printf("# load %s: %s\n", dir, err);
+    return m;
+}
+
+static int ids_of(json_t *a, int32_t *out, int cap) {
+    int n = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) if (n < cap) out[n++] = (int32_t)json_integer_value(v);
+    return n;
+}
+
+/* max |a-b| over n / range of b */
+static double rel_err(const float *a, const float *b, size_t n) {
+    float lo = b[0], hi = b[0];
+    double mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        lo = b[i] < lo ? b[i] : lo;
+        hi = b[i] > hi ? b[i] : hi;
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= mx)) mx = d;   /* NaN propagates */
+    }
+    return mx / (hi - lo);
+}
+
+static float *eval_all(cinfer_model *m, const int32_t *ids, int n, int V) {
+    cinfer_ctx *c = NULL;
+    char err[256];
+    float *lg = malloc(sizeof(float) * n * V);
+    if (cinfer_ctx_new(m, NULL, &c, err, sizeof err) || cinfer_eval(c, ids, n, 1, lg)) { free(lg); lg = NULL; }
+    cinfer_ctx_free(c);
+    return lg;
+}
+
+static void compare_npy(const char *name, const char *dir, const char *file, const float *lg, int n, int V, double tol) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    float *ref = NULL;
+    int nd = 0;
+    int64_t sh[4];
+    char err[256];
+    if (npy_read_f32(path, &ref, &nd, sh, err, sizeof err)) { CHECK(0, "%s: read %s: %s", name, file, err); return; }
+    CHECK(nd == 2 && sh[0] == n && sh[1] == V, "%s: %s shape [%lld, %lld] == [%d, %d]", name, file, (long long)sh[0], (long long)sh[1], n, V);
+    if (nd == 2 && sh[0] == n && sh[1] == V) {
+        double e = rel_err(lg, ref, (size_t)n * V);
+        CHECK(e <= tol, "%s: logits vs %s: max error %.2e of range (tolerance %.0e)", name, file, e, tol);
+    }
+    free(ref);
+}
+
+/* logits of the whole sequence at once == fed one token at a time through the cache */
+static void check_incremental(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
+    cinfer_ctx *c = NULL;
+    char err[256];
+    float *one = malloc(sizeof(float) * V);
+    double worst = 0;
+    int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err);
+    for (int i = 0; ok && i < n; i++) {
+        ok = !cinfer_eval(c, ids + i, 1, 0, one);
+        double e = rel_err(one, full + (size_t)i * V, V);
+        if (!(e <= worst)) worst = e;
+    }
+    CHECK(ok && worst <= 1e-5, "%s: token-by-token decode == prefill (max error %.2e of range)", name, worst);
+    free(one);
+    cinfer_ctx_free(c);
+}
+
+/* two rows of different lengths, right-padded, give each row's own logits */
+static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
+    int L = n, l1 = n > 3 ? n - 3 : 1;
+    int32_t *batch = calloc((size_t)2 * L, sizeof *batch);
+    for (int i = 0; i < L; i++) batch[i] = ids[i];
+    for (int i = 0; i < l1; i++) batch[L + i] = ids[i];
+    int lens[2] = {n, l1}, pos0[2] = {0, 0};
+    int *rows = malloc(sizeof(int) * 2 * (n + l1));
+    int k = 0;
+    for (int i = 0; i < n; i++) { rows[2 * k] = 0; rows[2 * k + 1] = i; k++; }
+    for (int i = 0; i < l1; i++) { rows[2 * k] = 1; rows[2 * k + 1] = i; k++; }
+    float *lg = malloc(sizeof(float) * (size_t)k * V);
+    cinfer_ctx *c = NULL;
+    char err[256];
+    int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && !cinfer_forward(c, batch, 2, L, lens, pos0, rows, k, lg);
+    double e0 = ok ? rel_err(lg, full, (size_t)n * V) : 1, e1 = ok ? rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
+    CHECK(ok && e0 <= 1e-5 && e1 <= 1e-5, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
+    cinfer_ctx_free(c);
+    free(lg);
+    free(rows);
+    free(batch);
+}
+
+static void tiny_case(const char *name) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_t *ref = json_load_file(path, 0, NULL);
+    cinfer_model *m = load(dir);
+    CHECK(ref && m, "%s: fixture and model load", name);
+    if (ref && m) {
+        cinfer_model_info info;
+        cinfer_model_get_info(m, &info);
+        int32_t ids[64];
+        int n = ids_of(json_object_get(ref, "tokens"), ids, 64);
+        float *lg = eval_all(m, ids, n, info.n_vocab);
+        const char *dt = json_string_value(json_object_get(ref, "weights_dtype"));
+        int f32 = dt && !strcmp(dt, "float32");
+        CHECK(lg != NULL, "%s: eval %d tokens", name, n);
+        if (lg) {
+            compare_npy(name, dir, "logits.npy", lg, n, info.n_vocab, f32 ? 1e-4 : 1e-3);
+            if (!f32) compare_npy(name, dir, "logits_native.npy", lg, n, info.n_vocab, 1.5e-2);
+            check_incremental(name, m, ids, n, info.n_vocab, lg);
+            check_padded(name, m, ids, n, info.n_vocab, lg);
+        }
+        free(lg);
+    }
+    json_decref(ref);
+    cinfer_model_free(m);
+}
+
+/* real weights from ../shared/models: logits and greedy continuation */
+static void real_case(const char *name, const char *model, double tol) {
+    char dir[512], refdir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/models/%s", shared_dir(), model);
+    snprintf(refdir, sizeof refdir, "tests/fixtures/models/%s", name);
+    snprintf(path, sizeof path, "%s/reference.json", refdir);
+    json_t *ref = json_load_file(path, 0, NULL);
+    cinfer_model *m = load(dir);
+    CHECK(ref && m, "%s: reference and %s load", name, dir);
+    if (ref && m) {
+        cinfer_model_info info;
+        cinfer_model_get_info(m, &info);
+        int V = info.n_vocab;
+        int32_t ids[128], want[128];
+        int n = ids_of(json_object_get(ref, "tokens"), ids, 64);
+        float *lg = eval_all(m, ids, n, V);
+        if (lg) compare_npy(name, refdir, "logits.npy", lg, n, V, tol);
+        if (lg && !strcmp(info.weight_dtype, "bf16")) compare_npy(name, refdir, "logits_native.npy", lg, n, V, 1.5e-2);
+        free(lg);
+        n = ids_of(json_object_get(ref, "tokens2"), ids, 128);
+        lg = eval_all(m, ids, n, V);
+        if (lg) compare_npy(name, refdir, "logits2.npy", lg, n, V, tol);
+        free(lg);
+        /* greedy after the prompt, as transformers generate(do_sample=False) */
+        n = ids_of(json_object_get(ref, "tokens"), ids, 64);
+        int nw = ids_of(json_object_get(ref, "greedy_after_prompt"), want, 128);
+        cinfer_ctx *c = NULL;
+        char err[256];
+        float *row = malloc(sizeof(float) * V);
+        int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && !cinfer_eval(c, ids, n, 0, row), match = 0;
+        for (int i = 0; ok && i < nw; i++) {
+            int32_t b = 0;
+            for (int v = 1; v < V; v++) if (row[v] > row[b]) b = v;
+            if (b != want[i]) break;
+            match++;
+            ok = !cinfer_eval(c, &b, 1, 0, row);
+        }
+        CHECK(ok && match == nw, "%s: greedy continuation matches transformers (%d of %d tokens)", name, match, nw);
+        free(row);
+        cinfer_ctx_free(c);
+    }
+    json_decref(ref);
+    cinfer_model_free(m);
+}
+
+int main(void) {
+    const char *tiny[] = {"llama-f32", "llama-tied-bf16", "llama-f16", "llama3-rope-f32", "llama-linear-f32",
+                          "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16"};
+    for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) tiny_case(tiny[i]);
+    real_case("stories260k-ref", "stories260k", 1e-4);
+    real_case("prose13m-ref", "prose-13m", 1e-3);
+    return CHECK_DONE();
+}
