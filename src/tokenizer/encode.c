@@ -87,7 +87,8 @@ static int model_stretch(enc *e, const char *s, size_t n, int first) {
     if (!n) return 0;
     e->pbuf.n = 0;
     if (tok_buf_put(&e->pbuf, s, n)) return -1;
-    if (tok_pretokenize(e->t, &e->pbuf, &e->spans, first)) return -1;
+    int rc = tok_pretokenize(e->t, &e->pbuf, &e->spans, first);
+    if (rc) return rc;
     for (size_t i = 0; i < e->spans.n; i++) {
         const char *w = e->pbuf.p + e->spans.v[i].off;
         size_t len = e->spans.v[i].len;
@@ -161,7 +162,7 @@ cinfer_status cinfer_tokenize(const cinfer_tokenizer *t, const char *text, size_
     free(e.wc_bytes.p);
     free(e.wc_ids.v);
     tok_bpe_scratch_free(e.sc);
-    if (rc) { free(out.v); return CINFER_ENOMEM; }
+    if (rc) { free(out.v); return rc == -2 ? CINFER_EUNSUPPORTED : CINFER_ENOMEM; }
     if (!out.v) out.v = malloc(sizeof(int32_t));
     if (!out.v) return CINFER_ENOMEM;
     *ids = out.v;

@@ -41,7 +41,8 @@ static int find_matches(pcre2_code *re, pcre2_match_data *md, const char *s, siz
         int r = pcre2_jit_match(re, (PCRE2_SPTR)base, n, from - a, PCRE2_NO_UTF_CHECK, md, NULL);
         if (r == PCRE2_ERROR_JIT_BADOPTION)
             r = pcre2_match(re, (PCRE2_SPTR)base, n, from - a, PCRE2_NO_UTF_CHECK, md, NULL);
-        if (r < 0) break;
+        if (r == PCRE2_ERROR_NOMATCH) break;
+        if (r < 0) return -2;  /* a match limit or JIT stack failure: never a silent wrong split */
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = a + ov[0], me = a + ov[1];
         if (ms != prev && parts_push(out, prev, ms, 0)) return -1;
@@ -195,7 +196,7 @@ int tok_pretokenize(const cinfer_tokenizer *t, tok_buf *buf, tok_spans *out, int
         tok_spans tmp = cur; cur = nxt; nxt = tmp;
     }
     free(nxt.v);
-    if (rc) { free(cur.v); return -1; }
+    if (rc) { free(cur.v); return rc; }
     free(out->v);
     *out = cur;
     return 0;
