@@ -565,7 +565,14 @@ static const char *const test_names[] = {
 
 int tmpl_test_known(const char *name) { return in_set(name, test_names); }
 
+static const char *const tests_with_arg[] = {
+    "divisibleby", "eq", "equalto", "==", "ne", "!=", "gt", "greaterthan", ">", "ge", ">=",
+    "lt", "lessthan", "<", "le", "<=", "in", "sameas", NULL};
+
 int tmpl_test(tmpl_st *J, const char *name, jv v, jv *args, int nargs, int line) {
+    int want = in_set(name, tests_with_arg);
+    if (nargs != want)
+        tmpl_fail(J, CINFER_EINVAL, line, "test '%s' takes %d argument(s), %d given", name, want, nargs);
     jv a0 = nargs > 0 ? args[0] : jv_undef(NULL);
     int k = v.k;
     if (!strcmp(name, "defined")) return k != JV_UNDEF;

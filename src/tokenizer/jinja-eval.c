@@ -284,6 +284,8 @@ static jv repeat(tmpl_st *J, jv seq, int64_t times, int line) {
 }
 
 jv tmpl_binop(tmpl_st *J, int op, jv a, jv b, int line) {
+    if (op == '%' && a.k == JV_STR && (b.k == JV_UNDEF || (b.k == JV_DICT && b.u.d->kind == JD_PLAIN)))
+        return tmpl_filter(J, "format", a, NULL, 0, NULL, NULL, 0, line);   /* Python: a mapping operand */
     if (a.k == JV_UNDEF) undef_error(J, a, line);
     if (b.k == JV_UNDEF) undef_error(J, b, line);
     if (isnum(a) && isnum(b)) {
@@ -335,9 +337,14 @@ jv tmpl_binop(tmpl_st *J, int op, jv a, jv b, int line) {
                 else fd = copysign(0.0, x / y);
                 return jv_float(op == '%' ? mod : fd);
             }
-            case OP_POW:
+            case OP_POW: {
                 if (x == 0 && y < 0) tmpl_fail(J, CINFER_EINVAL, line, "0.0 cannot be raised to a negative power");
-                return jv_float(pow(x, y));
+                if (x < 0 && y != floor(y) && isfinite(y))
+                    tmpl_fail(J, CINFER_EUNSUPPORTED, line, "negative number to a fractional power (complex result)");
+                double r = pow(x, y);
+                if (isinf(r) && isfinite(x) && isfinite(y)) tmpl_fail(J, CINFER_EINVAL, line, "float power overflow");
+                return jv_float(r);
+            }
             }
         }
     }

@@ -4,8 +4,8 @@
  *  - `{%-`, `{{-`, `{#-` strip all whitespace (Python str.rstrip) before the
  *    tag; `-%}`, `-}}`, `-#}` strip all whitespace after it;
  *  - trim_blocks: `%}` and `#}` swallow one following "\n" (`+%}` keeps it);
- *  - lstrip_blocks: spaces/tabs between a line start and `{%`/`{#` are
- *    removed (`{%+` keeps them), never before `{{`;
+ *  - lstrip_blocks: whitespace (Python \s, so also U+00A0 etc.) between a
+ *    line start and `{%`/`{#` is removed (`{%+` keeps it), never before `{{`;
  *  - `{% raw %}...{% endraw %}` is plain text;
  *  - inside tags: names, strings with Python escapes, ints, floats and
  *    operators; `}}`/`%}` only end the tag when brackets are balanced.
@@ -83,9 +83,10 @@ static void emit_text_before(lx *L, const char *text, size_t n, char sign, int i
         size_t l_pos = n;
         while (l_pos > 0 && text[l_pos - 1] != '\n') l_pos--;
         if (l_pos > 0 || L->line_starting) {
+            /* Jinja 3.1: whitespace_re (\s+, Unicode) must match all of it */
+            size_t i = l_pos;
             int only_ws = 1;
-            for (size_t i = l_pos; i < n; i++)
-                if (text[i] != ' ' && text[i] != '\t') { only_ws = 0; break; }
+            while (i < n) if (!py_isspace(u8_next(text, n, &i))) { only_ws = 0; break; }
             if (only_ws) n = l_pos;
         }
     }
@@ -285,8 +286,8 @@ static size_t match_raw(lx *L, size_t p, const char *word, char *sign_out, char 
     q += wl;
     if (q < n && (is_name0(s[q]) || is_digit(s[q]))) return 0;
     q += ws_span(s + q, n - q);
-    char es = 0;
-    if (q < n && (s[q] == '-' || s[q] == '+')) es = s[q++];
+    char es = 0;   /* "{% raw +%}" is not a raw tag in Jinja; "{% endraw +%}" is */
+    if (q < n && (s[q] == '-' || (s[q] == '+' && word[0] == 'e'))) es = s[q++];
     if (q + 2 > n || s[q] != '%' || s[q + 1] != '}') return 0;
     if (sign_out) *sign_out = sign;
     *endsign = es;
