@@ -1,0 +1,109 @@
+/*
+ * test-ops.c — the CPU backend's ops (except matmul, see test-cpu-kernels.c)
+ * against their scalar references in cpu/ref.c on random inputs: RMSNorm,
+ * RoPE (rotate-half and interleaved, partial), SwiGLU, and attention over
+ * f32/f16 caches with GQA, sliding windows, several rows with their own
+ * start positions and right padding. Also the f16/bf16 conversions.
+ */
+#include "check.h"
+#include "backend/cpu/cpu.h"
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static void fill(float *x, size_t n, float scale) { for (size_t i = 0; i < n; i++) x[i] = frand() * scale; }
+static double maxdiff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) { double d = fabs((double)a[i] - b[i]); if (!(d <= m)) m = d; }
+    return m;
+}
+
+static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, int nkv, int hd, int window, be_dtype dt) {
+    int pos0[4] = {0, 5, 2, 9}, len[4] = {L, L - 2 > 0 ? L - 2 : 1, 1, L};
+    int cap = 64;
+    be_attn a = {B, L, nh, nkv, hd, cap, pos0, len, window, 1.0f / sqrtf((float)hd)};
+    size_t cache_n = (size_t)B * nkv * cap * hd, qn = (size_t)B * L * nh * hd, kn = (size_t)B * L * nkv * hd;
+    void *k = calloc(cache_n, 4), *v = calloc(cache_n, 4);
+    float *q = malloc(qn * 4), *kk = malloc(kn * 4), *vv = malloc(kn * 4), *o1 = malloc(qn * 4), *o2 = malloc(qn * 4);
+    /* history before pos0 filled with random keys, then the new ones written by kv_write */
+    float *hist = malloc(cache_n * 4);
+    fill(hist, cache_n, 1.0f);
+    for (size_t i = 0; i < cache_n; i++) {
+        if (dt == BE_F32) ((float *)k)[i] = hist[i], ((float *)v)[i] = -hist[i];
+        else ((uint16_t *)k)[i] = be_f32_to_f16(hist[i]), ((uint16_t *)v)[i] = be_f32_to_f16(-hist[i]);
+    }
+    fill(q, qn, 1.0f);
+    fill(kk, kn, 1.0f);
+    fill(vv, kn, 1.0f);
+    be->kv_write(c, &a, kk, k, dt);
+    be->kv_write(c, &a, vv, v, dt);
+    for (size_t i = 0; i < qn; i++) o1[i] = 12345.0f;   /* sentinel: padded rows must be zeroed */
+    be->attention(c, &a, q, k, v, dt, o1);
+    be_ref_attention(&a, q, k, v, dt, o2);
+    double d = maxdiff(o1, o2, qn);
+    CHECK(d < 1e-5, "attention B=%d L=%d heads %d/%d hd %d window %d %s: max diff %.2e", B, L, nh, nkv, hd, window, be_dtype_name(dt), d);
+    free(k); free(v); free(q); free(kk); free(vv); free(o1); free(o2); free(hist);
+}
+
+int main(void) {
+    const be_ops *be = be_cpu();
+    be_ctx *c = NULL;
+    CHECK(be->ctx_new(&c, 2) == 0, "cpu backend starts with 2 threads");
+    if (!c) return CHECK_DONE();
+
+    /* conversions round to nearest even and keep specials */
+    CHECK(be_f16_to_f32(be_f32_to_f16(1.0f)) == 1.0f && be_f16_to_f32(be_f32_to_f16(65504.0f)) == 65504.0f &&
+          isinf(be_f16_to_f32(be_f32_to_f16(1e6f))) && be_f16_to_f32(be_f32_to_f16(5.96e-8f)) > 0,
+          "f16 conversions: 1, max, overflow to inf, smallest subnormal");
+    CHECK(be_bf16_to_f32(be_f32_to_bf16(1.00390625f)) == 1.0f && be_bf16_to_f32(be_f32_to_bf16(1.01171875f)) == 1.015625f,
+          "bf16 conversion rounds half to even");
+    int worst = 0;
+    for (uint32_t h = 0; h < 0x7c00; h++) worst |= be_f32_to_f16(be_f16_to_f32((uint16_t)h)) != h;
+    CHECK(!worst, "every finite f16 survives f16 -> f32 -> f16");
+
+    /* rmsnorm with weights of each dtype, and weightless */
+    enum { N = 7, D = 96 };
+    float x[N * D], y1[N * D], y2[N * D], wf[D];
+    uint16_t wb[D];
+    fill(x, N * D, 3.0f);
+    fill(wf, D, 1.0f);
+    for (int i = 0; i < D; i++) wb[i] = be_f32_to_bf16(wf[i]);
+    be_mat w32 = {wf, NULL, BE_F32, 1, D}, w16 = {wb, NULL, BE_BF16, 1, D};
+    be->rmsnorm(c, x, N, D, &w32, 0.0f, 1e-5f, y1);
+    be_ref_rmsnorm(x, N, D, &w32, 0.0f, 1e-5f, y2);
+    CHECK(maxdiff(y1, y2, N * D) < 1e-5, "rmsnorm f32 weights");
+    be->rmsnorm(c, x, N, D, &w16, 1.0f, 1e-6f, y1);
+    be_ref_rmsnorm(x, N, D, &w16, 1.0f, 1e-6f, y2);
+    CHECK(maxdiff(y1, y2, N * D) < 1e-5, "rmsnorm bf16 weights with (1 + w)");
+    be->rmsnorm(c, x, N, D, NULL, 0.0f, 1e-6f, y1);
+    be_ref_rmsnorm(x, N, D, NULL, 0.0f, 1e-6f, y2);
+    CHECK(maxdiff(y1, y2, N * D) < 1e-5, "rmsnorm weightless");
+
+    /* rope: neox and interleaved, full and partial rotation, large positions */
+    float inv[48];
+    for (int i = 0; i < 48; i++) inv[i] = 1.0f / powf(10000.0f, 2.0f * i / 96.0f);
+    int pos[N] = {0, 1, 2, 100, 4095, 30000, 7};
+    for (int neox = 0; neox < 2; neox++)
+        for (int rot = 96; rot >= 32; rot -= 64) {
+            memcpy(y1, x, sizeof x);
+            memcpy(y2, x, sizeof x);
+            be->rope(c, y1, N, 1, D, rot, pos, inv, neox);
+            be_ref_rope(y2, N, 1, D, rot, pos, inv, neox);
+            double d = maxdiff(y1, y2, N * D);
+            CHECK(d < 2e-3, "rope neox=%d rot=%d: max diff %.2e (float32 angles at position 30000)", neox, rot, d);
+        }
+    be->swiglu(c, x, x + D, y1, (N - 1) * D);
+    be_ref_swiglu(x, x + D, y2, (N - 1) * D);
+    CHECK(maxdiff(y1, y2, (N - 1) * D) < 1e-5, "swiglu");
+
+    test_attention(be, c, 1, 1, 4, 2, 16, 0, BE_F32);
+    test_attention(be, c, 1, 9, 8, 2, 32, 0, BE_F32);
+    test_attention(be, c, 3, 6, 4, 4, 16, 0, BE_F32);
+    test_attention(be, c, 4, 7, 6, 2, 24, 4, BE_F32);
+    test_attention(be, c, 4, 7, 6, 3, 64, 0, BE_F16);
+    test_attention(be, c, 2, 5, 4, 1, 128, 3, BE_F16);
+    be->ctx_free(c);
+    return CHECK_DONE();
+}
