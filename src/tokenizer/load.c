@@ -146,9 +146,12 @@ static cinfer_status load_merges(cinfer_tokenizer *t, const tj_doc *d, const tj_
             if (!nt) { free(tmp); return CINFER_ENOMEM; }
             tmp = nt;
         }
+        /* with a continuing_subword_prefix the merged token drops b's prefix (HF) */
+        size_t skip = 0, pl = t->cont_prefix ? strlen(t->cont_prefix) : 0;
+        if (pl && bl >= pl && !memcmp(b, t->cont_prefix, pl)) skip = pl;
         memcpy(tmp, a, al);
-        memcpy(tmp + al, b, bl);
-        int32_t ia = model_id(t, a, al), ib = model_id(t, b, bl), im = model_id(t, tmp, al + bl);
+        memcpy(tmp + al, b + skip, bl - skip);
+        int32_t ia = model_id(t, a, al), ib = model_id(t, b, bl), im = model_id(t, tmp, al + bl - skip);
         if (ia < 0 || ib < 0 || im < 0) {
             free(tmp);
             return cf_err(err, n, CINFER_EFORMAT, "%s: merge %u (\"%.*s\" \"%.*s\") names a token missing from the vocab",
@@ -340,7 +343,6 @@ static cinfer_status load_json(cinfer_tokenizer *t, const char *dir, const char 
     }
     if ((st = tok_load_pipeline(t, &d, root, err, n))) goto done;
     if ((st = load_vocab(t, &d, vocab, added, path, err, n))) goto done;
-    if ((st = load_merges(t, &d, tj_get(&d, model, "merges"), path, err, n))) goto done;
     t->byte_fallback = tj_bool(tj_get(&d, model, "byte_fallback"), 0);
     t->fuse_unk = tj_bool(tj_get(&d, model, "fuse_unk"), 0);
     t->ignore_merges = tj_bool(tj_get(&d, model, "ignore_merges"), 0);
@@ -348,6 +350,7 @@ static cinfer_status load_json(cinfer_tokenizer *t, const char *dir, const char 
     const char *es = tj_str(tj_get(&d, model, "end_of_word_suffix"));
     if (cp && *cp) t->cont_prefix = strdup(cp);
     if (es && *es) t->end_suffix = strdup(es);
+    if ((st = load_merges(t, &d, tj_get(&d, model, "merges"), path, err, n))) goto done;
     const char *unk = tj_str(tj_get(&d, model, "unk_token"));
     t->unk_id = unk ? tok_strmap_get(&t->vocab, unk, strlen(unk)) : -1;
     if (unk && t->unk_id < 0 && !t->byte_level) {
