@@ -408,7 +408,7 @@ int tmpl_is_method(jv self, const char *name) {
 }
 
 static jv dict_items(tmpl_st *J, jv d) {
-    jv out = jv_list(J, d.u.d->n);
+    jv out = jv_view(jv_list(J, d.u.d->n), JL_ITEMS);
     for (size_t i = 0; i < d.u.d->n; i++) {
         jv t = jv_list(J, 2);
         t.u.l->tuple = 1;
@@ -533,9 +533,14 @@ jv tmpl_method(tmpl_st *J, jv self, const char *name, jv *args, int nargs,
             return p ? *p : nargs > 1 ? args[1] : jv_none();
         }
         if (!strcmp(name, "items")) return dict_items(J, self);
-        if (!strcmp(name, "keys")) return tmpl_iterate(J, self, line);
+        if (!strcmp(name, "keys")) {
+            jv it = tmpl_iterate(J, self, line);
+            jv out = jv_view(jv_list(J, it.u.l->n), JL_KEYS);
+            for (size_t i = 0; i < it.u.l->n; i++) jl_push(J, &out, it.u.l->v[i]);
+            return out;
+        }
         if (!strcmp(name, "values")) {
-            jv out = jv_list(J, self.u.d->n);
+            jv out = jv_view(jv_list(J, self.u.d->n), JL_VALUES);
             for (size_t i = 0; i < self.u.d->n; i++) jl_push(J, &out, self.u.d->v[i]);
             return out;
         }
@@ -587,7 +592,9 @@ int tmpl_test(tmpl_st *J, const char *name, jv v, jv *args, int nargs, int line)
     if (!strcmp(name, "string")) return k == JV_STR;
     if (!strcmp(name, "mapping")) return k == JV_DICT && v.u.d->kind == JD_PLAIN;
     if (!strcmp(name, "iterable")) return k == JV_STR || k == JV_LIST || k == JV_UNDEF || (k == JV_DICT && v.u.d->kind == JD_PLAIN);
-    if (!strcmp(name, "sequence")) return k == JV_STR || k == JV_LIST || (k == JV_DICT && v.u.d->kind == JD_PLAIN);
+    if (!strcmp(name, "sequence"))
+        return k == JV_STR || (k == JV_LIST && (!v.u.l->view || v.u.l->view == JL_RANGE)) ||
+               (k == JV_DICT && v.u.d->kind == JD_PLAIN);
     if (!strcmp(name, "callable")) return k == JV_FUNC;
     if (!strcmp(name, "escaped")) return 0;
     if (!strcmp(name, "sameas")) {
@@ -628,7 +635,7 @@ int tmpl_test(tmpl_st *J, const char *name, jv v, jv *args, int nargs, int line)
 }
 
 /* --------------------------------------------------------- sort helpers */
-typedef struct sort_ctx { tmpl_st *J; int line, ci, reverse; } sort_ctx;
+typedef struct sort_ctx { tmpl_st *J; int line, ci, reverse, eq_first; } sort_ctx;
 
 static jv fold(tmpl_st *J, jv v, int ci) {
     return (ci && v.k == JV_STR) ? str_case(J, v.u.s, CASE_LOWER) : v;
@@ -641,7 +648,9 @@ static void msort(sort_ctx *c, jv *keys, jv *items, jv *tk, jv *ti, size_t n) {
     msort(c, keys + h, items + h, tk, ti, n - h);
     size_t i = 0, j = h, k = 0;
     while (i < h && j < n) {
-        int r = jv_cmp(c->J, keys[j], keys[i], c->line);
+        /* attribute keys are compared as 1-lists: equal items (even two
+         * Undefined) compare equal before '<' is tried */
+        int r = c->eq_first && jv_eq(keys[j], keys[i]) ? 0 : jv_cmp(c->J, keys[j], keys[i], c->line);
         if (c->reverse) r = -r;
         if (r < 0) { tk[k] = keys[j]; ti[k++] = items[j++]; }
         else { tk[k] = keys[i]; ti[k++] = items[i++]; }
@@ -651,12 +660,12 @@ static void msort(sort_ctx *c, jv *keys, jv *items, jv *tk, jv *ti, size_t n) {
     memcpy(keys, tk, n * sizeof(jv));
     memcpy(items, ti, n * sizeof(jv));
 }
-static jv sorted(tmpl_st *J, jv items, jv *keys, int reverse, int line) {
+static jv sorted(tmpl_st *J, jv items, jv *keys, int reverse, int eq_first, int line) {
     size_t n = items.u.l->n;
     jv out = jv_list(J, n);
     for (size_t i = 0; i < n; i++) jl_push(J, &out, items.u.l->v[i]);
     jv *tk = tmpl_alloc(J, (n + 1) * sizeof(jv)), *ti = tmpl_alloc(J, (n + 1) * sizeof(jv));
-    sort_ctx c = {J, line, 0, reverse};
+    sort_ctx c = {J, line, 0, reverse, eq_first};
     msort(&c, keys, out.u.l->v, tk, ti, n);
     return out;
 }
@@ -691,7 +700,7 @@ static const char *const filter_names[] = {
 int tmpl_filter_known(const char *name) { return in_set(name, filter_names); }
 
 static jv f_select(tmpl_st *J, jv v, const fargs *a, int attr, int want, int line) {
-    jv items = tmpl_iterate(J, v, line);
+    jv items = jv_truthy(v) ? tmpl_iterate(J, v, line) : jv_list(J, 0);   /* Jinja: `if value:` */
     jv out = jv_list(J, items.u.l->n);
     int off = attr ? 1 : 0;
     jstr *path = NULL;
@@ -712,7 +721,7 @@ static jv f_select(tmpl_st *J, jv v, const fargs *a, int attr, int want, int lin
 }
 
 static jv f_map(tmpl_st *J, jv v, const fargs *a, int line) {
-    jv items = tmpl_iterate(J, v, line);
+    jv items = jv_truthy(v) ? tmpl_iterate(J, v, line) : jv_list(J, 0);   /* Jinja: `if value:` */
     jv out = jv_list(J, items.u.l->n);
     jv at, dflt;
     if (!a->nargs && arg(a, "attribute", -1, &at)) {
@@ -801,7 +810,7 @@ static jv f_minmax(tmpl_st *J, jv v, const fargs *a, int want_max, int line) {
     jv items = tmpl_iterate(J, v, line);
     int ci = !opt_bool(a, "case_sensitive", 0, 0);
     jv at; jstr *path = arg(a, "attribute", 1, &at) && at.k != JV_NONE ? want_str(J, at, "attribute", line) : NULL;
-    if (!items.u.l->n) return jv_undef("min/max of an empty sequence");
+    if (!items.u.l->n) return jv_undef("\001No aggregated item, sequence was empty.");
     size_t best = 0;
     jv bk = fold(J, path ? attr_path(J, items.u.l->v[0], path, line) : items.u.l->v[0], ci);
     for (size_t i = 1; i < items.u.l->n; i++) {
@@ -862,7 +871,10 @@ static jv f_tojson(tmpl_st *J, jv v, const fargs *a, int line) {
 }
 
 static jv f_indent(tmpl_st *J, jv v, const fargs *a, int line) {
-    jv w, s = jv_to_string(J, v, line);
+    if (v.k == JV_UNDEF) tmpl_undef_error(J, v, line);
+    if (v.k != JV_STR)   /* Jinja does s += "\n" */
+        tmpl_fail(J, CINFER_EINVAL, line, "indent: unsupported operand type(s) for +=: '%s' and 'str'", jv_typename(v));
+    jv w, s = v;
     const char *ind = "    ";
     if (arg(a, "width", 0, &w)) {
         if (w.k == JV_STR) ind = w.u.s->s;
@@ -897,7 +909,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
                const char **kwn, jv *kwv, int nkw, int line) {
     fargs a = {args, nargs, kwn, kwv, nkw};
     jv x, y;
-    if (!strcmp(name, "safe")) return v;
+    if (!strcmp(name, "safe")) return jv_to_string(J, v, line);   /* Markup(str(v)) */
     if (!strcmp(name, "tojson")) return f_tojson(J, v, &a, line);
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
         jv dflt = arg(&a, "default_value", 0, &x) ? x : jv_cstr(J, "");
@@ -909,7 +921,9 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         switch (v.k) {
         case JV_UNDEF: return jv_int(0);
         case JV_STR: return jv_int((int64_t)u8_len(v.u.s->s, v.u.s->n));
-        case JV_LIST: return jv_int((int64_t)v.u.l->n);
+        case JV_LIST:
+            if (v.u.l->view == JL_GEN) tmpl_fail(J, CINFER_EINVAL, line, "object of type 'generator' has no len()");
+            return jv_int((int64_t)v.u.l->n);
         case JV_DICT: if (v.u.d->kind == JD_PLAIN) return jv_int((int64_t)v.u.d->n); /* fallthrough */
         default: tmpl_fail(J, CINFER_EINVAL, line, "object of type '%s' has no len()", jv_typename(v));
         }
@@ -931,8 +945,11 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
     }
     if (!strcmp(name, "e") || !strcmp(name, "escape") || !strcmp(name, "forceescape")) return html_escape(J, v, line);
     if (!strcmp(name, "first") || !strcmp(name, "last")) {
+        if (name[0] == 'l' && v.k == JV_LIST && v.u.l->view == JL_GEN)
+            tmpl_fail(J, CINFER_EINVAL, line, "'generator' object is not reversible");
         jv items = tmpl_iterate(J, v, line);
-        if (!items.u.l->n) return jv_undef("first/last of an empty sequence");
+        if (!items.u.l->n) return jv_undef(name[0] == 'f' ? "\001No first item, sequence was empty."
+                                                          : "\001No last item, sequence was empty.");
         return items.u.l->v[name[0] == 'f' ? 0 : items.u.l->n - 1];
     }
     if (!strcmp(name, "list")) {
@@ -942,10 +959,10 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         return out;
     }
     if (!strcmp(name, "items")) {
-        if (v.k == JV_UNDEF) return jv_list(J, 0);
+        if (v.k == JV_UNDEF) return jv_view(jv_list(J, 0), JL_GEN);
         if (v.k != JV_DICT || v.u.d->kind != JD_PLAIN)
             tmpl_fail(J, CINFER_EINVAL, line, "can only get item pairs from a mapping");
-        return dict_items(J, v);
+        return jv_view(dict_items(J, v), JL_GEN);
     }
     if (!strcmp(name, "join")) {
         jv items = tmpl_iterate(J, v, line);
@@ -959,6 +976,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         }
         return mkstr(J, &b);
     }
+    if ((!strcmp(name, "int") || !strcmp(name, "float")) && v.k == JV_UNDEF) tmpl_undef_error(J, v, line);
     if (!strcmp(name, "int")) {
         jv dflt = arg(&a, "default", 0, &x) ? x : jv_int(0);
         if (arg(&a, "base", 1, &y) && !(y.k == JV_INT && y.u.i == 10))
@@ -998,7 +1016,9 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
             return mkstr(J, &b);
         }
         jv items = tmpl_iterate(J, v, line);
-        jv out = jv_list(J, items.u.l->n);
+        /* reversed(x) is an iterator; a generator is not reversible, so Jinja lists it */
+        int gen = v.k == JV_LIST && v.u.l->view == JL_GEN;
+        jv out = jv_view(jv_list(J, items.u.l->n), gen ? JL_PLAIN : JL_GEN);
         for (size_t i = items.u.l->n; i-- > 0;) jl_push(J, &out, items.u.l->v[i]);
         return out;
     }
@@ -1026,10 +1046,13 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
             jv k = dictsort ? it.u.l->v[by_value] : path ? attr_path(J, it, path, line) : it;
             keys[i] = fold(J, k, ci);
         }
-        if (name[0] != 'u') return sorted(J, items, keys, reverse, line);
-        jv out = jv_list(J, n);
+        if (name[0] != 'u') return sorted(J, items, keys, reverse, path != NULL || dictsort, line);
+        jv out = jv_view(jv_list(J, n), JL_GEN);
         jv seen = jv_list(J, n);
         for (size_t i = 0; i < n; i++) {
+            jv k = keys[i];
+            if ((k.k == JV_LIST && !k.u.l->tuple) || k.k == JV_DICT)
+                tmpl_fail(J, CINFER_EINVAL, line, "unique: unhashable type: '%s'", jv_typename(k));
             int dup = 0;
             for (size_t k = 0; k < seen.u.l->n && !dup; k++) dup = jv_eq(seen.u.l->v[k], keys[i]);
             if (!dup) { jl_push(J, &seen, keys[i]); jl_push(J, &out, items.u.l->v[i]); }
@@ -1045,15 +1068,15 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
             acc = tmpl_binop(J, '+', acc, path ? attr_path(J, items.u.l->v[i], path, line) : items.u.l->v[i], line);
         return acc;
     }
-    if (!strcmp(name, "map")) return f_map(J, v, &a, line);
-    if (!strcmp(name, "select")) return f_select(J, v, &a, 0, 1, line);
-    if (!strcmp(name, "reject")) return f_select(J, v, &a, 0, 0, line);
-    if (!strcmp(name, "selectattr")) return f_select(J, v, &a, 1, 1, line);
-    if (!strcmp(name, "rejectattr")) return f_select(J, v, &a, 1, 0, line);
+    if (!strcmp(name, "map")) return jv_view(f_map(J, v, &a, line), JL_GEN);
+    if (!strcmp(name, "select")) return jv_view(f_select(J, v, &a, 0, 1, line), JL_GEN);
+    if (!strcmp(name, "reject")) return jv_view(f_select(J, v, &a, 0, 0, line), JL_GEN);
+    if (!strcmp(name, "selectattr")) return jv_view(f_select(J, v, &a, 1, 1, line), JL_GEN);
+    if (!strcmp(name, "rejectattr")) return jv_view(f_select(J, v, &a, 1, 0, line), JL_GEN);
     if (!strcmp(name, "attr")) {
         if (nargs != 1) tmpl_fail(J, CINFER_EINVAL, line, "attr needs a name");
         const char *an = want_str(J, args[0], "attr", line)->s;
-        if (v.k == JV_UNDEF) return jv_undef(an);
+        if (v.k == JV_UNDEF) tmpl_undef_error(J, v, line);
         if (v.k == JV_DICT && v.u.d->kind == JD_PLAIN && !tmpl_is_method(v, an)) return jv_undef(an);
         return tmpl_getattr(J, v, an, line);   /* methods, namespace/loop attributes */
     }
@@ -1062,7 +1085,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         int64_t cnt = nargs > 0 ? want_int(J, args[0], "batch", line) : 0;
         if (cnt <= 0) tmpl_fail(J, CINFER_EINVAL, line, "batch size must be positive");
         int fill = arg(&a, "fill_with", 1, &y) && y.k != JV_NONE;
-        jv out = jv_list(J, 4), cur = jv_list(J, 4);
+        jv out = jv_view(jv_list(J, 4), JL_GEN), cur = jv_list(J, 4);
         for (size_t i = 0; i < items.u.l->n; i++) {
             jl_push(J, &cur, items.u.l->v[i]);
             if ((int64_t)cur.u.l->n == cnt) { jl_push(J, &out, cur); cur = jv_list(J, 4); }
@@ -1155,7 +1178,8 @@ jv tmpl_global_call(tmpl_st *J, const char *name, jv *args, int nargs,
         if (cnt < 0) cnt = 0;
         if (cnt > TMPL_MAX_RANGE)
             tmpl_fail(J, CINFER_EINVAL, line, "range too big: at most %d items", TMPL_MAX_RANGE);
-        jv out = jv_list(J, (size_t)cnt);
+        jv out = jv_view(jv_list(J, (size_t)cnt), JL_RANGE);
+        out.u.l->r0 = lo; out.u.l->r1 = hi; out.u.l->rs = st;
         for (int64_t i = 0; i < (int64_t)cnt; i++) jl_push(J, &out, jv_int(lo + i * st));
         return out;
     }

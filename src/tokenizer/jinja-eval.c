@@ -56,16 +56,18 @@ jv *scope_lookup(jscope *s, const char *name) {
 }
 
 /* -------------------------------------------------------- access helpers */
-static __attribute__((noreturn)) void undef_error(tmpl_st *J, jv u, int line) {
-    if (u.u.uname && u.u.uname[0] == '\'')   /* a full message from a failed lookup */
-        tmpl_fail(J, CINFER_EINVAL, line, "%s", u.u.uname);
+void tmpl_undef_error(tmpl_st *J, jv u, int line) {
+    if (u.u.uname && u.u.uname[0] == '\001')   /* a full message (failed lookup, empty sequence) */
+        tmpl_fail(J, CINFER_EINVAL, line, "%s", u.u.uname + 1);
     tmpl_fail(J, CINFER_EINVAL, line, "'%s' is undefined", u.u.uname ? u.u.uname : "value");
 }
+
+#define undef_error tmpl_undef_error
 
 /* Undefined from a failed attribute/item lookup, remembering why */
 static jv undef_lookup(tmpl_st *J, jv obj, jv key, int attr) {
     tbuf b; tb_init(&b, J);
-    tb_printf(&b, "'%s object' has no %s ", jv_typename(obj), attr ? "attribute" : "element");
+    tb_printf(&b, "\001'%s object' has no %s ", jv_typename(obj), attr ? "attribute" : "element");
     if (key.k == JV_STR) { tb_putc(&b, '\''); tb_put(&b, key.u.s->s, key.u.s->n > 200 ? 200 : key.u.s->n); tb_putc(&b, '\''); }
     else if (key.k == JV_INT) tb_printf(&b, "%lld", (long long)key.u.i);
     else tb_puts(&b, jv_typename(key));
@@ -119,6 +121,7 @@ jv tmpl_getitem(tmpl_st *J, jv obj, jv key, int line) {
         return undef_lookup(J, obj, key, 0);
     }
     case JV_LIST:
+        if (obj.u.l->view && obj.u.l->view != JL_RANGE) return undef_lookup(J, obj, key, 0);  /* not subscriptable */
         if (key.k == JV_INT || key.k == JV_BOOL) {
             int ok;
             int64_t i = norm_index(key.k == JV_INT ? key.u.i : key.u.b, obj.u.l->n, &ok);
@@ -179,6 +182,7 @@ static size_t slice_indices(tmpl_st *J, jv lo, jv hi, jv st, size_t n, int64_t *
 static jv do_slice(tmpl_st *J, jv obj, jv lo, jv hi, jv st, int line) {
     int64_t *idx;
     if (obj.k == JV_UNDEF) undef_error(J, obj, line);
+    if (obj.k == JV_LIST && obj.u.l->view && obj.u.l->view != JL_RANGE) return jv_undef("\001slice of a non-subscriptable object");
     if (obj.k == JV_LIST) {
         size_t c = slice_indices(J, lo, hi, st, obj.u.l->n, &idx, line);
         jv r = jv_list(J, c);
@@ -354,15 +358,16 @@ jv tmpl_binop(tmpl_st *J, int op, jv a, jv b, int line) {
         tb_put(&t, b.u.s->s, b.u.s->n);
         return jv_str(J, t.p ? t.p : "", t.n);
     }
-    if (op == '+' && a.k == JV_LIST && b.k == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (op == '+' && a.k == JV_LIST && b.k == JV_LIST && a.u.l->tuple == b.u.l->tuple &&
+        !a.u.l->view && !b.u.l->view) {
         jv r = jv_list(J, a.u.l->n + b.u.l->n);
         r.u.l->tuple = a.u.l->tuple;
         for (size_t i = 0; i < a.u.l->n; i++) jl_push(J, &r, a.u.l->v[i]);
         for (size_t i = 0; i < b.u.l->n; i++) jl_push(J, &r, b.u.l->v[i]);
         return r;
     }
-    if (op == '*' && (a.k == JV_STR || a.k == JV_LIST) && isint(b)) return repeat(J, a, ival(b), line);
-    if (op == '*' && (b.k == JV_STR || b.k == JV_LIST) && isint(a)) return repeat(J, b, ival(a), line);
+    if (op == '*' && (a.k == JV_STR || (a.k == JV_LIST && !a.u.l->view)) && isint(b)) return repeat(J, a, ival(b), line);
+    if (op == '*' && (b.k == JV_STR || (b.k == JV_LIST && !b.u.l->view)) && isint(a)) return repeat(J, b, ival(a), line);
     if (op == '%' && a.k == JV_STR) {
         jv args = b;
         if (!(b.k == JV_LIST && b.u.l->tuple)) { args = jv_list(J, 1); jl_push(J, &args, b); }

@@ -62,7 +62,16 @@ typedef enum {
 
 typedef struct jstr { size_t n; char s[]; } jstr;      /* s[n] == 0 */
 struct jv;
-typedef struct jlist { size_t n, cap; struct jv *v; int tuple; } jlist;
+/* Python objects that behave like sequences but print, measure or serialise
+ * differently: generators (map/select/... results: always truthy, no len(),
+ * unprintable), dict views (items()/keys()/values()) and range objects */
+enum { JL_PLAIN, JL_GEN, JL_ITEMS, JL_KEYS, JL_VALUES, JL_RANGE };
+typedef struct jlist {
+    size_t n, cap; struct jv *v;
+    int tuple;
+    int view;                  /* JL_* */
+    int64_t r0, r1, rs;        /* JL_RANGE: start, stop, step */
+} jlist;
 enum { JD_PLAIN, JD_NS, JD_OBJ };   /* dict, namespace(), loop object */
 typedef struct jdict { size_t n, cap; struct jv *k, *v; int kind; } jdict;
 struct jnode;
@@ -93,6 +102,7 @@ jv jv_float(double f);
 jv jv_str(tmpl_st *J, const char *s, size_t n);
 jv jv_cstr(tmpl_st *J, const char *s);
 jv jv_list(tmpl_st *J, size_t cap);
+jv jv_view(jv list, int view);             /* marks a fresh list as a JL_* view */
 void jl_push(tmpl_st *J, jv *list, jv v);
 jv jv_dict(tmpl_st *J, int kind);
 void jd_set(tmpl_st *J, jv *dict, jv key, jv val);   /* replace or append */
@@ -181,6 +191,8 @@ jv tmpl_call(tmpl_st *J, jv fn, jv *args, int nargs, const char **kwn, jv *kwv, 
 jv tmpl_getattr(tmpl_st *J, jv obj, const char *name, int line);
 jv tmpl_getitem(tmpl_st *J, jv obj, jv key, int line);
 jv tmpl_iterate(tmpl_st *J, jv v, int line);   /* list of the items */
+/* fails with UndefinedError's message for an Undefined value */
+void tmpl_undef_error(tmpl_st *J, jv u, int line) __attribute__((noreturn));
 
 /* builtins (jinja-builtins.c) */
 int tmpl_filter_known(const char *name);

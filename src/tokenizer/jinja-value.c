@@ -164,6 +164,7 @@ jv jv_list(tmpl_st *J, size_t cap) {
     if (cap) { v.u.l->v = tmpl_alloc(J, cap * sizeof(jv)); v.u.l->cap = cap; }
     return v;
 }
+jv jv_view(jv list, int view) { list.u.l->view = view; return list; }
 void jl_push(tmpl_st *J, jv *list, jv x) {
     jlist *l = list->u.l;
     if (l->n == l->cap) {
@@ -222,7 +223,7 @@ int jv_truthy(jv v) {
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0;
     case JV_STR: return v.u.s->n != 0;
-    case JV_LIST: return v.u.l->n != 0;
+    case JV_LIST: return v.u.l->view == JL_GEN || v.u.l->n != 0;
     case JV_DICT: return v.u.d->kind != JD_PLAIN || v.u.d->n != 0;
     default: return 1;
     }
@@ -242,7 +243,8 @@ int jv_eq(jv a, jv b) {
     case JV_UNDEF: case JV_NONE: return 1;
     case JV_STR: return a.u.s->n == b.u.s->n && !memcmp(a.u.s->s, b.u.s->s, a.u.s->n);
     case JV_LIST:
-        if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n) return 0;
+        if (a.u.l->tuple != b.u.l->tuple || a.u.l->view != b.u.l->view || a.u.l->n != b.u.l->n) return 0;
+        if (a.u.l->view == JL_GEN) return a.u.l == b.u.l;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!jv_eq(a.u.l->v[i], b.u.l->v[i])) return 0;
         return 1;
@@ -262,6 +264,10 @@ int jv_eq(jv a, jv b) {
 const char *jv_typename(jv v) {
     static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str",
                                   "list", "dict", "function"};
+    if (v.k == JV_LIST && v.u.l->view) {
+        static const char *views[] = {"list", "generator", "dict_items", "dict_keys", "dict_values", "range"};
+        return views[v.u.l->view];
+    }
     if (v.k == JV_LIST && v.u.l->tuple) return "tuple";
     if (v.k == JV_DICT && v.u.d->kind == JD_NS) return "Namespace";
     if (v.k == JV_DICT && v.u.d->kind == JD_OBJ) return "LoopContext";
@@ -283,7 +289,7 @@ int jv_cmp(tmpl_st *J, jv a, jv b, int line) {
         if (c) return c < 0 ? -1 : 1;
         return (a.u.s->n > b.u.s->n) - (a.u.s->n < b.u.s->n);
     }
-    if (a.k == JV_LIST && b.k == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (a.k == JV_LIST && b.k == JV_LIST && a.u.l->tuple == b.u.l->tuple && !a.u.l->view && !b.u.l->view) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jv_eq(a.u.l->v[i], b.u.l->v[i])) continue;
@@ -291,9 +297,7 @@ int jv_cmp(tmpl_st *J, jv a, jv b, int line) {
         }
         return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
     }
-    if (a.k == JV_UNDEF || b.k == JV_UNDEF)
-        tmpl_fail(J, CINFER_EINVAL, line, "'%s' is undefined",
-                  a.k == JV_UNDEF ? (a.u.uname ? a.u.uname : "value") : (b.u.uname ? b.u.uname : "value"));
+    if (a.k == JV_UNDEF || b.k == JV_UNDEF) tmpl_undef_error(J, a.k == JV_UNDEF ? a : b, line);
     tmpl_fail(J, CINFER_EINVAL, line, "'<' not supported between instances of '%s' and '%s'",
               jv_typename(a), jv_typename(b));
 }
@@ -391,8 +395,18 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
         else tb_put(b, v.u.s->s, v.u.s->n);
         return;
     case JV_LIST: {
-        if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
         jlist *l = v.u.l;
+        if (l->view == JL_GEN)
+            tmpl_fail(J, CINFER_EUNSUPPORTED, line, "printing a generator (Python prints its memory address); "
+                      "add |list or |join");
+        if (l->view == JL_RANGE) {
+            tb_printf(b, "range(%lld, %lld", (long long)l->r0, (long long)l->r1);
+            if (l->rs != 1) tb_printf(b, ", %lld", (long long)l->rs);
+            tb_putc(b, ')');
+            return;
+        }
+        if (l->view) { tb_puts(b, jv_typename(v)); tb_putc(b, '('); }
+        if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
         tb_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) tb_puts(b, ", ");
@@ -400,6 +414,7 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
         }
         if (l->tuple && l->n == 1) tb_putc(b, ',');
         tb_putc(b, l->tuple ? ')' : ']');
+        if (l->view) tb_putc(b, ')');
         J->depth--;
         return;
     }
@@ -488,6 +503,8 @@ void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int lin
     case JV_STR: json_str(b, v.u.s->s, v.u.s->n, o->ensure_ascii); return;
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->view)
+            tmpl_fail(J, CINFER_EINVAL, line, "Object of type %s is not JSON serializable", jv_typename(v));
         if (!l->n) { tb_puts(b, "[]"); return; }
         if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
         tb_putc(b, '[');

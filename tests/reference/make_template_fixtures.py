@@ -468,6 +468,71 @@ def random_cases(n_ws=400, n_expr=400):
     return out
 
 
+def random_filter_cases(compile_fn, n=500):
+    """Seeded random filter chains. Jinja's map/select/unique/batch/items/
+    reverse return lazy generators whose repr holds a memory address (and
+    whose errors are deferred); a case is kept only when it renders the same
+    with those filters made eager, so no expectation depends on that."""
+    import random
+    R = random.Random(5)
+    vals = ["s", "l", "d", "msgs", "n", "f", "'  Mixed Case-text (x) '", "[3, 'a', 1]",
+            "['b', 'A', 'c', 'a']", "none", "nothing", "''", "[]", "{}", "'a\\nb\\n\\nc'", "t",
+            "[[1, 2], [3]]", "'1,2,3'", "'42'", "'-3.5'", "true"]
+    filters = ["trim", "upper", "lower", "title", "capitalize", "length", "count", "string", "list",
+               "first", "last", "reverse", "sort", "unique", "sum", "min", "max", "join", "join(', ')",
+               "join('|', attribute='role')", "default('D')", "default('D', true)", "int", "float", "abs",
+               "round", "round(1)", "tojson", "tojson(indent=2)", "items", "dictsort", "batch(2)",
+               "map('upper')", "map(attribute='role')", "map(attribute='content', default='-')", "select",
+               "reject", "select('odd')", "selectattr('role', 'eq', 'user')", "rejectattr('content')",
+               "replace('a', 'X')", "indent(2)", "indent(2, true)", "center(12)", "wordcount", "e", "safe",
+               "first|upper", "sort(reverse=true)", "sort(attribute='role')", "unique(case_sensitive=true)",
+               "min(attribute='role')", "trim('x')", "attr('upper')", "length > 2", "string|length"]
+    tails = ["", "|list", "|join(',')", "|tojson", "|string", "|length"]
+    ctx = {"s": "  Hello, World! ", "l": [5, 3, 8, 1], "d": {"b": 2, "a": 1, "C": 3},
+           "msgs": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+                    {"role": "User", "content": "x"}],
+           "n": -7, "f": 2.675, "t": "\u00c9COLE na\u00efve"}
+
+    def render(src):
+        try:
+            return "ok", compile_fn(src).render(**ctx)
+        except Exception as e:
+            return "err", type(e).__name__
+
+    lazy = ["map", "select", "reject", "selectattr", "rejectattr", "unique", "batch", "items", "reverse"]
+    class Opaque(list):   # eager, but printed like a generator: exposes repr-dependence
+        def __repr__(self):
+            return "<g>"
+        __str__ = __repr__
+
+    out = []
+    while len(out) < n:
+        chain = "|".join(R.choice(filters) for _ in range(R.randrange(1, 4)))
+        src = "{{ " + R.choice(vals) + "|" + chain + R.choice(tails) + " }}"
+        a = render(src)
+        if a[0] == "ok" and " at 0x" in a[1]:
+            continue
+        if a[0] == "ok" and ("<bound method" in a[1] or "<built-in" in a[1]):
+            continue
+        flt = compile_fn("").environment.filters
+        saved = {k: flt[k] for k in lazy}
+        variants = []
+        for wrap in (list, Opaque):
+            try:
+                for k in lazy:
+                    f = saved[k]
+                    eager = (lambda f: lambda *x, **kw: (lambda r: r if isinstance(r, str) else wrap(r))(f(*x, **kw)))(f)
+                    if hasattr(f, "jinja_pass_arg"):
+                        eager.jinja_pass_arg = f.jinja_pass_arg
+                    flt[k] = eager
+                variants.append(render(src))
+            finally:
+                flt.update(saved)
+        if a == variants[0] == variants[1]:
+            out.append(("filter_rand%d" % len(out), src, ctx))
+    return out
+
+
 def norm(ctx):
     """JSON round trip: the fixture context exactly as C will parse it."""
     return json.loads(json.dumps(ctx, ensure_ascii=False))
@@ -548,7 +613,7 @@ def main():
     if "--extra-only" in sys.argv:
         # no device needed: jinja2 as transformers configures it (same 3.1.x)
         os.makedirs(args[0], exist_ok=True)
-        cases = render_micro(compile_fn, extra_cases() + random_cases())
+        cases = render_micro(compile_fn, extra_cases() + random_cases() + random_filter_cases(compile_fn))
         # Python complex results (negative ** fractional) are out of scope
         cases = [c for c in cases if not c.get("expected", "").endswith("j)")]
         json.dump({"meta": {"generator": how}, "cases": cases},
