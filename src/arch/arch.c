@@ -89,6 +89,7 @@ cinfer_status weights_bind(const model_config *c, const st_set *st, const char *
         L(wk, "self_attn.k_proj.weight", kvd, H, 1);
         L(wv, "self_attn.v_proj.weight", kvd, H, 1);
         L(wo, "self_attn.o_proj.weight", H, qd, 1);
+        L(bo, "self_attn.o_proj.bias", 0, H, c->o_bias);
         L(bq, "self_attn.q_proj.bias", 0, qd, c->attention_bias);
         L(bk, "self_attn.k_proj.bias", 0, kvd, c->attention_bias);
         L(bv, "self_attn.v_proj.bias", 0, kvd, c->attention_bias);
@@ -98,6 +99,9 @@ cinfer_status weights_bind(const model_config *c, const st_set *st, const char *
         L(w_gate, "mlp.gate_proj.weight", c->ffn, H, 1);
         L(w_up, "mlp.up_proj.weight", c->ffn, H, 1);
         L(w_down, "mlp.down_proj.weight", H, c->ffn, 1);
+        L(b_gate, "mlp.gate_proj.bias", 0, c->ffn, c->mlp_bias);
+        L(b_up, "mlp.up_proj.bias", 0, c->ffn, c->mlp_bias);
+        L(b_down, "mlp.down_proj.bias", 0, H, c->mlp_bias);
     }
 #undef L
     if (!b.status) {

@@ -25,7 +25,8 @@ typedef struct model_config {
     float partial_rotary;     /* fraction of head_dim rotated (1.0) */
     int tie_embeddings;
     int attention_bias;       /* q/k/v biases */
-    int o_bias, mlp_bias;
+    int o_bias;               /* bias on o_proj (llama/mistral attention_bias) */
+    int mlp_bias;             /* biases on gate/up/down */
     int qk_norm;              /* RMSNorm over head_dim on q and k before RoPE */
     int sliding_window;       /* 0 = none (mistral may set one) */
     int bos;                  /* -1 unknown */
@@ -38,10 +39,12 @@ typedef struct layer_weights {
     be_mat wq, wk, wv;        /* [n_head*hd][hidden], [n_kv*hd][hidden] x2 */
     be_mat bq, bk, bv;        /* [1][...] biases, data NULL when absent */
     be_mat wo;                /* [hidden][n_head*hd] */
+    be_mat bo;                /* [1][hidden] o_proj bias (llama attention_bias), data NULL when absent */
     be_mat q_norm, k_norm;    /* [1][hd] when qk_norm */
     be_mat ffn_norm;          /* [1][hidden] */
     be_mat w_gate, w_up;      /* [ffn][hidden] */
     be_mat w_down;            /* [hidden][ffn] */
+    be_mat b_gate, b_up, b_down; /* [1][ffn], [1][ffn], [1][hidden] when mlp_bias */
 } layer_weights;
 
 typedef struct model_weights {

@@ -51,13 +51,13 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
         be->rope(bc, k, T, c->n_kv_head, hd, w->rot_dims, bb->pos, w->inv_freq, 1);
         cinfer_status st = caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
         if (st) return st;
-        be->matmul(bc, att, T, &lw->wo, NULL, tmp);
+        be->matmul(bc, att, T, &lw->wo, opt(&lw->bo), tmp);
         be->add(bc, x, tmp, (size_t)T * H);
         be->rmsnorm(bc, x, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
-        be->matmul(bc, xn, T, &lw->w_gate, NULL, gate);
-        be->matmul(bc, xn, T, &lw->w_up, NULL, up);
+        be->matmul(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), gate);
+        be->matmul(bc, xn, T, &lw->w_up, opt(&lw->b_up), up);
         be->swiglu(bc, gate, up, gate, (size_t)T * c->ffn);
-        be->matmul(bc, gate, T, &lw->w_down, NULL, tmp);
+        be->matmul(bc, gate, T, &lw->w_down, opt(&lw->b_down), tmp);
         be->add(bc, x, tmp, (size_t)T * H);
     }
     return CINFER_OK;

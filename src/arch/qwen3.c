@@ -9,6 +9,7 @@
 
 static void qwen3_adjust(model_config *c) {
     c->qk_norm = 1;
+    c->o_bias = c->attention_bias;   /* Qwen3Attention: o_proj bias follows attention_bias */
     c->mlp_bias = 0;
 }
 

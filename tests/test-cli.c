@@ -1,0 +1,88 @@
+/*
+ * test-cli.c — the `cinfer` binary as a user runs it: generate on the
+ * default model, logits --npy against transformers' logits, --json output
+ * that parses, --help, and usage errors with exit status 2.
+ */
+#include <jansson.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "check.h"
+#include "io/npy.h"
+
+static char bin[600], tmp[64];
+
+static int run(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s/err", bin, args, tmp);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    snprintf(bin, sizeof bin, "%s", argv[0]);
+    char *s = strrchr(bin, '/');
+    if (s) *s = 0;
+    strncat(bin, "/../cinfer", sizeof bin - strlen(bin) - 1);
+    snprintf(tmp, sizeof tmp, "/tmp/cinfer-cli-XXXXXX");
+    if (!mkdtemp(tmp)) return 1;
+    static char out[1 << 16];
+    char args[1024];
+    const char *sh = shared_dir();
+
+    snprintf(args, sizeof args, "generate -m %s/models/stories260k -p 'Once upon a time' -n 20", sh);
+    int rc = run(args, out, sizeof out);
+    CHECK(rc == 0 && !strncmp(out, "Once upon a time, there was a little girl named Lily.", 52), "generate streams the story (rc %d): %.60s", rc, out);
+
+    snprintf(args, sizeof args, "generate -m %s/models/stories260k -n 5 --json", sh);
+    rc = run(args, out, sizeof out);
+    char *brace = strrchr(out, '{');
+    json_t *j = brace ? json_loads(brace, 0, NULL) : NULL;
+    CHECK(rc == 0 && j && json_integer_value(json_object_get(j, "generation_tokens")) == 5 &&
+          json_is_number(json_object_get(j, "generation_tps")), "generate --json prints parseable statistics");
+    json_decref(j);
+
+    char npy[128];
+    snprintf(npy, sizeof npy, "%s/l.npy", tmp);
+    snprintf(args, sizeof args, "logits -m %s/models/stories260k --tokens 1,403,407,261,378 --top 3 --npy %s --json", sh, npy);
+    rc = run(args, out, sizeof out);
+    j = json_loads(out, 0, NULL);
+    json_t *pos = json_object_get(j, "positions");
+    json_t *last = json_array_get(pos, 4);
+    json_t *top0 = json_array_get(json_object_get(last, "top"), 0);
+    CHECK(rc == 0 && json_array_size(pos) == 5 && json_integer_value(json_object_get(top0, "id")) == 432,
+          "logits --json: 5 positions, ',' (432) tops the last one");
+    json_decref(j);
+    float *a = NULL, *b = NULL;
+    int na = 0, nb = 0;
+    int64_t sa[4], sb[4];
+    char err[256];
+    int ok = !npy_read_f32(npy, &a, &na, sa, err, sizeof err) &&
+             !npy_read_f32("tests/fixtures/models/stories260k-ref/logits.npy", &b, &nb, sb, err, sizeof err) &&
+             na == 2 && sa[0] == 5 && sa[1] == 512 && sb[0] == 5;
+    double mx = 0;
+    for (int i = 0; ok && i < 5 * 512; i++) mx = fmax(mx, fabs(a[i] - b[i]));
+    CHECK(ok && mx < 1e-3, "logits --npy writes [5, 512] float32 equal to transformers' (max diff %.2e)", mx);
+    free(a);
+    free(b);
+
+    rc = run("generate --help", out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "--top-p") && strstr(out, "--seed"), "generate --help documents the flags");
+    rc = run("logits --help", out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "--npy"), "logits --help documents the flags");
+    rc = run("generate -m x --temp abc", out, sizeof out);
+    CHECK(rc == 2, "a bad flag value is a usage error (exit 2)");
+    rc = run("frobnicate", out, sizeof out);
+    CHECK(rc == 2, "an unknown command is a usage error (exit 2)");
+    snprintf(args, sizeof args, "logits -m %s/models/stories260k --tokens 1,999999", sh);
+    rc = run(args, out, sizeof out);
+    CHECK(rc == 1, "a token id outside the vocabulary fails cleanly (exit %d)", rc);
+
+    snprintf(args, sizeof args, "rm -rf %s", tmp);
+    if (system(args)) printf("# could not remove %s\n", tmp);
+    return CHECK_DONE();
+}
