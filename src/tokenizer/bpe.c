@@ -78,14 +78,12 @@ static inline uint32_t mhash(uint64_t k) {
 
 int tok_merges_alloc(cinfer_tokenizer *t, size_t n) {
     uint32_t cap = 16;
-    while (cap < n * 2 + 16) {
+    while (cap < n + n / 2 + 16) {
         if (cap >= 0x40000000u) return -1;
         cap *= 2;
     }
-    t->merge_key = calloc(cap, sizeof *t->merge_key);
-    t->merge_rank = malloc(cap * sizeof *t->merge_rank);
-    t->merge_id = malloc(cap * sizeof *t->merge_id);
-    if (!t->merge_key || !t->merge_rank || !t->merge_id) return -1;
+    t->merges = calloc(cap, sizeof *t->merges);
+    if (!t->merges) return -1;
     t->merge_cap = cap;
     return 0;
 }
@@ -93,10 +91,9 @@ int tok_merges_alloc(cinfer_tokenizer *t, size_t n) {
 void tok_merges_put(cinfer_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
     uint32_t h = mhash(k) & (t->merge_cap - 1);
-    while (t->merge_key[h] && t->merge_key[h] != k) h = (h + 1) & (t->merge_cap - 1);
-    t->merge_key[h] = k;   /* a repeated pair keeps its last rank, as HF's map does */
-    t->merge_rank[h] = rank;
-    t->merge_id[h] = id;
+    while (t->merges[h].key && t->merges[h].key != k) h = (h + 1) & (t->merge_cap - 1);
+    /* a repeated pair keeps its last rank, as HF's map does */
+    t->merges[h] = (tok_merge){k, rank, id};
 }
 
 static inline int merge_get(const cinfer_tokenizer *t, int32_t a, int32_t b, uint32_t *rank, int32_t *id) {
@@ -104,9 +101,9 @@ static inline int merge_get(const cinfer_tokenizer *t, int32_t a, int32_t b, uin
     uint64_t k = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
     uint32_t h = mhash(k) & (t->merge_cap - 1);
     for (;;) {
-        uint64_t v = t->merge_key[h];
-        if (!v) return 0;
-        if (v == k) { *rank = t->merge_rank[h]; *id = t->merge_id[h]; return 1; }
+        const tok_merge *e = &t->merges[h];
+        if (!e->key) return 0;
+        if (e->key == k) { *rank = e->rank; *id = e->id; return 1; }
         h = (h + 1) & (t->merge_cap - 1);
     }
 }

@@ -418,7 +418,7 @@ void cinfer_tokenizer_free(cinfer_tokenizer *t) {
     free(t->piece); free(t->piece_len); free(t->key); free(t->key_len); free(t->key_pool);
     free(t->is_special); free(t->is_added);
     tok_strmap_free(&t->vocab);
-    free(t->merge_key); free(t->merge_rank); free(t->merge_id);
+    free(t->merges);
     free(t->cont_prefix); free(t->end_suffix);
     for (int i = 0; i < t->n_norm; i++) {
         free(t->norm[i].a); free(t->norm[i].b);

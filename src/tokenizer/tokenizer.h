@@ -72,6 +72,12 @@ typedef struct tok_trie {
     uint8_t first[256]; /* bytes that can start a match */
 } tok_trie;
 
+typedef struct tok_merge {
+    uint64_t key;               /* (left id << 32 | right id) + 1, 0 = empty */
+    uint32_t rank;
+    int32_t id;                 /* merged token */
+} tok_merge;
+
 struct cinfer_tokenizer {
     int n_vocab;                /* max id + 1 over model vocab and added tokens */
     char **piece;               /* [n_vocab] stored piece (NUL-terminated) or NULL */
@@ -84,9 +90,7 @@ struct cinfer_tokenizer {
     tok_strmap vocab;           /* model vocab key -> id */
 
     /* BPE merges: (left id, right id) -> rank, merged id */
-    uint64_t *merge_key;        /* [merge_cap] (a<<32|b)+1, 0 = empty */
-    uint32_t *merge_rank;       /* [merge_cap] */
-    int32_t *merge_id;          /* [merge_cap] */
+    tok_merge *merges;          /* [merge_cap] open addressing; one cache line per probe */
     uint32_t merge_cap;
     int byte_level;             /* vocab keys are raw bytes; symbols start as single bytes */
     int byte_fallback, fuse_unk, ignore_merges;
