@@ -289,8 +289,10 @@ static cinfer_status load_config(cinfer_tokenizer *t, const char *dir, char *err
 
 /* see tokenizer.h: which chars before U+2581 forbid cutting a word there */
 static void spm_split_setup(cinfer_tokenizer *t) {
-    if (t->byte_level || t->cont_prefix || t->end_suffix) return;
     static const char mark[] = "\xe2\x96\x81";
+    if (t->byte_level || t->cont_prefix || t->end_suffix) return;
+    /* the cut's right symbol must be the mark itself, not byte-fallback pieces */
+    if (tok_strmap_get(&t->vocab, mark, 3) < 0) return;
     for (int id = 0; id < t->n_vocab; id++) {
         const char *p = t->key[id];
         if (!p) continue;
