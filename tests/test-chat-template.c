@@ -147,7 +147,7 @@ static void error_cases(void) {
     expect_status("bad context JSON", "{{ x }}", "{\"x\": ", CINFER_EFORMAT, "JSON");
     expect_status("context not an object", "{{ x }}", "[1, 2]", CINFER_EFORMAT, "object");
     expect_status("recursive macro", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}",
-                  CINFER_EINVAL, "recursion");
+                  CINFER_EINVAL, "too deep");
     expect_status("huge range", "{% for i in range(1000000000) %}x{% endfor %}", "{}", CINFER_EINVAL, "range");
     expect_status("nested loops hit the step limit",
                   "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "{}",
@@ -171,6 +171,52 @@ static void error_cases(void) {
     deep[k] = 0;
     expect_status("400 unclosed nested ifs", deep, "{}", CINFER_EINVAL, NULL);
     free(deep);
+
+    /* long flat chains: filters, additions, macro recursion just under/over the limits */
+    {
+        size_t cap = 200000;
+        char *t = malloc(cap);
+        k = (size_t)sprintf(t, "{{ 'a'");
+        for (int i = 0; i < 5000; i++) k += (size_t)sprintf(t + k, "|upper");
+        sprintf(t + k, " }}");
+        expect_status("5000 chained filters", t, "{}", CINFER_EINVAL, "deep");
+        k = (size_t)sprintf(t, "{{ 1");
+        for (int i = 0; i < 5000; i++) k += (size_t)sprintf(t + k, " + 1");
+        sprintf(t + k, " }}");
+        expect_status("5000 chained additions", t, "{}", CINFER_EINVAL, "deep");
+        k = (size_t)sprintf(t, "{%% set x | trim");
+        for (int i = 0; i < 300; i++) k += (size_t)sprintf(t + k, " | trim");
+        sprintf(t + k, " %%}a{%% endset %%}{{ x }}");
+        expect_status("300 filters on a set block", t, "{}", CINFER_EINVAL, "filter chain");
+        free(t);
+    }
+    {
+        char t[4096];
+        k = (size_t)sprintf(t, "{{ ");
+        for (int i = 0; i < 250; i++) t[k++] = '(';
+        t[k++] = '1';
+        for (int i = 0; i < 250; i++) t[k++] = ')';
+        sprintf(t + k, " }}");
+        expect_status("250 nested parentheses", t, "{}", CINFER_EINVAL, "deep");
+        k = (size_t)sprintf(t, "{{ ");
+        for (int i = 0; i < 250; i++) t[k++] = '[';
+        for (int i = 0; i < 250; i++) t[k++] = ']';
+        sprintf(t + k, " | tojson }}");
+        expect_status("250 nested list literals", t, "{}", CINFER_EINVAL, "deep");
+        k = (size_t)sprintf(t, "{{ ");
+        for (int i = 0; i < 300; i++) k += (size_t)sprintf(t + k, "not ");
+        sprintf(t + k, "1 }}");
+        expect_status("300 nested nots", t, "{}", CINFER_EINVAL, "deep");
+        k = (size_t)sprintf(t, "{{ ");
+        for (int i = 0; i < 40; i++) t[k++] = '(';
+        t[k++] = '7';
+        for (int i = 0; i < 40; i++) t[k++] = ')';
+        sprintf(t + k, " }}");
+        expect_text("40 nested parentheses", t, "{}", "7");
+    }
+    expect_text("macro recursion 50 deep",
+                "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(50) }}",
+                "{}", "done");
 
     char *ctx = malloc(20000);
     k = 0;

@@ -76,6 +76,8 @@ int tmpl_render(const char *source, const char *context_json, char **out, char *
     tmpl_st *J = calloc(1, sizeof *J);
     if (!J) { json_decref(ctx); set_err(err, err_len, "out of memory"); return CINFER_ENOMEM; }
     J->err = err; J->err_len = err_len;
+    char stack_mark;
+    J->stack_base = (uintptr_t)&stack_mark;
     int status = CINFER_OK;
     if (setjmp(J->jb)) {
         status = J->status ? J->status : CINFER_EINVAL;

@@ -8,7 +8,8 @@
  * implement is an error naming it (never a silently different prompt).
  *
  * Hostile templates are bounded: nesting/recursion depth, output size and
- * loop work are capped; a template never crashes the process.
+ * loop work are capped; a template never crashes the process. A render uses
+ * at most ~400 KiB of C stack (call it from a thread with >= 512 KiB).
  */
 #ifndef CINFER_CHAT_TEMPLATE_H
 #define CINFER_CHAT_TEMPLATE_H

@@ -15,7 +15,7 @@
  *    nextitem/cycle(), for-else, `for x in y if cond` (filter before
  *    counting), break/continue.
  * Every statement, iteration and call counts against TMPL_MAX_STEPS, and
- * nesting against TMPL_MAX_DEPTH/TMPL_MAX_CALLS.
+ * nesting against TMPL_MAX_EVAL/TMPL_MAX_CALLS.
  */
 #include "tokenizer/jinja-internal.h"
 #include "cinfer.h"
@@ -24,6 +24,16 @@
 #include <string.h>
 
 enum { FLOW_NONE, FLOW_BREAK, FLOW_CONTINUE };
+
+/* the C stack this render has used: deep recursion fails before it can
+ * overflow a thread's stack (frames are larger under sanitizers) */
+static void stack_check(tmpl_st *J, int line) {
+    char here;
+    uintptr_t used = J->stack_base - (uintptr_t)&here;
+    if (used > TMPL_MAX_STACK)
+        tmpl_fail(J, CINFER_EINVAL, line, "template evaluation nested too deeply (over %u KiB of stack; runaway recursion?)",
+                  TMPL_MAX_STACK >> 10);
+}
 
 static void step(tmpl_st *J, int line) {
     if (++J->steps > TMPL_MAX_STEPS)
@@ -385,7 +395,7 @@ static jv call_macro(tmpl_st *J, jfunc *f, jv *args, int nargs, const char **kwn
     if (nargs > m->args.n)
         tmpl_fail(J, CINFER_EINVAL, line, "macro '%s' takes not more than %d argument(s)", m->name, m->args.n);
     if (++J->calls > TMPL_MAX_CALLS)
-        tmpl_fail(J, CINFER_EINVAL, line, "macro recursion deeper than %d calls", TMPL_MAX_CALLS);
+        tmpl_fail(J, CINFER_EINVAL, line, "macro recursion too deep (over %d calls)", TMPL_MAX_CALLS);
     jscope *sc = scope_new(J, f->closure);
     for (int i = 0; i < m->args.n; i++) {
         const char *pn = m->args.v[i]->name;
@@ -454,7 +464,9 @@ static int compare(tmpl_st *J, int op, jv a, jv b, int line) {
 }
 
 jv tmpl_eval(tmpl_st *J, jscope *sc, const jnode *e) {
-    if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, e->line, "expression nested too deeply");
+    if (++J->depth > TMPL_MAX_EVAL)
+        tmpl_fail(J, CINFER_EINVAL, e->line, "evaluation nested too deeply (over %d levels; runaway recursion?)", TMPL_MAX_EVAL);
+    stack_check(J, e->line);
     J->line = e->line;
     jv r;
     switch (e->kind) {
@@ -661,9 +673,12 @@ static int exec_stmt(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
         int fl = exec_body(J, sc, &s->body, &b);
         jv v = jv_str(J, b.p ? b.p : "", b.n);
         /* apply the filter chain: innermost filter has a == NULL */
-        const jnode *chain[TMPL_MAX_DEPTH];
+        const jnode **chain = tmpl_alloc(J, TMPL_MAX_DEPTH * sizeof(jnode *));
         int nc = 0;
-        for (const jnode *f = s->c; f && nc < TMPL_MAX_DEPTH; f = f->a) chain[nc++] = f;
+        for (const jnode *f = s->c; f; f = f->a) {
+            if (nc == TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, s->line, "filter chain longer than %d", TMPL_MAX_DEPTH);
+            chain[nc++] = f;
+        }
         while (nc-- > 0) {
             const jnode *f = chain[nc];
             jv *args, *kwv;
@@ -696,7 +711,9 @@ static int exec_stmt(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
 }
 
 static int exec_body(tmpl_st *J, jscope *sc, const jnodes *body, tbuf *out) {
-    if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, J->line, "statements nested too deeply");
+    if (++J->depth > TMPL_MAX_EVAL)
+        tmpl_fail(J, CINFER_EINVAL, J->line, "evaluation nested too deeply (over %d levels; runaway recursion?)", TMPL_MAX_EVAL);
+    stack_check(J, J->line);
     int fl = FLOW_NONE;
     for (int i = 0; i < body->n; i++) {
         fl = exec_stmt(J, sc, body->v[i], out);

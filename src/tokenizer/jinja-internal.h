@@ -24,8 +24,10 @@
 #define TMPL_MAX_ARENA   (512u << 20)   /* bytes of all objects of one render */
 #define TMPL_MAX_OUTPUT  (64u << 20)    /* bytes of the rendered text */
 #define TMPL_MAX_STEPS   20000000L      /* statements + loop iterations + calls */
-#define TMPL_MAX_DEPTH   256            /* parser / evaluator nesting */
-#define TMPL_MAX_CALLS   64             /* macro call depth */
+#define TMPL_MAX_DEPTH   256            /* parser nesting; nesting of printed/serialised values */
+#define TMPL_MAX_EVAL    1000           /* evaluator nesting (expressions, bodies, macro calls) */
+#define TMPL_MAX_CALLS   200            /* macro call depth */
+#define TMPL_MAX_STACK   (384u << 10)   /* C stack one render may use (callers need ~0.5 MiB) */
 #define TMPL_MAX_RANGE   100000         /* range() length, as Jinja's sandbox */
 
 /* ------------------------------------------------------------ the state */
@@ -37,7 +39,9 @@ typedef struct tmpl_st {
     tmpl_chunk *chunks;      /* arena */
     size_t arena_bytes;
     long steps;
-    int depth, calls;
+    int depth, calls;        /* evaluator nesting, macro calls */
+    int vdepth;              /* nesting of the value being printed / serialised */
+    uintptr_t stack_base;    /* address of a local of tmpl_render */
     int line;                /* line of the node being evaluated */
 } tmpl_st;
 

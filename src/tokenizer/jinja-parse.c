@@ -105,7 +105,8 @@ static void add_kw(ps *P, jnode *n, const char *name, jnode *v) {
 }
 
 static void enter(ps *P) {
-    if (++P->depth > TMPL_MAX_DEPTH)
+    char here;
+    if (++P->depth > TMPL_MAX_DEPTH || P->J->stack_base - (uintptr_t)&here > TMPL_MAX_STACK)
         tmpl_fail(P->J, CINFER_EINVAL, cur(P)->line, "template nested too deeply (over %d levels)", TMPL_MAX_DEPTH);
 }
 

@@ -406,7 +406,7 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
             return;
         }
         if (l->view) { tb_puts(b, jv_typename(v)); tb_putc(b, '('); }
-        if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
+        if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
         tb_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) tb_puts(b, ", ");
@@ -415,13 +415,13 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
         if (l->tuple && l->n == 1) tb_putc(b, ',');
         tb_putc(b, l->tuple ? ')' : ']');
         if (l->view) tb_putc(b, ')');
-        J->depth--;
+        J->vdepth--;
         return;
     }
     case JV_DICT: {
         if (v.u.d->kind != JD_PLAIN)
             tmpl_fail(J, CINFER_EUNSUPPORTED, line, "printing a %s object is not supported", jv_typename(v));
-        if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
+        if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
         jdict *d = v.u.d;
         tb_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
@@ -431,7 +431,7 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
             print_value(J, b, d->v[i], line, 1);
         }
         tb_putc(b, '}');
-        J->depth--;
+        J->vdepth--;
         return;
     }
     default:
@@ -506,7 +506,7 @@ void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int lin
         if (l->view)
             tmpl_fail(J, CINFER_EINVAL, line, "Object of type %s is not JSON serializable", jv_typename(v));
         if (!l->n) { tb_puts(b, "[]"); return; }
-        if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
+        if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
         tb_putc(b, '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) tb_puts(b, o->item_sep);
@@ -515,7 +515,7 @@ void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int lin
         }
         if (o->indent) json_nl(b, o, level);
         tb_putc(b, ']');
-        J->depth--;
+        J->vdepth--;
         return;
     }
     case JV_DICT: {
@@ -523,7 +523,7 @@ void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int lin
         if (d->kind != JD_PLAIN)
             tmpl_fail(J, CINFER_EINVAL, line, "Object of type %s is not JSON serializable", jv_typename(v));
         if (!d->n) { tb_puts(b, "{}"); return; }
-        if (++J->depth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
+        if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
         jv **keys = tmpl_alloc(J, d->n * sizeof(jv *));
         for (size_t i = 0; i < d->n; i++) keys[i] = &d->k[i];
         if (o->sort_keys) qsort(keys, d->n, sizeof(jv *), key_cmp);  /* string keys (JSON input) */
@@ -545,7 +545,7 @@ void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int lin
         }
         if (o->indent) json_nl(b, o, level);
         tb_putc(b, '}');
-        J->depth--;
+        J->vdepth--;
         return;
     }
     default:
