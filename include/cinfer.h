@@ -187,6 +187,147 @@ cinfer_status cinfer_chat_render(const cinfer_tokenizer *t, const char *messages
                                  const char *tools_json, const char *kwargs_json,
                                  int add_generation_prompt, char **out, char *err, size_t err_len);
 
+/* ----------------------------------------------------------------- scoring
+ * Perplexity (mlx_lm.perplexity), KL divergence (llama.cpp --kl-divergence)
+ * and response log-probs, over the forward contract: rows are fed in
+ * position chunks through the cache and the LM head runs only at positions
+ * that are scored. Log-softmax and cross-entropy are float32 per position
+ * (the normaliser summed in double); totals and statistics are double.
+ * Functions that fail write a message into err[err_len] (may be NULL). */
+
+typedef enum cinfer_shuffle {
+    CINFER_SHUFFLE_NUMPY = 0,     /* np.random.seed(s); np.random.permutation(n) (MT19937, legacy) */
+    CINFER_SHUFFLE_MULBERRY32 = 1,/* mlx-bun: Fisher-Yates, j = floor(mulberry32() * (i + 1)) */
+    CINFER_SHUFFLE_NONE = 2,      /* file order */
+} cinfer_shuffle;
+
+/* Writes a permutation of 0..n-1 into perm[n] exactly as the named generator
+ * seeded with `seed` produces it. */
+cinfer_status cinfer_shuffle_perm(cinfer_shuffle kind, uint32_t seed, int n, int32_t *perm);
+
+typedef struct cinfer_data_opts {
+    int seq_len;          /* tokens per row, >= 2 (default 512) */
+    int num_samples;      /* rows kept; -1 = every full row (default 256) */
+    uint32_t seed;        /* default 123 */
+    cinfer_shuffle shuffle;  /* default CINFER_SHUFFLE_NUMPY */
+} cinfer_data_opts;
+
+cinfer_data_opts cinfer_data_defaults(void);
+
+/* mlx_lm's load_data on tokenized samples: visits samples[perm[k]] (lens[k]
+ * tokens each) in the shuffle's order, appending to one stream until it
+ * holds seq_len * num_samples tokens (or the samples run out), then cuts it
+ * into min(len / seq_len, num_samples) non-overlapping rows. *rows is
+ * malloc'd [n_rows][seq_len]. Fewer tokens than one row is an error. */
+cinfer_status cinfer_pack_rows(const int32_t *const *samples, const int *lens, int n_samples,
+                               const cinfer_data_opts *o, int32_t **rows, int *n_rows,
+                               char *err, size_t err_len);
+
+/* Reads a data file and packs it as above. `.jsonl`: one JSON object a line,
+ * {"text"} (encoded with the tokenizer's special tokens, EOS appended unless
+ * last), {"messages": [...], "tools"?} or {"prompt","completion"} (rendered
+ * through the chat template as user/assistant turns, tokenized without
+ * adding special tokens, no EOS appended: mlx_lm's rules); blank lines are
+ * skipped, a bad line is an error naming "path:line"; {"tokens": [ids]} is
+ * taken as is (no tokenizer needed, t may be NULL). Any other file is one
+ * text sample. eos: the id to append, -1 = the tokenizer's. Only the samples
+ * that the rows need are tokenized. */
+cinfer_status cinfer_load_rows(const cinfer_tokenizer *t, int eos, const char *path,
+                               const cinfer_data_opts *o, int32_t **rows, int *n_rows,
+                               char *err, size_t err_len);
+
+/* Progress of a long scoring run: done of total scored positions. Return
+ * non-zero to stop (the call then fails with CINFER_EINVAL, "stopped"). */
+typedef int (*cinfer_progress_cb)(int64_t done, int64_t total, void *user);
+
+typedef struct cinfer_ppl_result {
+    double perplexity;      /* exp(mean_loss) */
+    double standard_error;  /* perplexity * std_loss / sqrt(tokens) (delta method) */
+    double mean_loss;       /* mean cross-entropy in nats */
+    double std_loss;        /* sample standard deviation (ddof 1) of the losses */
+    int64_t tokens;         /* scored positions: rows * (seq_len - 1) */
+    int rows;
+    double seconds;         /* wall time of the forwards */
+} cinfer_ppl_result;
+
+/* mlx_lm.perplexity's evaluation: rows[n_rows][L] in batches of batch_size;
+ * each row's first L-1 tokens are fed and every position is scored against
+ * the next token. nll (may be NULL) receives the losses [n_rows][L-1]. */
+cinfer_status cinfer_perplexity(cinfer_ctx *c, const int32_t *rows, int n_rows, int L, int batch_size,
+                                float *nll, cinfer_progress_cb cb, void *user,
+                                cinfer_ppl_result *out, char *err, size_t err_len);
+
+/* One scored position of a KL run. */
+typedef struct cinfer_kl_token {
+    float kld;          /* sum over i with log p_base(i) > -16 of p_base(i) (log p_base(i) - log p_model(i)) */
+    float nll_model;    /* -log p_model(next token) */
+    float nll_base;     /* -log p_base(next token) */
+    float dp;           /* p_model(next) - p_base(next) */
+    int32_t same_top;   /* 1 when both argmaxes (first index on ties) agree */
+} cinfer_kl_token;
+
+/* llama.cpp's KL-divergence report (fractions, not percent). Uncertainties
+ * as llama.cpp: sqrt((E[x^2] - E[x]^2) / (n - 1)), 0 when n <= 10. */
+typedef struct cinfer_kl_stats {
+    int64_t tokens;
+    double ppl_model, ppl_model_unc, ppl_base, ppl_base_unc;
+    double cor_ln_ppl;             /* correlation of the per-token nlls, -1..1 */
+    double ln_ratio, ln_ratio_unc; /* mean ln(PPL(Q)/PPL(base)) */
+    double ratio, ratio_unc;       /* PPL(Q)/PPL(base) */
+    double diff, diff_unc;         /* PPL(Q) - PPL(base) */
+    double mean_kld, kld_unc;
+    double kld_q[11];   /* max, 99.9%, 99%, 95%, 90%, median, 10%, 5%, 1%, 0.1%, min */
+    double mean_dp, dp_unc;
+    double dp_q[13];    /* max, 99.9%, 99%, 95%, 90%, 75%, median, 25%, 10%, 5%, 1%, 0.1%, min */
+    double rms_dp, rms_dp_unc;
+    double same_top, same_top_unc; /* fraction of positions with the same argmax */
+} cinfer_kl_stats;
+
+/* A file of base-model log-probs (--save-base / --base-logprobs). Per scored
+ * position it keeps the exact next-token nll (f32) and argmax (i32) and the
+ * full-vocabulary log-probs as llama.cpp's 16-bit code: entries above
+ * max-16 as scale*q + min (|error| <= 16/65535/2 = 1.22e-4 nats), the rest
+ * clamped to that floor (<= -16, so outside the KLD sum). So PPL(base),
+ * Δp and same-top are exact; each KLD term is off by at most ~1.2e-4 relative
+ * (|ΔKLD| <= 1.22e-4 * (1 + E_base|log p_base - log p_model|) per token). */
+typedef struct cinfer_kl_base cinfer_kl_base;
+
+/* Scores rows[n_rows][L] with the base model and writes the file. */
+cinfer_status cinfer_kl_save_base(cinfer_ctx *base, const int32_t *rows, int n_rows, int L, int batch_size,
+                                  const char *path, cinfer_progress_cb cb, void *user,
+                                  char *err, size_t err_len);
+/* Opens a file written by cinfer_kl_save_base (header and size checked). */
+cinfer_status cinfer_kl_base_open(const char *path, cinfer_kl_base **out, char *err, size_t err_len);
+void cinfer_kl_base_free(cinfer_kl_base *b);
+/* The rows stored in the file ([n_rows][L], owned by the handle) and its vocab size. */
+const int32_t *cinfer_kl_base_rows(const cinfer_kl_base *b, int *n_rows, int *L, int *n_vocab);
+
+/* KL of `model` against a base: either a live context `base` over rows
+ * [n_rows][L], or a file (`file`; rows/n_rows/L are then taken from it and
+ * may be 0). Exactly one of base/file is non-NULL; the vocabularies must
+ * agree. Positions as in cinfer_perplexity. per_token (may be NULL) receives
+ * [n_rows][L-1] entries. */
+cinfer_status cinfer_kl(cinfer_ctx *model, cinfer_ctx *base, cinfer_kl_base *file,
+                        const int32_t *rows, int n_rows, int L, int batch_size,
+                        cinfer_kl_token *per_token, cinfer_progress_cb cb, void *user,
+                        cinfer_kl_stats *out, char *err, size_t err_len);
+
+/* One prompt/response pair for response log-probs. */
+typedef struct cinfer_lp_seq {
+    const int32_t *prompt;   /* [n_prompt], n_prompt >= 1 */
+    int n_prompt;
+    const int32_t *response; /* [n_response], n_response >= 0 */
+    int n_response;
+} cinfer_lp_seq;
+
+/* Summed log-likelihood of each response given its prompt, in padded batches
+ * of batch_size rows; the LM head runs only at response positions. sum[n]
+ * receives the totals (double); per_token (may be NULL) receives every
+ * response token's log-prob, the sequences' tokens concatenated in order. */
+cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs, int n, int batch_size,
+                                       double *sum, float *per_token, cinfer_progress_cb cb, void *user,
+                                       char *err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,9 @@ static const cli_cmd commands[] = {
     {"detokenize", cmd_detokenize, "token ids -> text"},
     {"template", cmd_template, "render the model's chat template"},
     {"chat", cmd_chat, "interactive chat through the chat template"},
+    {"perplexity", cmd_perplexity, "perplexity of a model on a data file (mlx_lm.perplexity)"},
+    {"kl", cmd_kl, "KL divergence of a model against a base model (llama.cpp's report)"},
+    {"logprobs", cmd_logprobs, "summed log-probs of responses given prompts (DPO pairs: margin)"},
 };
 
 static void usage(FILE *f) {

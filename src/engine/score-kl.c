@@ -1,0 +1,361 @@
+/*
+ * score-kl.c — KL divergence of a model against a base model, as llama.cpp's
+ * `llama-perplexity --kl-divergence` reports it (tools/perplexity/
+ * perplexity.cpp: log_softmax, kl_divergence), over every scored position of
+ * the same rows perplexity scores (not llama.cpp's second-half-of-chunk).
+ *
+ * Per position, with the model's logits z and the base's log-probs lb:
+ *   nll = lse(z) - z[tok];  KLD = sum_{lb_i > -16} exp(lb_i) (lb_i - (z_i - lse(z)))
+ *   dp = p_model(tok) - p_base(tok);  same top = argmax z == argmax lb.
+ * Statistics: llama.cpp's mean_and_uncertainty / covariance / percentile.
+ *
+ * The base comes from a live context (both models in memory, stepped over
+ * the same chunks) or from a file (format below, little-endian, mmap'd and
+ * read by record index so it does not depend on batch or chunk sizes):
+ *   header 64 bytes: "CINFKLB1", u32 version 1, u32 64, i32 n_vocab, i32 L,
+ *     i32 n_rows, u32 record bytes, u64 records (n_rows * (L-1)), zeros;
+ *   i32 tokens [n_rows][L], zero padding to a multiple of 64;
+ *   records [n_rows][L-1]: f32 scale, f32 min, f32 nll_base (exact),
+ *     i32 argmax (exact), u16 q[n_vocab] (+2 zero bytes if n_vocab is odd).
+ * q is llama.cpp's code of the log-probs: min = max(min lp, max lp - 16),
+ * scale = (max lp - min) / 65535, q = round((lp - min) / scale) for lp > min.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "engine/score.h"
+#include "util.h"
+
+#define KLB_MAGIC "CINFKLB1"
+#define KLB_HDR 64
+
+struct cinfer_kl_base {
+    unsigned char *map;   /* the whole file */
+    size_t size;
+    int V, L, n_rows;
+    size_t rec_bytes, rec_off;
+    const int32_t *tokens;/* [n_rows][L] in the map */
+};
+
+static size_t rec_bytes_of(int V) { return 16 + 2 * (size_t)V + (V & 1 ? 2 : 0); }
+
+/* ---------------------------------------------------------- per position */
+
+/* the base's exact log-probs in place, its argmax and the target's nll */
+static void to_logprobs(float *z, int V, int tok, float *nll, int *argmax) {
+    float lse = score_lse(z, V, argmax);
+    for (int i = 0; i < V; i++) z[i] -= lse;
+    *nll = -z[tok];
+}
+
+static void quantize(const float *lp, int V, int argmax, float nll, unsigned char *rec) {
+    float mx = lp[argmax], mn = lp[0];
+    for (int i = 1; i < V; i++) mn = lp[i] < mn ? lp[i] : mn;
+    if (mn < mx - 16) mn = mx - 16;
+    float scale = (mx - mn) / 65535.0f;
+    int32_t am = argmax;
+    memcpy(rec, &scale, 4);
+    memcpy(rec + 4, &mn, 4);
+    memcpy(rec + 8, &nll, 4);
+    memcpy(rec + 12, &am, 4);
+    uint16_t *q = (uint16_t *)(void *)(rec + 16);
+    float inv = scale > 0 ? 1.0f / scale : 0;
+    for (int i = 0; i < V; i++) {
+        long v = scale > 0 && lp[i] > mn ? lroundf(inv * (lp[i] - mn)) : 0;
+        q[i] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
+    }
+}
+
+static void dequantize(const unsigned char *rec, int V, float *lp, float *nll, int *argmax) {
+    float scale, mn;
+    int32_t am;
+    memcpy(&scale, rec, 4);
+    memcpy(&mn, rec + 4, 4);
+    memcpy(nll, rec + 8, 4);
+    memcpy(&am, rec + 12, 4);
+    *argmax = am;
+    const uint16_t *q = (const uint16_t *)(const void *)(rec + 16);
+    for (int i = 0; i < V; i++) lp[i] = scale * q[i] + mn;
+}
+
+typedef struct {
+    double nll, nll2, nllb, nllb2, nll_nllb, kld, kld2, dp, dp2, dp4;
+    int64_t same, n;
+    float *kl_v, *dp_v;   /* [N] for percentiles */
+} kl_acc;
+
+static void kl_position(kl_acc *a, const float *z, const float *lb, int V, int tok, float nll_base, int argmax_base,
+                        cinfer_kl_token *pt) {
+    int im;
+    float lse = score_lse(z, V, &im);
+    float nll = lse - z[tok];
+    double kld = 0;
+    for (int i = 0; i < V; i++)
+        if (lb[i] > -16.0f) kld += exp((double)lb[i]) * ((double)lb[i] - ((double)z[i] - lse));
+    float dp = expf(-nll) - expf(-nll_base);
+    int same = im == argmax_base;
+    a->nll += nll; a->nll2 += (double)nll * nll;
+    a->nllb += nll_base; a->nllb2 += (double)nll_base * nll_base;
+    a->nll_nllb += (double)nll * nll_base;
+    a->kld += kld; a->kld2 += kld * kld;
+    a->dp += dp; a->dp2 += (double)dp * dp; a->dp4 += (double)dp * dp * dp * dp;
+    a->same += same;
+    a->kl_v[a->n] = (float)kld;
+    a->dp_v[a->n] = dp;
+    a->n++;
+    if (pt) { pt->kld = (float)kld; pt->nll_model = nll; pt->nll_base = nll_base; pt->dp = dp; pt->same_top = same; }
+}
+
+/* ---------------------------------------------------------- statistics */
+
+static void mean_unc(double sum, double sum2, int64_t n, double *mean, double *unc) {
+    *mean = sum / n;
+    double v = sum2 / n - *mean * *mean;
+    *unc = v > 0 && n > 10 ? sqrt(v / (n - 1)) : 0;
+}
+
+static double covariance(double a, double b, double ab, int64_t n) {
+    return n < 10 ? 0 : (ab / n - (a / n) * (b / n)) / (n - 1);
+}
+
+static int cmp_f(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
+}
+
+static double percentile(const float *v, int64_t n, double f) {
+    if (f <= 0) return v[0];
+    if (f >= 1) return v[n - 1];
+    double p = f * (n - 1);
+    int64_t ip = (int64_t)p;
+    p -= ip;
+    return (1 - p) * v[ip] + p * v[ip + 1 < n ? ip + 1 : n - 1];
+}
+
+static void kl_finish(kl_acc *a, cinfer_kl_stats *o) {
+    int64_t n = a->n;
+    memset(o, 0, sizeof *o);
+    o->tokens = n;
+    if (n < 1) return;
+    double lq, uq, lb, ub;
+    mean_unc(a->nll, a->nll2, n, &lq, &uq);
+    mean_unc(a->nllb, a->nllb2, n, &lb, &ub);
+    double cov = covariance(a->nll, a->nllb, a->nll_nllb, n);
+    o->ppl_model = exp(lq); o->ppl_model_unc = o->ppl_model * uq;
+    o->ppl_base = exp(lb); o->ppl_base_unc = o->ppl_base * ub;
+    o->cor_ln_ppl = uq > 0 && ub > 0 ? cov / (uq * ub) : 0;
+    o->ln_ratio = lq - lb;
+    double v = uq * uq + ub * ub - 2 * cov;
+    o->ln_ratio_unc = v > 0 ? sqrt(v) : 0;
+    o->ratio = exp(o->ln_ratio); o->ratio_unc = o->ratio * o->ln_ratio_unc;
+    o->diff = o->ppl_model - o->ppl_base;
+    v = o->ppl_model_unc * o->ppl_model_unc + o->ppl_base_unc * o->ppl_base_unc - 2 * o->ppl_model * o->ppl_base * cov;
+    o->diff_unc = v > 0 ? sqrt(v) : 0;
+    mean_unc(a->kld, a->kld2, n, &o->mean_kld, &o->kld_unc);
+    mean_unc(a->dp, a->dp2, n, &o->mean_dp, &o->dp_unc);
+    double ms, mu;
+    mean_unc(a->dp2, a->dp4, n, &ms, &mu);
+    o->rms_dp = sqrt(ms);
+    o->rms_dp_unc = o->rms_dp > 0 ? 0.5 / o->rms_dp * mu : 0;
+    o->same_top = (double)a->same / n;
+    o->same_top_unc = n > 1 ? sqrt(o->same_top * (1 - o->same_top) / (n - 1)) : 0;
+    static const double kf[11] = {1, .999, .99, .95, .90, .5, .10, .05, .01, .001, 0};
+    static const double df[13] = {1, .999, .99, .95, .90, .75, .5, .25, .10, .05, .01, .001, 0};
+    qsort(a->kl_v, (size_t)n, sizeof(float), cmp_f);
+    qsort(a->dp_v, (size_t)n, sizeof(float), cmp_f);
+    for (int i = 0; i < 11; i++) o->kld_q[i] = percentile(a->kl_v, n, kf[i]);
+    for (int i = 0; i < 13; i++) o->dp_q[i] = percentile(a->dp_v, n, df[i]);
+}
+
+/* ---------------------------------------------------------- base files */
+
+void cinfer_kl_base_free(cinfer_kl_base *b) {
+    if (!b) return;
+    if (b->map) munmap(b->map, b->size);
+    free(b);
+}
+
+const int32_t *cinfer_kl_base_rows(const cinfer_kl_base *b, int *n_rows, int *L, int *n_vocab) {
+    if (n_rows) *n_rows = b->n_rows;
+    if (L) *L = b->L;
+    if (n_vocab) *n_vocab = b->V;
+    return b->tokens;
+}
+
+cinfer_status cinfer_kl_base_open(const char *path, cinfer_kl_base **out, char *err, size_t en) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return cf_err(err, en, CINFER_EIO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) { close(fd); return cf_err(err, en, CINFER_EIO, "%s: not a regular file", path); }
+    size_t size = (size_t)sb.st_size;
+    if (size < KLB_HDR) { close(fd); return cf_err(err, en, CINFER_EFORMAT, "%s: %zu bytes, too short for a base log-prob file", path, size); }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return cf_err(err, en, CINFER_EIO, "%s: mmap failed", path);
+    cinfer_kl_base *b = calloc(1, sizeof *b);
+    if (!b) { munmap(map, size); return cf_err(err, en, CINFER_ENOMEM, "out of memory"); }
+    b->map = map;
+    b->size = size;
+    const unsigned char *h = map;
+    uint32_t ver, hb, rb;
+    int32_t V, L, nr;
+    uint64_t nrec;
+    memcpy(&ver, h + 8, 4); memcpy(&hb, h + 12, 4); memcpy(&V, h + 16, 4); memcpy(&L, h + 20, 4);
+    memcpy(&nr, h + 24, 4); memcpy(&rb, h + 28, 4); memcpy(&nrec, h + 32, 8);
+    const char *why = NULL;
+    if (memcmp(h, KLB_MAGIC, 8)) why = "bad magic (not written by cinfer kl --save-base)";
+    else if (ver != 1 || hb != KLB_HDR) why = "unknown version";
+    else if (V < 2 || L < 2 || nr < 1 || V > (1 << 24) || L > (1 << 24)) why = "bad vocabulary, length or row count";
+    else if (rb != rec_bytes_of(V) || nrec != (uint64_t)nr * (L - 1)) why = "record size or count disagrees with the header";
+    else {
+        size_t tok = (size_t)nr * L * 4;
+        b->rec_off = (KLB_HDR + tok + 63) / 64 * 64;
+        size_t need;
+        if (!cf_mul_ok((size_t)nrec, rb, &need) || need > SIZE_MAX - b->rec_off || b->rec_off + need != size)
+            why = "file size disagrees with the header (truncated?)";
+    }
+    if (why) { cinfer_kl_base_free(b); return cf_err(err, en, CINFER_EFORMAT, "%s: %s", path, why); }
+    b->V = V; b->L = L; b->n_rows = nr; b->rec_bytes = rb;
+    b->tokens = (const int32_t *)(const void *)(h + KLB_HDR);
+    for (size_t i = 0; i < (size_t)nr * L; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= V) { cinfer_kl_base_free(b); return cf_err(err, en, CINFER_EFORMAT, "%s: token %zu outside the vocabulary", path, i); }
+    *out = b;
+    return CINFER_OK;
+}
+
+static int pwrite_all(int fd, const void *p, size_t n, off_t off) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = pwrite(fd, c, n, off);
+        if (w <= 0) return -1;
+        c += w; n -= (size_t)w; off += w;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- the runs */
+
+typedef struct {
+    cinfer_ctx *model, *base;   /* model NULL: saving the base */
+    cinfer_kl_base *file;
+    int fd;                     /* saving: the output */
+    size_t rec_off;
+} kl_run;
+
+static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L, int batch, kl_acc *acc,
+                              cinfer_kl_token *per_token, cinfer_progress_cb cb, void *user, char *err, size_t en) {
+    cinfer_ctx *any = r->model ? r->model : r->base;
+    int V = any->m->cfg.n_vocab, B0 = batch < n_rows ? batch : n_rows;
+    int W = score_chunk_width(V, B0, L - 1);
+    size_t rb = rec_bytes_of(V);
+    float *lgb = malloc(sizeof(float) * (size_t)B0 * W * V);
+    float *lgm = r->model ? malloc(sizeof(float) * (size_t)B0 * W * V) : NULL;
+    unsigned char *rec = r->fd >= 0 ? malloc(rb) : NULL;
+    int *n_in = malloc(sizeof(int) * 2 * (size_t)B0);
+    cinfer_status st = CINFER_OK;
+    if (!lgb || (r->model && !lgm) || (r->fd >= 0 && !rec) || !n_in) st = cf_err(err, en, CINFER_ENOMEM, "out of memory for KL buffers");
+    int64_t N = (int64_t)n_rows * (L - 1), done = 0;
+    for (int r0 = 0; !st && r0 < n_rows; r0 += B0) {
+        int B = n_rows - r0 < B0 ? n_rows - r0 : B0;
+        int *lo = n_in + B0;
+        for (int b = 0; b < B; b++) { n_in[b] = L - 1; lo[b] = 0; }
+        const int32_t *ids = rows + (size_t)r0 * L;
+        score_plan p;
+        if (score_plan_init(&p, ids, B, L, n_in, lo, W)) { st = cf_err(err, en, CINFER_ENOMEM, "out of memory"); break; }
+        while (!st && score_plan_next(&p)) {
+            if (r->base) st = score_plan_forward(r->base, &p, lgb, err, en);
+            if (!st && r->model) st = score_plan_forward(r->model, &p, lgm, err, en);
+            for (int i = 0; !st && i < p.n_out; i++) {
+                int b = p.out_b[i], pos = p.out_p[i], tok = ids[(size_t)b * L + pos + 1], am;
+                int64_t idx = (int64_t)(r0 + b) * (L - 1) + pos;
+                float *lb = lgb + (size_t)i * V, nllb;
+                if (r->base) to_logprobs(lb, V, tok, &nllb, &am);
+                else dequantize(r->file->map + r->file->rec_off + (size_t)idx * rb, V, lb, &nllb, &am);
+                if (r->fd >= 0) {
+                    memset(rec, 0, rb);
+                    quantize(lb, V, am, nllb, rec);
+                    if (pwrite_all(r->fd, rec, rb, (off_t)(r->rec_off + (size_t)idx * rb)))
+                        st = cf_err(err, en, CINFER_EIO, "writing the base log-probs failed: %s", strerror(errno));
+                }
+                if (r->model) kl_position(acc, lgm + (size_t)i * V, lb, V, tok, nllb, am, per_token ? per_token + idx : NULL);
+            }
+            done += p.n_out;
+            if (!st && cb && cb(done, N, user)) st = cf_err(err, en, CINFER_EINVAL, "stopped");
+        }
+        score_plan_free(&p);
+    }
+    free(lgb);
+    free(lgm);
+    free(rec);
+    free(n_in);
+    return st;
+}
+
+static cinfer_status check_rows(int V, const int32_t *rows, int n_rows, int L, int batch, char *err, size_t en) {
+    if (!rows || n_rows < 1 || L < 2 || batch < 1)
+        return cf_err(err, en, CINFER_EINVAL, "KL needs rows >= 1 (got %d), length >= 2 (got %d), batch >= 1 (got %d)", n_rows, L, batch);
+    for (size_t i = 0; i < (size_t)n_rows * L; i++)
+        if (rows[i] < 0 || rows[i] >= V)
+            return cf_err(err, en, CINFER_EINVAL, "row %zu holds token %d outside the vocabulary [0, %d)", i / L, (int)rows[i], V);
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_kl_save_base(cinfer_ctx *base, const int32_t *rows, int n_rows, int L, int batch, const char *path,
+                                  cinfer_progress_cb cb, void *user, char *err, size_t en) {
+    if (!base || !path) return cf_err(err, en, CINFER_EINVAL, "KL save: no base context or path");
+    int V = base->m->cfg.n_vocab;
+    cinfer_status st = check_rows(V, rows, n_rows, L, batch, err, en);
+    if (st) return st;
+    char *tmp = malloc(strlen(path) + 16);
+    if (!tmp) return cf_err(err, en, CINFER_ENOMEM, "out of memory");
+    sprintf(tmp, "%s.part", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno)); free(tmp); return st; }
+    unsigned char h[KLB_HDR] = {0};
+    uint32_t ver = 1, hb = KLB_HDR, rb = (uint32_t)rec_bytes_of(V);
+    int32_t v32 = V, l32 = L, n32 = n_rows;
+    uint64_t nrec = (uint64_t)n_rows * (L - 1);
+    memcpy(h, KLB_MAGIC, 8); memcpy(h + 8, &ver, 4); memcpy(h + 12, &hb, 4); memcpy(h + 16, &v32, 4);
+    memcpy(h + 20, &l32, 4); memcpy(h + 24, &n32, 4); memcpy(h + 28, &rb, 4); memcpy(h + 32, &nrec, 8);
+    size_t tok = (size_t)n_rows * L * 4, rec_off = (KLB_HDR + tok + 63) / 64 * 64;
+    if (pwrite_all(fd, h, KLB_HDR, 0) || pwrite_all(fd, rows, tok, KLB_HDR) ||
+        ftruncate(fd, (off_t)(rec_off + (size_t)nrec * rb)))
+        st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno));
+    kl_run r = {NULL, base, NULL, fd, rec_off};
+    if (!st) st = run_rows(&r, rows, n_rows, L, batch, NULL, NULL, cb, user, err, en);
+    if (close(fd) && !st) st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno));
+    if (!st && rename(tmp, path)) st = cf_err(err, en, CINFER_EIO, "%s: %s", path, strerror(errno));
+    if (st) unlink(tmp);
+    free(tmp);
+    return st;
+}
+
+cinfer_status cinfer_kl(cinfer_ctx *model, cinfer_ctx *base, cinfer_kl_base *file, const int32_t *rows, int n_rows,
+                        int L, int batch, cinfer_kl_token *per_token, cinfer_progress_cb cb, void *user,
+                        cinfer_kl_stats *out, char *err, size_t en) {
+    if (!model || !out || !base == !file) return cf_err(err, en, CINFER_EINVAL, "KL needs a model and exactly one of a base context or a base file");
+    int V = model->m->cfg.n_vocab;
+    int Vb = base ? base->m->cfg.n_vocab : file->V;
+    if (V != Vb)
+        return cf_err(err, en, CINFER_EINVAL, "the models have different vocabularies (base %d tokens, model %d): KL needs the same token ids", Vb, V);
+    if (file) { rows = file->tokens; n_rows = file->n_rows; L = file->L; }
+    cinfer_status st = check_rows(V, rows, n_rows, L, batch, err, en);
+    if (st) return st;
+    int64_t N = (int64_t)n_rows * (L - 1);
+    kl_acc acc = {0};
+    acc.kl_v = malloc(sizeof(float) * (size_t)N);
+    acc.dp_v = malloc(sizeof(float) * (size_t)N);
+    if (!acc.kl_v || !acc.dp_v) st = cf_err(err, en, CINFER_ENOMEM, "out of memory for %lld KL values", (long long)N);
+    kl_run r = {model, base, file, -1, 0};
+    if (!st) st = run_rows(&r, rows, n_rows, L, batch, &acc, per_token, cb, user, err, en);
+    if (!st) kl_finish(&acc, out);
+    free(acc.kl_v);
+    free(acc.dp_v);
+    return st;
+}
