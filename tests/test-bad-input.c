@@ -71,6 +71,15 @@ static void write_st(const char *dir, const tdesc *t, int n, int skip, long long
     free(buf);
 }
 
+/* a safetensors file with the given header and 16 data bytes */
+static void write_raw_st(const char *dir, const char *header) {
+    unsigned char buf[256] = {0};
+    size_t k = strlen(header);
+    buf[0] = (unsigned char)k;
+    memcpy(buf + 8, header, k);
+    write_file(dir, "model.safetensors", buf, 8 + k + 16);
+}
+
 static char *mkcase(const char *name) {
     static char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, name);
@@ -195,25 +204,11 @@ int main(int argc, char **argv) {
     expect_fail("header length past the file", d, "model.safetensors", "header length", NULL);
     d = mkcase("overflow");
     write_text(d, "config.json", CONFIG);
-    {
-        const char *h = "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 8], \"data_offsets\": [0, 16]}}";
-        unsigned char buf[256] = {0};
-        size_t k = strlen(h);
-        buf[0] = (unsigned char)k;
-        memcpy(buf + 8, h, k);
-        write_file(d, "model.safetensors", buf, 8 + k + 16);
-    }
+    write_raw_st(d, "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 8], \"data_offsets\": [0, 16]}}");
     expect_fail("shape whose size overflows", d, "model.safetensors", "overflows", NULL);
     d = mkcase("neg-offset");
     write_text(d, "config.json", CONFIG);
-    {
-        const char *h = "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [18446744073709551600, 16]}}";
-        unsigned char buf[256] = {0};
-        size_t k = strlen(h);
-        buf[0] = (unsigned char)k;
-        memcpy(buf + 8, h, k);
-        write_file(d, "model.safetensors", buf, 8 + k + 16);
-    }
+    write_raw_st(d, "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [18446744073709551600, 16]}}");
     expect_fail("offset that wraps around", d, "model.safetensors", NULL);
     d = mkcase("bad-index");
     write_text(d, "config.json", CONFIG);

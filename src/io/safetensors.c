@@ -91,6 +91,12 @@ static cinfer_status parse_header(const char *path, const char *json, size_t jle
         if (!t->name) { st = cf_err(err, n, CINFER_ENOMEM, "out of memory"); break; }
         t->data = data + beg;
         t->nbytes = bytes;
+        if ((uintptr_t)t->data % es) {
+            t->owned = malloc(bytes ? bytes : 1);
+            if (!t->owned) { free(t->name); st = cf_err(err, n, CINFER_ENOMEM, "out of memory"); break; }
+            memcpy(t->owned, t->data, bytes);
+            t->data = t->owned;
+        }
         t->file = file;
         s->total_bytes += bytes;
         s->n++;
@@ -189,7 +195,10 @@ out:
 
 void st_close(st_set *s) {
     if (!s) return;
-    for (int i = 0; i < s->n; i++) free(s->t[i].name);
+    for (int i = 0; i < s->n; i++) {
+        free(s->t[i].name);
+        free(s->t[i].owned);
+    }
     for (int i = 0; i < s->n_files; i++) {
         munmap(s->maps[i], s->map_len[i]);
         free(s->paths[i]);

@@ -5,6 +5,9 @@
  * model.safetensors.index.json. Every file is mmap'd read-only; tensors point
  * into the maps. The header is hostile input: its length, every dtype, shape
  * and offset pair is checked against the file before any tensor is exposed.
+ * A tensor whose bytes are not aligned to its element size in the file (a
+ * header length that is not a multiple of 8) is copied once into an aligned
+ * buffer, so kernels may always load elements directly.
  * Reference: https://github.com/huggingface/safetensors (format section).
  */
 #ifndef CINFER_SAFETENSORS_H
@@ -23,6 +26,7 @@ typedef struct st_tensor {
     const void *data;         /* into the file's map */
     size_t nbytes;
     int file;                 /* index into st_set.paths */
+    void *owned;              /* aligned copy when the file's data was misaligned, else NULL */
 } st_tensor;
 
 typedef struct st_set {
