@@ -103,6 +103,19 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
     free(batch);
 }
 
+/* an f16 KV cache stays within f16 rounding of the f32 cache */
+static void check_kv_f16(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
+    cinfer_ctx *c = NULL;
+    cinfer_ctx_opts o = {0, 1};
+    char err[256];
+    float *lg = malloc(sizeof(float) * n * V);
+    int ok = !cinfer_ctx_new(m, &o, &c, err, sizeof err) && !cinfer_eval(c, ids, n, 1, lg);
+    double e = ok ? rel_err(lg, full, (size_t)n * V) : 1;
+    CHECK(ok && e <= 2e-3, "%s: f16 KV cache within %.2e of range of the f32 cache", name, e);
+    cinfer_ctx_free(c);
+    free(lg);
+}
+
 static void tiny_case(const char *name) {
     char dir[256], path[300];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
@@ -124,6 +137,7 @@ static void tiny_case(const char *name) {
             if (!f32) compare_npy(name, dir, "logits_native.npy", lg, n, info.n_vocab, 1.5e-2);
             check_incremental(name, m, ids, n, info.n_vocab, lg);
             check_padded(name, m, ids, n, info.n_vocab, lg);
+            check_kv_f16(name, m, ids, n, info.n_vocab, lg);
         }
         free(lg);
     }
