@@ -214,6 +214,16 @@ static void error_cases(void) {
         sprintf(t + k, " }}");
         expect_text("40 nested parentheses", t, "{}", "7");
     }
+    {   /* repeated scans of a big string: bounded by the work budget */
+        size_t n = 1 << 20;
+        char *c = malloc(n + 32);
+        memcpy(c, "{\"s\": \"", 7);
+        memset(c + 7, 'a', n);
+        memcpy(c + 7 + n, "\"}", 3);
+        expect_status("100000 substring scans of a 1 MiB string",
+                      "{% for i in range(100000) %}{% if 'zz' in s %}x{% endif %}{% endfor %}", c, CINFER_EINVAL, "work");
+        free(c);
+    }
     expect_text("macro recursion 50 deep",
                 "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(50) }}",
                 "{}", "done");

@@ -446,6 +446,7 @@ jv tmpl_method(tmpl_st *J, jv self, const char *name, jv *args, int nargs,
                const char **kwn, jv *kwv, int nkw, int line) {
     fargs a = {args, nargs, kwn, kwv, nkw};
     jv x, y;
+    tmpl_charge(J, self, line);
     if (self.k == JV_STR) {
         jstr *s = self.u.s;
         if (!strcmp(name, "strip") || !strcmp(name, "lstrip") || !strcmp(name, "rstrip")) {
@@ -909,6 +910,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
                const char **kwn, jv *kwv, int nkw, int line) {
     fargs a = {args, nargs, kwn, kwv, nkw};
     jv x, y;
+    tmpl_charge(J, v, line);
     if (!strcmp(name, "safe")) return jv_to_string(J, v, line);   /* Markup(str(v)) */
     if (!strcmp(name, "tojson")) return f_tojson(J, v, &a, line);
     if (!strcmp(name, "default") || !strcmp(name, "d")) {

@@ -120,6 +120,7 @@ static size_t u8_offset(const char *s, size_t n, size_t idx) {
 }
 
 jv tmpl_getitem(tmpl_st *J, jv obj, jv key, int line) {
+    if (obj.k == JV_STR || (obj.k == JV_DICT && obj.u.d->n > 8)) tmpl_charge(J, obj, line);  /* O(n) lookups */
     switch (obj.k) {
     case JV_UNDEF: undef_error(J, obj, line);
     case JV_DICT: {
@@ -190,6 +191,7 @@ static size_t slice_indices(tmpl_st *J, jv lo, jv hi, jv st, size_t n, int64_t *
 }
 
 static jv do_slice(tmpl_st *J, jv obj, jv lo, jv hi, jv st, int line) {
+    tmpl_charge(J, obj, line);
     int64_t *idx;
     if (obj.k == JV_UNDEF) undef_error(J, obj, line);
     if (obj.k == JV_LIST && obj.u.l->view && obj.u.l->view != JL_RANGE) return jv_undef("\001slice of a non-subscriptable object");
@@ -216,6 +218,7 @@ static jv do_slice(tmpl_st *J, jv obj, jv lo, jv hi, jv st, int line) {
 }
 
 jv tmpl_iterate(tmpl_st *J, jv v, int line) {
+    tmpl_charge(J, v, line);
     switch (v.k) {
     case JV_UNDEF: return jv_list(J, 0);
     case JV_LIST: return v;
@@ -242,6 +245,7 @@ jv tmpl_iterate(tmpl_st *J, jv v, int line) {
 }
 
 int tmpl_contains(tmpl_st *J, jv c, jv x, int line) {
+    tmpl_charge(J, c, line);
     switch (c.k) {
     case JV_UNDEF: return 0;
     case JV_STR:
@@ -447,6 +451,7 @@ static void eval_args(tmpl_st *J, jscope *sc, const jnode *e, jv **args, jv **kw
 }
 
 static int compare(tmpl_st *J, int op, jv a, jv b, int line) {
+    tmpl_charge(J, a, line);
     switch (op) {
     case OP_EQ: return jv_eq(a, b);
     case OP_NE: return !jv_eq(a, b);

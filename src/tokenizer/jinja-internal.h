@@ -29,6 +29,7 @@
 #define TMPL_MAX_CALLS   200            /* macro call depth */
 #define TMPL_MAX_STACK   (384u << 10)   /* C stack one render may use (callers need ~0.5 MiB) */
 #define TMPL_MAX_RANGE   100000         /* range() length, as Jinja's sandbox */
+#define TMPL_MAX_WORK    (1ull << 31)   /* bytes scanned by string/list operations */
 
 /* ------------------------------------------------------------ the state */
 typedef struct tmpl_chunk tmpl_chunk;
@@ -39,6 +40,7 @@ typedef struct tmpl_st {
     tmpl_chunk *chunks;      /* arena */
     size_t arena_bytes;
     long steps;
+    unsigned long long work; /* bytes scanned (see tmpl_charge) */
     int depth, calls;        /* evaluator nesting, macro calls */
     int vdepth;              /* nesting of the value being printed / serialised */
     uintptr_t stack_base;    /* address of a local of tmpl_render */
@@ -97,6 +99,10 @@ typedef struct jv {
         const char *uname;   /* JV_UNDEF: the missing name, for messages */
     } u;
 } jv;
+
+/* accounts for work proportional to the size of v (a string's bytes, a
+ * container's items), so repeated scans of big inputs stay bounded */
+void tmpl_charge(tmpl_st *J, jv v, int line);
 
 jv jv_undef(const char *name);
 jv jv_none(void);

@@ -38,6 +38,16 @@ void tmpl_fail(tmpl_st *J, int status, int line, const char *fmt, ...) {
     longjmp(J->jb, 1);
 }
 
+void tmpl_charge(tmpl_st *J, jv v, int line) {
+    unsigned long long w = 1;
+    if (v.k == JV_STR) w += v.u.s->n;
+    else if (v.k == JV_LIST) w += 16ull * v.u.l->n;
+    else if (v.k == JV_DICT) w += 32ull * v.u.d->n;
+    J->work += w;
+    if (J->work > TMPL_MAX_WORK)
+        tmpl_fail(J, CINFER_EINVAL, line, "template exceeded its work budget (%llu GiB scanned)", TMPL_MAX_WORK >> 30);
+}
+
 void *tmpl_alloc(tmpl_st *J, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (n == 0) n = 16;
