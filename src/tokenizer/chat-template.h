@@ -2,9 +2,24 @@
  * chat-template.h — a Jinja interpreter for the subset of Jinja that Hugging
  * Face chat templates use (tokenizer_config.json "chat_template").
  *
- * Rendering follows transformers' apply_chat_template: trim_blocks=True,
- * lstrip_blocks=True, tojson as json.dumps(ensure_ascii=False), Python-style
- * printing of None/True/False/numbers. A construct the interpreter does not
+ * Rendering follows transformers' apply_chat_template: Jinja 3.1 in an
+ * ImmutableSandboxedEnvironment with trim_blocks=True, lstrip_blocks=True,
+ * loop controls, transformers' tojson (json.dumps, ensure_ascii=False),
+ * raise_exception and strftime_now, and Python's printing of None/True/
+ * False/ints/floats/lists/dicts.
+ *
+ * Supported: {{ }}, {% %}, {# #} with -/+ whitespace control, raw; for (with
+ * loop.*, else, inline if, break/continue, tuple targets), if/elif/else,
+ * set (tuple targets, ns.attr, block set with filters), macro (defaults,
+ * keyword args, recursion), filter and with blocks, generation; all Jinja
+ * operators; Jinja's filters and tests except the HTML/URL/random ones
+ * (wordwrap, truncate, urlize, xmlattr, groupby, slice, random, ...);
+ * Python str/dict/list methods that templates call (strip, split, rsplit,
+ * startswith, endswith, replace, find, count, join, format, upper/lower/
+ * title/capitalize, is*, get/items/keys/values, ...); globals range,
+ * namespace, dict, raise_exception, strftime_now. Not supported: include/
+ * import/extends/block/call tags, recursive loops, *args and **kwargs, complex
+ * numbers, integers beyond 64 bits. A construct the interpreter does not
  * implement is an error naming it (never a silently different prompt).
  *
  * Hostile templates are bounded: nesting/recursion depth, output size and

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TMPL_MAX_ARENA   (512u << 20)   /* bytes of all objects of one render */
+#define TMPL_MAX_ARENA   (256u << 20)   /* bytes of all objects of one render */
 #define TMPL_MAX_OUTPUT  (64u << 20)    /* bytes of the rendered text */
 #define TMPL_MAX_STEPS   20000000L      /* statements + loop iterations + calls */
 #define TMPL_MAX_DEPTH   256            /* parser nesting; nesting of printed/serialised values */
