@@ -320,12 +320,12 @@ void tmpl_lex(tmpl_st *J, const char *src, size_t n, jtok **toks, size_t *ntok) 
             /* raw begin ends with "-%}\s*" or "%}" (no trim_blocks) */
             L.pos = rend;
             if (resign == '-') after_end(&L, '-');
+            else L.line_starting = 0;
             size_t q = L.pos, e = 0;
             char es = 0, eis = 0;
             for (; q + 1 < n; q++)
                 if (src[q] == '{' && src[q + 1] == '%' && (e = match_raw(&L, q, "endraw", &es, &eis))) break;
             if (!e) tmpl_fail(J, CINFER_EFORMAT, L.line, "missing end of raw directive");
-            L.line_starting = 0;
             emit_text_before(&L, src + L.pos, q - L.pos, es, 0);
             L.pos = e;
             after_end(&L, eis);
