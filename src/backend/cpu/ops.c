@@ -160,7 +160,11 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
         c->att_n = need;
     }
     att_job j = {a, q, k, v, dt, out, c->att};
-    cpu_pool_run(c->pool, att_task, &j);
+    /* waking the pool costs microseconds: tiny attentions (small models, short
+     * contexts) run on the calling thread */
+    double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->pos0[0] + a->L);
+    if (work < 65536.0) att_task(&j, 0, 1);
+    else cpu_pool_run(c->pool, att_task, &j);
 }
 
 static const be_ops cpu_ops = {
