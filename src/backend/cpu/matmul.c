@@ -1,93 +1,107 @@
 /*
  * matmul.c — y[n][m] = x[n][k] . w[m][k]^T (+ bias) on the CPU.
- * Few rows (decode): dot products straight from the stored dtype, split over
- * output rows across the pool. Many rows (prefill): convert a block of
- * weight rows to f32 into the context scratch and call OpenBLAS sgemm; only
- * one block is ever converted at a time, never the whole model.
+ *
+ * Two regimes, both split over output rows across the pool (worker ith owns
+ * rows [r0, r1), so no two threads write the same output):
+ *   - few tokens (n <= GEMV_MAX_N: decode, short feeds): vectorised GEMV
+ *     kernels (gemv.h) read the stored dtype in place; one pass over the
+ *     weights per 4 tokens. Bound by memory bandwidth.
+ *   - many tokens (prefill): each worker converts a block of GEMM_ROWS of its
+ *     weight rows to f32 in its own slice of the context scratch (L2/L3-sized,
+ *     never the whole model) and calls OpenBLAS sgemm on it single-threaded;
+ *     f32 weights go to sgemm straight from the mmap. Bound by sgemm FLOP/s.
+ *     OpenBLAS is kept at one thread here (openblas_set_num_threads(1)) so
+ *     its threads and the pool never oversubscribe the cores: two
+ *     independent single-threaded sgemms beat one two-threaded sgemm on this
+ *     class of machine (bench/ceilings prints both).
+ * Activations stay f32 throughout; results differ from be_ref_matmul only by
+ * summation order (tests/test-cpu-kernels.c).
  */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemv.h"
+
+#define GEMV_MAX_N 8     /* up to this many tokens: GEMV kernels */
+#define GEMM_ROWS 256    /* weight rows converted per sgemm call */
 
 void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst) {
-    size_t k = (size_t)w->cols, off = (size_t)r * k;
-    if (w->dt == BE_F32) {
-        memcpy(dst, (const float *)w->data + off, k * sizeof(float));
-    } else if (w->dt == BE_BF16) {
-        const uint16_t *s = (const uint16_t *)w->data + off;
-        for (size_t i = 0; i < k; i++) dst[i] = be_bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = (const uint16_t *)w->data + off;
-        for (size_t i = 0; i < k; i++) dst[i] = be_f16_to_f32(s[i]);
-    }
+    gemv_pick()->rows_f32[w->dt](w->data, w->cols, r, r + 1, dst);
 }
 
-typedef struct gemv_job {
-    const float *x;
+typedef struct mm_job {
+    const float *x;          /* [n][k] */
     int n;
     const be_mat *w, *bias;
-    float *y;
-} gemv_job;
+    float *y;                /* [n][m] */
+    const gemv_kernels *g;
+    float *scratch;          /* [nth][GEMM_ROWS][k] (GEMM path, 16/bf16 weights) */
+} mm_job;
 
-static float dot_row(const be_mat *w, int64_t r, const float *x) {
-    size_t k = (size_t)w->cols, off = (size_t)r * k;
-    float s = 0;
-    if (w->dt == BE_F32) {
-        const float *a = (const float *)w->data + off;
-        for (size_t i = 0; i < k; i++) s += a[i] * x[i];
-    } else if (w->dt == BE_BF16) {
-        const uint16_t *a = (const uint16_t *)w->data + off;
-        for (size_t i = 0; i < k; i++) s += be_bf16_to_f32(a[i]) * x[i];
-    } else {
-        const uint16_t *a = (const uint16_t *)w->data + off;
-        for (size_t i = 0; i < k; i++) s += be_f16_to_f32(a[i]) * x[i];
-    }
-    return s;
+/* rows [*r0, *r1) of m for worker ith of nth, in units of `unit` rows */
+static void split_rows(int64_t m, int64_t unit, int ith, int nth, int64_t *r0, int64_t *r1) {
+    int64_t nu = (m + unit - 1) / unit;
+    int64_t a = nu * ith / nth * unit, b = nu * (ith + 1) / nth * unit;
+    *r0 = a < m ? a : m;
+    *r1 = b < m ? b : m;
+}
+
+static void add_bias(const mm_job *j, int64_t r0, int64_t r1) {
+    if (!j->bias) return;
+    int64_t m = j->w->rows;
+    for (int t = 0; t < j->n; t++)
+        for (int64_t r = r0; r < r1; r++) j->y[(int64_t)t * m + r] += be_mat_get(j->bias, 0, r);
 }
 
 static void gemv_task(void *arg, int ith, int nth) {
-    gemv_job *j = arg;
-    int64_t m = j->w->rows, r0 = m * ith / nth, r1 = m * (ith + 1) / nth;
-    for (int t = 0; t < j->n; t++)
-        for (int64_t r = r0; r < r1; r++) {
-            float s = dot_row(j->w, r, j->x + (size_t)t * j->w->cols);
-            if (j->bias) s += be_mat_get(j->bias, 0, r);
-            j->y[(size_t)t * m + r] = s;
+    const mm_job *j = arg;
+    int64_t r0, r1;
+    split_rows(j->w->rows, 4, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    j->g->gemv[j->w->dt](j->x, j->n, j->w->cols, j->w->data, r0, r1, j->y, j->w->rows);
+    add_bias(j, r0, r1);
+}
+
+static void gemm_task(void *arg, int ith, int nth) {
+    const mm_job *j = arg;
+    int64_t m = j->w->rows, k = j->w->cols, r0, r1;
+    split_rows(m, 16, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    if (j->w->dt == BE_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)(r1 - r0), (int)k, 1.0f,
+                    j->x, (int)k, (const float *)j->w->data + r0 * k, (int)k, 0.0f, j->y + r0, (int)m);
+    } else {
+        float *s = j->scratch + (size_t)ith * GEMM_ROWS * (size_t)k;
+        for (int64_t rb = r0; rb < r1; rb += GEMM_ROWS) {
+            int64_t re = rb + GEMM_ROWS < r1 ? rb + GEMM_ROWS : r1;
+            j->g->rows_f32[j->w->dt](j->w->data, k, rb, re, s);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)(re - rb), (int)k, 1.0f,
+                        j->x, (int)k, s, (int)k, 0.0f, j->y + rb, (int)m);
         }
+    }
+    add_bias(j, r0, r1);
 }
 
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    int64_t m = w->rows, k = w->cols;
-    if (n <= 4) {
-        gemv_job j = {x, n, w, bias, y};
+    mm_job j = { x, n, w, bias, y, gemv_pick(), NULL };
+    if (n <= GEMV_MAX_N) {
         cpu_pool_run(c->pool, gemv_task, &j);
         return;
     }
-    if (w->dt == BE_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)m, (int)k, 1.0f, x, (int)k,
-                    (const float *)w->data, (int)k, 0.0f, y, (int)m);
-    } else {
-        int64_t blk = m < 1024 ? m : 1024;
-        size_t need = (size_t)blk * (size_t)k;
+    if (w->dt != BE_F32) {
+        size_t need = (size_t)cpu_pool_size(c->pool) * GEMM_ROWS * (size_t)w->cols;
         if (c->scratch_n < need) {
             float *s = realloc(c->scratch, need * sizeof(float));
-            if (!s) {   /* fall back to the row-wise path rather than fail */
-                gemv_job j = {x, n, w, bias, y};
+            if (!s) {   /* no room for the GEMM blocks: the GEMV kernels still give the answer */
                 cpu_pool_run(c->pool, gemv_task, &j);
                 return;
             }
             c->scratch = s;
             c->scratch_n = need;
         }
-        for (int64_t r0 = 0; r0 < m; r0 += blk) {
-            int64_t nb = m - r0 < blk ? m - r0 : blk;
-            for (int64_t r = 0; r < nb; r++) cpu_mat_row_f32(w, r0 + r, c->scratch + (size_t)r * k);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)nb, (int)k, 1.0f, x, (int)k,
-                        c->scratch, (int)k, 0.0f, y + r0, (int)m);
-        }
+        j.scratch = c->scratch;
     }
-    if (bias)
-        for (int t = 0; t < n; t++)
-            for (int64_t r = 0; r < m; r++) y[(size_t)t * m + r] += be_mat_get(bias, 0, r);
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    cpu_pool_run(c->pool, gemm_task, &j);
 }
