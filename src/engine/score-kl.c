@@ -96,7 +96,10 @@ static void kl_position(kl_acc *a, const float *z, const float *lb, int V, int t
     float nll = lse - z[tok];
     double kld = 0;
     for (int i = 0; i < V; i++)
-        if (lb[i] > -16.0f) kld += exp((double)lb[i]) * ((double)lb[i] - ((double)z[i] - lse));
+        if (lb[i] > -16.0f) {
+            float lq = z[i] - lse;   /* the same float arithmetic as the base's: a model against itself gives 0 */
+            kld += exp((double)lb[i]) * ((double)lb[i] - lq);
+        }
     float dp = expf(-nll) - expf(-nll_base);
     int same = im == argmax_base;
     a->nll += nll; a->nll2 += (double)nll * nll;
