@@ -99,16 +99,16 @@ int tmpl_render(const char *source, const char *context_json, char **out, char *
         tmpl_lex(J, src, k, &toks, &ntok);
         jnode *root = tmpl_parse(J, toks, ntok);
 
-        jscope *globals = scope_new(J, NULL);
+        jscope *globals = tmpl_scope_new(J, NULL);
         tmpl_add_globals(J, globals);
-        jscope *cscope = scope_new(J, globals);
+        jscope *cscope = tmpl_scope_new(J, globals);
         if (ctx) {
             const char *key;
             json_t *v;
-            json_object_foreach(ctx, key, v) scope_set(J, cscope, tmpl_strndup(J, key, strlen(key)), from_json(J, v, 0));
+            json_object_foreach(ctx, key, v) tmpl_scope_set(J, cscope, tmpl_strndup(J, key, strlen(key)), from_json(J, v, 0));
         }
-        jscope *top = scope_new(J, cscope);
-        tbuf o; tb_init(&o, J);
+        jscope *top = tmpl_scope_new(J, cscope);
+        tbuf o; tbuf_init(&o, J);
         tmpl_exec(J, top, &root->body, &o);
         char *res = malloc(o.n + 1);
         if (!res) tmpl_fail(J, CINFER_ENOMEM, 0, "out of memory");

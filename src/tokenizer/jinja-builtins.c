@@ -101,72 +101,72 @@ static const char *special_case(uint32_t c, int how) {
 }
 
 static jv str_case(tmpl_st *J, jstr *s, int how) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     size_t i = 0;
     while (i < s->n) {
         size_t st = i;
-        uint32_t c = u8_next(s->s, s->n, &i);
+        uint32_t c = tmpl_u8_next(s->s, s->n, &i);
         const char *sp = c >= 0x80 ? special_case(c, how) : NULL;
-        if (c >= 0x80 && i - st == 1) tb_put(&b, s->s + st, 1);
-        else if (sp) tb_puts(&b, sp);
-        else u8_put(&b, map_case(c, how));
+        if (c >= 0x80 && i - st == 1) tbuf_put(&b, s->s + st, 1);
+        else if (sp) tbuf_puts(&b, sp);
+        else tmpl_u8_put(&b, map_case(c, how));
     }
     return mkstr(J, &b);
 }
 /* Python str.title(): words are runs of cased characters */
 static jv str_pytitle(tmpl_st *J, jstr *s) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     size_t i = 0;
     int prev_cased = 0;
     while (i < s->n) {
-        uint32_t c = u8_next(s->s, s->n, &i);
-        u8_put(&b, map_case(c, prev_cased ? CASE_LOWER : CASE_TITLE));
+        uint32_t c = tmpl_u8_next(s->s, s->n, &i);
+        tmpl_u8_put(&b, map_case(c, prev_cased ? CASE_LOWER : CASE_TITLE));
         prev_cased = is_cased(c);
     }
     return mkstr(J, &b);
 }
 /* Jinja's title filter: words split at runs of [-\s({\[<] */
 static jv str_jtitle(tmpl_st *J, jstr *s) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     size_t i = 0;
     int at_start = 1, prev_sep = -1;
     while (i < s->n) {
-        uint32_t c = u8_next(s->s, s->n, &i);
-        int sep = py_isspace(c) || (c < 0x80 && strchr("-({[<", (int)c) && c);
+        uint32_t c = tmpl_u8_next(s->s, s->n, &i);
+        int sep = tmpl_isspace(c) || (c < 0x80 && strchr("-({[<", (int)c) && c);
         if (sep != prev_sep) at_start = 1;
-        u8_put(&b, map_case(c, at_start ? CASE_UPPER : CASE_LOWER));
+        tmpl_u8_put(&b, map_case(c, at_start ? CASE_UPPER : CASE_LOWER));
         at_start = 0;
         prev_sep = sep;
     }
     return mkstr(J, &b);
 }
 static jv str_capitalize(tmpl_st *J, jstr *s) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     size_t i = 0;
     int first = 1;
     while (i < s->n) {
-        uint32_t c = u8_next(s->s, s->n, &i);
-        u8_put(&b, map_case(c, first ? CASE_TITLE : CASE_LOWER));
+        uint32_t c = tmpl_u8_next(s->s, s->n, &i);
+        tmpl_u8_put(&b, map_case(c, first ? CASE_TITLE : CASE_LOWER));
         first = 0;
     }
     return mkstr(J, &b);
 }
 
 static int in_chars(uint32_t c, const jstr *chars) {
-    if (!chars) return py_isspace(c);
+    if (!chars) return tmpl_isspace(c);
     size_t i = 0;
-    while (i < chars->n) if (u8_next(chars->s, chars->n, &i) == c) return 1;
+    while (i < chars->n) if (tmpl_u8_next(chars->s, chars->n, &i) == c) return 1;
     return 0;
 }
 /* which: 1 left, 2 right, 3 both */
 static jv str_strip(tmpl_st *J, jstr *s, const jstr *chars, int which) {
     size_t a = 0, b = s->n;
     if (which & 1) {
-        while (a < b) { size_t j = a; uint32_t c = u8_next(s->s, s->n, &j); if (!in_chars(c, chars)) break; a = j; }
+        while (a < b) { size_t j = a; uint32_t c = tmpl_u8_next(s->s, s->n, &j); if (!in_chars(c, chars)) break; a = j; }
     }
     if (which & 2) {
         size_t i = a, keep = a;
-        while (i < b) { uint32_t c = u8_next(s->s, b, &i); if (!in_chars(c, chars)) keep = i; }
+        while (i < b) { uint32_t c = tmpl_u8_next(s->s, b, &i); if (!in_chars(c, chars)) keep = i; }
         b = keep;
     }
     return jv_str(J, s->s + a, b - a);
@@ -181,14 +181,14 @@ static jv str_split(tmpl_st *J, jstr *s, const jstr *sep, int64_t maxsplit, int 
         if (!sep) {
             size_t i = 0;
             while (i < n) {
-                size_t j = i; uint32_t c = u8_next(p, n, &j);
-                if (py_isspace(c)) { i = j; continue; }
+                size_t j = i; uint32_t c = tmpl_u8_next(p, n, &j);
+                if (tmpl_isspace(c)) { i = j; continue; }
                 if (maxsplit >= 0 && (int64_t)out.u.l->n >= maxsplit) {
                     jl_push(J, &out, jv_str(J, p + i, n - i));   /* the rest, as is */
                     return out;
                 }
                 size_t st = i;
-                while (i < n) { size_t k = i; uint32_t d = u8_next(p, n, &k); if (py_isspace(d)) break; i = k; }
+                while (i < n) { size_t k = i; uint32_t d = tmpl_u8_next(p, n, &k); if (tmpl_isspace(d)) break; i = k; }
                 jl_push(J, &out, jv_str(J, p + st, i - st));
             }
             return out;
@@ -208,18 +208,18 @@ static jv str_split(tmpl_st *J, jstr *s, const jstr *sep, int64_t maxsplit, int 
     if (!sep) {
         size_t *starts = tmpl_alloc(J, (n + 1) * sizeof(size_t)), ns = 0;
         size_t i = 0;
-        while (i < n) { starts[ns++] = i; u8_next(p, n, &i); }
+        while (i < n) { starts[ns++] = i; tmpl_u8_next(p, n, &i); }
         starts[ns] = n;
         int64_t k = (int64_t)ns - 1;
         for (;;) {
-            while (k >= 0) { size_t j = starts[k]; if (!py_isspace(u8_next(p, n, &j))) break; k--; }
+            while (k >= 0) { size_t j = starts[k]; if (!tmpl_isspace(tmpl_u8_next(p, n, &j))) break; k--; }
             if (k < 0) break;
             size_t end = starts[k + 1];
             if (maxsplit >= 0 && (int64_t)rev.u.l->n >= maxsplit) {
                 jl_push(J, &rev, jv_str(J, p, end));   /* the rest, as is */
                 break;
             }
-            while (k >= 0) { size_t j = starts[k]; if (py_isspace(u8_next(p, n, &j))) break; k--; }
+            while (k >= 0) { size_t j = starts[k]; if (tmpl_isspace(tmpl_u8_next(p, n, &j))) break; k--; }
             size_t st = starts[k + 1];
             jl_push(J, &rev, jv_str(J, p + st, end - st));
         }
@@ -241,25 +241,25 @@ static jv str_split(tmpl_st *J, jstr *s, const jstr *sep, int64_t maxsplit, int 
 }
 
 static jv str_replace(tmpl_st *J, jstr *s, jstr *old, jstr *new_, int64_t count) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     size_t i = 0;
     int64_t done = 0;
     if (!old->n) {   /* Python inserts `new` between every character */
         size_t k = 0;
         while (k <= s->n) {
-            if (count < 0 || done < count) { tb_put(&b, new_->s, new_->n); done++; }
+            if (count < 0 || done < count) { tbuf_put(&b, new_->s, new_->n); done++; }
             if (k == s->n) break;
-            size_t st = k; u8_next(s->s, s->n, &k);
-            tb_put(&b, s->s + st, k - st);
+            size_t st = k; tmpl_u8_next(s->s, s->n, &k);
+            tbuf_put(&b, s->s + st, k - st);
         }
         return mkstr(J, &b);
     }
     while (i <= s->n) {
         const char *hit = (count < 0 || done < count) ? memmem(s->s + i, s->n - i, old->s, old->n) : NULL;
-        if (!hit) { tb_put(&b, s->s + i, s->n - i); break; }
+        if (!hit) { tbuf_put(&b, s->s + i, s->n - i); break; }
         size_t h = (size_t)(hit - s->s);
-        tb_put(&b, s->s + i, h - i);
-        tb_put(&b, new_->s, new_->n);
+        tbuf_put(&b, s->s + i, h - i);
+        tbuf_put(&b, new_->s, new_->n);
         i = h + old->n;
         done++;
     }
@@ -279,18 +279,18 @@ static int starts_ends(tmpl_st *J, jstr *s, jv what, int ends, int line) {
 /* codepoint index of byte offset */
 static int64_t cp_index(const char *s, size_t off) {
     size_t i = 0; int64_t k = 0;
-    while (i < off) { u8_next(s, off, &i); k++; }
+    while (i < off) { tmpl_u8_next(s, off, &i); k++; }
     return k;
 }
 
 /* Python %-formatting: %s %r %d %i %f %F %e %E %g %G %x %X %o %c %% */
 static jv py_percent(tmpl_st *J, jstr *fmt, jv *args, int nargs, int line) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     int ai = 0;
     for (size_t i = 0; i < fmt->n; i++) {
         char c = fmt->s[i];
-        if (c != '%') { tb_putc(&b, c); continue; }
-        if (i + 1 < fmt->n && fmt->s[i + 1] == '%') { tb_putc(&b, '%'); i++; continue; }
+        if (c != '%') { tbuf_putc(&b, c); continue; }
+        if (i + 1 < fmt->n && fmt->s[i + 1] == '%') { tbuf_putc(&b, '%'); i++; continue; }
         char spec[32]; size_t k = 0;
         spec[k++] = '%';
         i++;
@@ -302,28 +302,28 @@ static jv py_percent(tmpl_st *J, jstr *fmt, jv *args, int nargs, int line) {
         if (ai >= nargs) tmpl_fail(J, CINFER_EINVAL, line, "not enough arguments for format string");
         jv a = args[ai++];
         if (conv == 's' || conv == 'r' || conv == 'a') {
-            tbuf t; tb_init(&t, J);
+            tbuf t; tbuf_init(&t, J);
             if (conv == 's') jv_str_into(J, &t, a, line); else jv_repr_into(J, &t, a, line);
             spec[k++] = 's'; spec[k] = 0;
-            if (k == 2) tb_put(&b, t.p ? t.p : "", t.n);
+            if (k == 2) tbuf_put(&b, t.p ? t.p : "", t.n);
             else {
                 char *o; int len = asprintf(&o, spec, t.p ? t.p : "");
                 if (len < 0) tmpl_fail(J, CINFER_ENOMEM, line, "out of memory");
-                tb_put(&b, o, (size_t)len); free(o);
+                tbuf_put(&b, o, (size_t)len); free(o);
             }
         } else if (strchr("dixXoc", conv)) {
             if (a.k != JV_INT && a.k != JV_BOOL && a.k != JV_FLOAT)
                 tmpl_fail(J, CINFER_EINVAL, line, "%%%c format: a number is required, not %s", conv, jv_typename(a));
             long long v = a.k == JV_FLOAT ? (long long)a.u.f : a.k == JV_INT ? (long long)a.u.i : a.u.b;
-            if (conv == 'c') { u8_put(&b, (uint32_t)v); continue; }
+            if (conv == 'c') { tmpl_u8_put(&b, (uint32_t)v); continue; }
             spec[k++] = 'l'; spec[k++] = 'l'; spec[k++] = conv == 'i' ? 'd' : conv; spec[k] = 0;
-            tb_printf(&b, spec, v);
+            tbuf_printf(&b, spec, v);
         } else if (strchr("fFeEgG", conv)) {
             if (a.k != JV_INT && a.k != JV_BOOL && a.k != JV_FLOAT)
                 tmpl_fail(J, CINFER_EINVAL, line, "must be real number, not %s", jv_typename(a));
             double v = a.k == JV_FLOAT ? a.u.f : a.k == JV_INT ? (double)a.u.i : a.u.b;
             spec[k++] = conv; spec[k] = 0;
-            tb_printf(&b, spec, v);
+            tbuf_printf(&b, spec, v);
         } else tmpl_fail(J, CINFER_EUNSUPPORTED, line, "format conversion '%%%c' is not supported", conv);
     }
     if (ai < nargs) tmpl_fail(J, CINFER_EINVAL, line, "not all arguments converted during string formatting");
@@ -332,13 +332,13 @@ static jv py_percent(tmpl_st *J, jstr *fmt, jv *args, int nargs, int line) {
 
 /* str.format with {} {0} {name}; no format specs */
 static jv py_format(tmpl_st *J, jstr *fmt, const fargs *a, int line) {
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     int auto_i = 0;
     for (size_t i = 0; i < fmt->n; i++) {
         char c = fmt->s[i];
-        if (c == '{' && i + 1 < fmt->n && fmt->s[i + 1] == '{') { tb_putc(&b, '{'); i++; continue; }
-        if (c == '}' && i + 1 < fmt->n && fmt->s[i + 1] == '}') { tb_putc(&b, '}'); i++; continue; }
-        if (c != '{') { tb_putc(&b, c); continue; }
+        if (c == '{' && i + 1 < fmt->n && fmt->s[i + 1] == '{') { tbuf_putc(&b, '{'); i++; continue; }
+        if (c == '}' && i + 1 < fmt->n && fmt->s[i + 1] == '}') { tbuf_putc(&b, '}'); i++; continue; }
+        if (c != '{') { tbuf_putc(&b, c); continue; }
         size_t e = i + 1;
         while (e < fmt->n && fmt->s[e] != '}') e++;
         if (e >= fmt->n) tmpl_fail(J, CINFER_EINVAL, line, "single '{' encountered in format string");
@@ -370,7 +370,7 @@ static jv str_splitlines(tmpl_st *J, jstr *s) {
     size_t i = 0, st = 0;
     while (i < s->n) {
         size_t j = i;
-        uint32_t c = u8_next(s->s, s->n, &j);
+        uint32_t c = tmpl_u8_next(s->s, s->n, &j);
         if (c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || c == 0x1c || c == 0x1d || c == 0x1e ||
             c == 0x85 || c == 0x2028 || c == 0x2029) {
             jl_push(J, &out, jv_str(J, s->s + st, i - st));
@@ -424,7 +424,7 @@ static int str_all(jstr *s, int what) {
     size_t i = 0;
     int any_cased = 0;
     while (i < s->n) {
-        uint32_t c = u8_next(s->s, s->n, &i);
+        uint32_t c = tmpl_u8_next(s->s, s->n, &i);
         int cat = c > 0x10ffff ? 0 : utf8proc_category((utf8proc_int32_t)c);
         int ok;
         switch (what) {
@@ -432,7 +432,7 @@ static int str_all(jstr *s, int what) {
         case 'a': ok = cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO; break;
         case 'n': ok = (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
                        (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO); break;
-        case 's': ok = py_isspace(c); break;
+        case 's': ok = tmpl_isspace(c); break;
         case 'u': ok = !is_lower_cp(c); any_cased |= is_upper_cp(c); break;
         case 'l': ok = !is_upper_cp(c); any_cased |= is_lower_cp(c); break;
         default: ok = 0;
@@ -472,11 +472,11 @@ jv tmpl_method(tmpl_st *J, jv self, const char *name, jv *args, int nargs,
         if (!strcmp(name, "title")) return str_pytitle(J, s);
         if (!strcmp(name, "capitalize")) return str_capitalize(J, s);
         if (!strcmp(name, "swapcase")) {
-            tbuf b; tb_init(&b, J);
+            tbuf b; tbuf_init(&b, J);
             size_t i = 0;
             while (i < s->n) {
-                uint32_t c = u8_next(s->s, s->n, &i);
-                u8_put(&b, is_upper_cp(c) ? map_case(c, CASE_LOWER) : is_lower_cp(c) ? map_case(c, CASE_UPPER) : c);
+                uint32_t c = tmpl_u8_next(s->s, s->n, &i);
+                tmpl_u8_put(&b, is_upper_cp(c) ? map_case(c, CASE_LOWER) : is_lower_cp(c) ? map_case(c, CASE_UPPER) : c);
             }
             return mkstr(J, &b);
         }
@@ -485,7 +485,7 @@ jv tmpl_method(tmpl_st *J, jv self, const char *name, jv *args, int nargs,
             if (nargs != 1) tmpl_fail(J, CINFER_EUNSUPPORTED, line, "str.%s: only one argument is supported", name);
             jstr *sub = want_str(J, args[0], name, line);
             if (!strcmp(name, "count")) {
-                if (!sub->n) return jv_int((int64_t)u8_len(s->s, s->n) + 1);
+                if (!sub->n) return jv_int((int64_t)tmpl_u8_len(s->s, s->n) + 1);
                 int64_t k = 0; size_t i = 0;
                 const char *h;
                 while ((h = memmem(s->s + i, s->n - i, sub->s, sub->n))) { k++; i = (size_t)(h - s->s) + sub->n; }
@@ -506,13 +506,13 @@ jv tmpl_method(tmpl_st *J, jv self, const char *name, jv *args, int nargs,
         if (!strcmp(name, "join")) {
             if (nargs != 1) tmpl_fail(J, CINFER_EINVAL, line, "join() takes exactly one argument");
             jv items = tmpl_iterate(J, args[0], line);
-            tbuf b; tb_init(&b, J);
+            tbuf b; tbuf_init(&b, J);
             for (size_t i = 0; i < items.u.l->n; i++) {
-                if (i) tb_put(&b, s->s, s->n);
+                if (i) tbuf_put(&b, s->s, s->n);
                 if (items.u.l->v[i].k != JV_STR)
                     tmpl_fail(J, CINFER_EINVAL, line, "sequence item %zu: expected str instance, %s found",
                               i, jv_typename(items.u.l->v[i]));
-                tb_put(&b, items.u.l->v[i].u.s->s, items.u.l->v[i].u.s->n);
+                tbuf_put(&b, items.u.l->v[i].u.s->s, items.u.l->v[i].u.s->n);
             }
             return mkstr(J, &b);
         }
@@ -824,16 +824,16 @@ static jv f_minmax(tmpl_st *J, jv v, const fargs *a, int want_max, int line) {
 
 static jv html_escape(tmpl_st *J, jv v, int line) {
     jv s = jv_to_string(J, v, line);
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     for (size_t i = 0; i < s.u.s->n; i++) {
         char c = s.u.s->s[i];
         switch (c) {
-        case '&': tb_puts(&b, "&amp;"); break;
-        case '<': tb_puts(&b, "&lt;"); break;
-        case '>': tb_puts(&b, "&gt;"); break;
-        case '"': tb_puts(&b, "&#34;"); break;
-        case '\'': tb_puts(&b, "&#39;"); break;
-        default: tb_putc(&b, c);
+        case '&': tbuf_puts(&b, "&amp;"); break;
+        case '<': tbuf_puts(&b, "&lt;"); break;
+        case '>': tbuf_puts(&b, "&gt;"); break;
+        case '"': tbuf_puts(&b, "&#34;"); break;
+        case '\'': tbuf_puts(&b, "&#39;"); break;
+        default: tbuf_putc(&b, c);
         }
     }
     return mkstr(J, &b);
@@ -866,7 +866,7 @@ static jv f_tojson(tmpl_st *J, jv v, const fargs *a, int line) {
         o.item_sep = want_str(J, sep.u.l->v[0], "separators", line)->s;
         o.key_sep = want_str(J, sep.u.l->v[1], "separators", line)->s;
     }
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     jv_tojson(J, &b, v, &o, 0, line);
     return mkstr(J, &b);
 }
@@ -889,19 +889,19 @@ static jv f_indent(tmpl_st *J, jv v, const fargs *a, int line) {
         }
     }
     int first = opt_bool(a, "first", 1, 0), blank = opt_bool(a, "blank", 2, 0);
-    tbuf t; tb_init(&t, J);
-    tb_put(&t, s.u.s->s, s.u.s->n);
-    tb_putc(&t, '\n');
+    tbuf t; tbuf_init(&t, J);
+    tbuf_put(&t, s.u.s->s, s.u.s->n);
+    tbuf_putc(&t, '\n');
     jv lines = str_splitlines(J, mkstr(J, &t).u.s);
-    tbuf b; tb_init(&b, J);
-    if (first) tb_puts(&b, ind);
+    tbuf b; tbuf_init(&b, J);
+    if (first) tbuf_puts(&b, ind);
     for (size_t i = 0; i < lines.u.l->n; i++) {
         jstr *l = lines.u.l->v[i].u.s;
         if (i) {
-            tb_putc(&b, '\n');
-            if (blank || l->n) tb_puts(&b, ind);
+            tbuf_putc(&b, '\n');
+            if (blank || l->n) tbuf_puts(&b, ind);
         }
-        tb_put(&b, l->s, l->n);
+        tbuf_put(&b, l->s, l->n);
     }
     return mkstr(J, &b);
 }
@@ -922,7 +922,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
     if (!strcmp(name, "length") || !strcmp(name, "count")) {
         switch (v.k) {
         case JV_UNDEF: return jv_int(0);
-        case JV_STR: return jv_int((int64_t)u8_len(v.u.s->s, v.u.s->n));
+        case JV_STR: return jv_int((int64_t)tmpl_u8_len(v.u.s->s, v.u.s->n));
         case JV_LIST:
             if (v.u.l->view == JL_GEN) tmpl_fail(J, CINFER_EINVAL, line, "object of type 'generator' has no len()");
             return jv_int((int64_t)v.u.l->n);
@@ -970,9 +970,9 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         jv items = tmpl_iterate(J, v, line);
         jstr *sep = arg(&a, "d", 0, &x) ? jv_to_string(J, x, line).u.s : NULL;
         jstr *path = arg(&a, "attribute", 1, &y) && y.k != JV_NONE ? want_str(J, y, "attribute", line) : NULL;
-        tbuf b; tb_init(&b, J);
+        tbuf b; tbuf_init(&b, J);
         for (size_t i = 0; i < items.u.l->n; i++) {
-            if (i && sep) tb_put(&b, sep->s, sep->n);
+            if (i && sep) tbuf_put(&b, sep->s, sep->n);
             jv it = path ? attr_path(J, items.u.l->v[i], path, line) : items.u.l->v[i];
             jv_str_into(J, &b, it, line);
         }
@@ -1013,8 +1013,8 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
     if (!strcmp(name, "reverse")) {
         if (v.k == JV_STR) {
             jv chars = tmpl_iterate(J, v, line);
-            tbuf b; tb_init(&b, J);
-            for (size_t i = chars.u.l->n; i-- > 0;) tb_put(&b, chars.u.l->v[i].u.s->s, chars.u.l->v[i].u.s->n);
+            tbuf b; tbuf_init(&b, J);
+            for (size_t i = chars.u.l->n; i-- > 0;) tbuf_put(&b, chars.u.l->v[i].u.s->s, chars.u.l->v[i].u.s->n);
             return mkstr(J, &b);
         }
         jv items = tmpl_iterate(J, v, line);
@@ -1101,14 +1101,14 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
     if (!strcmp(name, "center")) {
         jv s = jv_to_string(J, v, line);
         int64_t w = arg(&a, "width", 0, &x) ? want_int(J, x, "center", line) : 80;
-        int64_t len = (int64_t)u8_len(s.u.s->s, s.u.s->n);
+        int64_t len = (int64_t)tmpl_u8_len(s.u.s->s, s.u.s->n);
         if (w > 65536) tmpl_fail(J, CINFER_EINVAL, line, "center width too large");
         if (w <= len) return s;
         int64_t pad = w - len, left = pad / 2 + (pad & w & 1);
-        tbuf b; tb_init(&b, J);
-        for (int64_t i = 0; i < left; i++) tb_putc(&b, ' ');
-        tb_put(&b, s.u.s->s, s.u.s->n);
-        for (int64_t i = 0; i < pad - left; i++) tb_putc(&b, ' ');
+        tbuf b; tbuf_init(&b, J);
+        for (int64_t i = 0; i < left; i++) tbuf_putc(&b, ' ');
+        tbuf_put(&b, s.u.s->s, s.u.s->n);
+        for (int64_t i = 0; i < pad - left; i++) tbuf_putc(&b, ' ');
         return mkstr(J, &b);
     }
     if (!strcmp(name, "indent")) return f_indent(J, v, &a, line);
@@ -1116,7 +1116,7 @@ jv tmpl_filter(tmpl_st *J, const char *name, jv v, jv *args, int nargs,
         jv s = jv_to_string(J, v, line);
         int64_t k = 0; int in = 0; size_t i = 0;
         while (i < s.u.s->n) {
-            uint32_t c = u8_next(s.u.s->s, s.u.s->n, &i);
+            uint32_t c = tmpl_u8_next(s.u.s->s, s.u.s->n, &i);
             int cat = c > 0x10ffff ? 0 : utf8proc_category((utf8proc_int32_t)c);
             int w = c == '_' || (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
                     (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
@@ -1137,7 +1137,7 @@ static const char *const global_names[] = {
     "range", "namespace", "dict", "raise_exception", "strftime_now", "lipsum", "cycler", "joiner", NULL};
 
 void tmpl_add_globals(tmpl_st *J, jscope *sc) {
-    for (const char *const *g = global_names; *g; g++) scope_set(J, sc, *g, jv_func(J, *g, FN_GLOBAL, NULL));
+    for (const char *const *g = global_names; *g; g++) tmpl_scope_set(J, sc, *g, jv_func(J, *g, FN_GLOBAL, NULL));
 }
 
 static void fill_dict(tmpl_st *J, jv *d, const fargs *a, int line) {

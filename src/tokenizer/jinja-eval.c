@@ -41,12 +41,12 @@ static void step(tmpl_st *J, int line) {
 }
 
 /* ----------------------------------------------------------------- scopes */
-jscope *scope_new(tmpl_st *J, jscope *parent) {
+jscope *tmpl_scope_new(tmpl_st *J, jscope *parent) {
     jscope *s = tmpl_alloc(J, sizeof(jscope));
     s->parent = parent;
     return s;
 }
-void scope_set(tmpl_st *J, jscope *s, const char *name, jv v) {
+void tmpl_scope_set(tmpl_st *J, jscope *s, const char *name, jv v) {
     for (size_t i = 0; i < s->n; i++)
         if (!strcmp(s->names[i], name)) { s->vals[i] = v; return; }
     if (s->n == s->cap) {
@@ -58,7 +58,7 @@ void scope_set(tmpl_st *J, jscope *s, const char *name, jv v) {
     }
     s->names[s->n] = name; s->vals[s->n] = v; s->n++;
 }
-jv *scope_lookup(jscope *s, const char *name) {
+jv *tmpl_scope_lookup(jscope *s, const char *name) {
     for (; s; s = s->parent)
         for (size_t i = s->n; i-- > 0;)
             if (!strcmp(s->names[i], name)) return &s->vals[i];
@@ -76,11 +76,11 @@ void tmpl_undef_error(tmpl_st *J, jv u, int line) {
 
 /* Undefined from a failed attribute/item lookup, remembering why */
 static jv undef_lookup(tmpl_st *J, jv obj, jv key, int attr) {
-    tbuf b; tb_init(&b, J);
-    tb_printf(&b, "\001'%s object' has no %s ", jv_typename(obj), attr ? "attribute" : "element");
-    if (key.k == JV_STR) { tb_putc(&b, '\''); tb_put(&b, key.u.s->s, key.u.s->n > 200 ? 200 : key.u.s->n); tb_putc(&b, '\''); }
-    else if (key.k == JV_INT) tb_printf(&b, "%lld", (long long)key.u.i);
-    else tb_puts(&b, jv_typename(key));
+    tbuf b; tbuf_init(&b, J);
+    tbuf_printf(&b, "\001'%s object' has no %s ", jv_typename(obj), attr ? "attribute" : "element");
+    if (key.k == JV_STR) { tbuf_putc(&b, '\''); tbuf_put(&b, key.u.s->s, key.u.s->n > 200 ? 200 : key.u.s->n); tbuf_putc(&b, '\''); }
+    else if (key.k == JV_INT) tbuf_printf(&b, "%lld", (long long)key.u.i);
+    else tbuf_puts(&b, jv_typename(key));
     return jv_undef(b.p);
 }
 static jv undef_attr(tmpl_st *J, jv obj, const char *name) {
@@ -115,7 +115,7 @@ static int64_t norm_index(int64_t i, size_t n, int *ok) {
 /* byte offset of the codepoint number `idx` */
 static size_t u8_offset(const char *s, size_t n, size_t idx) {
     size_t i = 0;
-    while (idx-- && i < n) u8_next(s, n, &i);
+    while (idx-- && i < n) tmpl_u8_next(s, n, &i);
     return i;
 }
 
@@ -143,12 +143,12 @@ jv tmpl_getitem(tmpl_st *J, jv obj, jv key, int line) {
         return undef_lookup(J, obj, key, 0);
     case JV_STR:
         if (key.k == JV_INT || key.k == JV_BOOL) {
-            size_t len = u8_len(obj.u.s->s, obj.u.s->n);
+            size_t len = tmpl_u8_len(obj.u.s->s, obj.u.s->n);
             int ok;
             int64_t i = norm_index(key.k == JV_INT ? key.u.i : key.u.b, len, &ok);
             if (!ok) return undef_lookup(J, obj, key, 0);
             size_t a = u8_offset(obj.u.s->s, obj.u.s->n, (size_t)i), b = a;
-            u8_next(obj.u.s->s, obj.u.s->n, &b);
+            tmpl_u8_next(obj.u.s->s, obj.u.s->n, &b);
             return jv_str(J, obj.u.s->s + a, b - a);
         }
         if (key.k == JV_STR) return tmpl_getattr(J, obj, key.u.s->s, line);
@@ -204,14 +204,14 @@ static jv do_slice(tmpl_st *J, jv obj, jv lo, jv hi, jv st, int line) {
     }
     if (obj.k == JV_STR) {
         const char *s = obj.u.s->s; size_t n = obj.u.s->n;
-        size_t len = u8_len(s, n);
+        size_t len = tmpl_u8_len(s, n);
         size_t *off = tmpl_alloc(J, (len + 1) * sizeof(size_t));
         size_t i = 0, k = 0;
-        while (i < n) { off[k++] = i; u8_next(s, n, &i); }
+        while (i < n) { off[k++] = i; tmpl_u8_next(s, n, &i); }
         off[len] = n;
         size_t c = slice_indices(J, lo, hi, st, len, &idx, line);
-        tbuf b; tb_init(&b, J);
-        for (size_t j = 0; j < c; j++) tb_put(&b, s + off[idx[j]], off[idx[j] + 1] - off[idx[j]]);
+        tbuf b; tbuf_init(&b, J);
+        for (size_t j = 0; j < c; j++) tbuf_put(&b, s + off[idx[j]], off[idx[j] + 1] - off[idx[j]]);
         return jv_str(J, b.p ? b.p : "", b.n);
     }
     return jv_undef(NULL);
@@ -234,7 +234,7 @@ jv tmpl_iterate(tmpl_st *J, jv v, int line) {
         size_t i = 0;
         while (i < v.u.s->n) {
             size_t st = i;
-            u8_next(v.u.s->s, v.u.s->n, &i);
+            tmpl_u8_next(v.u.s->s, v.u.s->n, &i);
             jl_push(J, &r, jv_str(J, v.u.s->s + st, i - st));
         }
         return r;
@@ -288,8 +288,8 @@ static jv repeat(tmpl_st *J, jv seq, int64_t times, int line) {
     if (seq.k == JV_STR) {
         if (seq.u.s->n && (uint64_t)times > TMPL_MAX_OUTPUT / seq.u.s->n)
             tmpl_fail(J, CINFER_EINVAL, line, "string repetition too large");
-        tbuf b; tb_init(&b, J);
-        for (int64_t i = 0; i < times; i++) tb_put(&b, seq.u.s->s, seq.u.s->n);
+        tbuf b; tbuf_init(&b, J);
+        for (int64_t i = 0; i < times; i++) tbuf_put(&b, seq.u.s->s, seq.u.s->n);
         return jv_str(J, b.p ? b.p : "", b.n);
     }
     if (seq.u.l->n && (uint64_t)times > (1u << 24) / seq.u.l->n)
@@ -367,9 +367,9 @@ jv tmpl_binop(tmpl_st *J, int op, jv a, jv b, int line) {
         }
     }
     if (op == '+' && a.k == JV_STR && b.k == JV_STR) {
-        tbuf t; tb_init(&t, J);
-        tb_put(&t, a.u.s->s, a.u.s->n);
-        tb_put(&t, b.u.s->s, b.u.s->n);
+        tbuf t; tbuf_init(&t, J);
+        tbuf_put(&t, a.u.s->s, a.u.s->n);
+        tbuf_put(&t, b.u.s->s, b.u.s->n);
         return jv_str(J, t.p ? t.p : "", t.n);
     }
     if (op == '+' && a.k == JV_LIST && b.k == JV_LIST && a.u.l->tuple == b.u.l->tuple &&
@@ -400,7 +400,7 @@ static jv call_macro(tmpl_st *J, jfunc *f, jv *args, int nargs, const char **kwn
         tmpl_fail(J, CINFER_EINVAL, line, "macro '%s' takes not more than %d argument(s)", m->name, m->args.n);
     if (++J->calls > TMPL_MAX_CALLS)
         tmpl_fail(J, CINFER_EINVAL, line, "macro recursion too deep (over %d calls)", TMPL_MAX_CALLS);
-    jscope *sc = scope_new(J, f->closure);
+    jscope *sc = tmpl_scope_new(J, f->closure);
     for (int i = 0; i < m->args.n; i++) {
         const char *pn = m->args.v[i]->name;
         jv v;
@@ -412,14 +412,14 @@ static jv call_macro(tmpl_st *J, jfunc *f, jv *args, int nargs, const char **kwn
                 v = kwv[k]; set = 1;
             }
         if (!set) v = m->kwargs.v[i] ? tmpl_eval(J, sc, m->kwargs.v[i]) : jv_undef(pn);
-        scope_set(J, sc, pn, v);
+        tmpl_scope_set(J, sc, pn, v);
     }
     for (int k = 0; k < nkw; k++) {
         int found = 0;
         for (int i = 0; i < m->args.n; i++) if (!strcmp(kwn[k], m->args.v[i]->name)) found = 1;
         if (!found) tmpl_fail(J, CINFER_EINVAL, line, "macro '%s' takes no keyword argument '%s'", m->name, kwn[k]);
     }
-    tbuf out; tb_init(&out, J);
+    tbuf out; tbuf_init(&out, J);
     tmpl_exec(J, sc, &m->body, &out);
     J->calls--;
     return jv_str(J, out.p ? out.p : "", out.n);
@@ -477,7 +477,7 @@ jv tmpl_eval(tmpl_st *J, jscope *sc, const jnode *e) {
     switch (e->kind) {
     case N_CONST: r = e->val; break;
     case N_NAME: {
-        jv *p = scope_lookup(sc, e->name);
+        jv *p = tmpl_scope_lookup(sc, e->name);
         r = p ? *p : jv_undef(e->name);
         break;
     }
@@ -576,7 +576,7 @@ jv tmpl_eval(tmpl_st *J, jscope *sc, const jnode *e) {
         break;
     }
     case N_CONCAT: {
-        tbuf b; tb_init(&b, J);
+        tbuf b; tbuf_init(&b, J);
         for (int i = 0; i < e->args.n; i++) jv_str_into(J, &b, tmpl_eval(J, sc, e->args.v[i]), e->line);
         r = jv_str(J, b.p ? b.p : "", b.n);
         break;
@@ -590,12 +590,12 @@ jv tmpl_eval(tmpl_st *J, jscope *sc, const jnode *e) {
 
 /* ------------------------------------------------------------ statements */
 static void assign(tmpl_st *J, jscope *sc, const jnode *target, jv v, int line) {
-    if (target->kind == N_NAME) { scope_set(J, sc, target->name, v); return; }
+    if (target->kind == N_NAME) { tmpl_scope_set(J, sc, target->name, v); return; }
     /* tuple unpacking */
     jv items = tmpl_iterate(J, v, line);
     if (items.u.l->n != (size_t)target->args.n)
         tmpl_fail(J, CINFER_EINVAL, line, "cannot unpack %zu values into %d names", items.u.l->n, target->args.n);
-    for (int i = 0; i < target->args.n; i++) scope_set(J, sc, target->args.v[i]->name, items.u.l->v[i]);
+    for (int i = 0; i < target->args.n; i++) tmpl_scope_set(J, sc, target->args.v[i]->name, items.u.l->v[i]);
 }
 
 static void set_loop_fields(tmpl_st *J, jv *loop, jv items, size_t i) {
@@ -621,7 +621,7 @@ static int exec_for(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
         jv kept = jv_list(J, seq.u.l->n);
         for (size_t i = 0; i < seq.u.l->n; i++) {
             step(J, s->line);
-            jscope *fs = scope_new(J, sc);
+            jscope *fs = tmpl_scope_new(J, sc);
             assign(J, fs, s->a, seq.u.l->v[i], s->line);
             if (jv_truthy(tmpl_eval(J, fs, s->c))) jl_push(J, &kept, seq.u.l->v[i]);
         }
@@ -641,8 +641,8 @@ static int exec_for(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
         d->n = d->cap = 11;
         d->v[9] = jv_int(1); d->v[10] = jv_int(0);
         set_loop_fields(J, &loop, seq, i);
-        jscope *it = scope_new(J, sc);
-        scope_set(J, it, "loop", loop);
+        jscope *it = tmpl_scope_new(J, sc);
+        tmpl_scope_set(J, it, "loop", loop);
         assign(J, it, s->a, seq.u.l->v[i], s->line);
         int fl = exec_body(J, it, &s->body, out);
         if (fl == FLOW_BREAK) break;
@@ -651,7 +651,7 @@ static int exec_for(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
 }
 
 static void set_namespace_attr(tmpl_st *J, jscope *sc, const jnode *s, jv v) {
-    jv *ns = scope_lookup(sc, s->a->name);
+    jv *ns = tmpl_scope_lookup(sc, s->a->name);
     if (!ns || ns->k != JV_DICT || ns->u.d->kind != JD_NS)
         tmpl_fail(J, CINFER_EINVAL, s->line, "cannot assign attribute on non-namespace object '%s'", s->a->name);
     jd_set(J, ns, s->a->b->val, v);
@@ -661,7 +661,7 @@ static int exec_stmt(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
     step(J, s->line);
     J->line = s->line;
     switch (s->kind) {
-    case S_TEXT: tb_put(out, s->val.u.s->s, s->val.u.s->n); return FLOW_NONE;
+    case S_TEXT: tbuf_put(out, s->val.u.s->s, s->val.u.s->n); return FLOW_NONE;
     case S_OUTPUT: jv_str_into(J, out, tmpl_eval(J, sc, s->a), s->line); return FLOW_NONE;
     case S_IF:
         if (jv_truthy(tmpl_eval(J, sc, s->a))) return exec_body(J, sc, &s->body, out);
@@ -674,7 +674,7 @@ static int exec_stmt(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
         return FLOW_NONE;
     }
     case S_SETBLOCK: case S_FILTERBLOCK: {
-        tbuf b; tb_init(&b, J);
+        tbuf b; tbuf_init(&b, J);
         int fl = exec_body(J, sc, &s->body, &b);
         jv v = jv_str(J, b.p ? b.p : "", b.n);
         /* apply the filter chain: innermost filter has a == NULL */
@@ -698,15 +698,15 @@ static int exec_stmt(tmpl_st *J, jscope *sc, const jnode *s, tbuf *out) {
         jv f = jv_func(J, s->name, FN_MACRO, NULL);
         f.u.fn->macro = (jnode *)s;
         f.u.fn->closure = sc;
-        scope_set(J, sc, s->name, f);
+        tmpl_scope_set(J, sc, s->name, f);
         return FLOW_NONE;
     }
     case S_BREAK: return FLOW_BREAK;
     case S_CONTINUE: return FLOW_CONTINUE;
     case S_WITH: {
-        jscope *w = scope_new(J, sc);
+        jscope *w = tmpl_scope_new(J, sc);
         for (int i = 0; i < s->args.n; i++)
-            scope_set(J, w, s->args.v[i]->name, tmpl_eval(J, sc, s->kwargs.v[i]));
+            tmpl_scope_set(J, w, s->args.v[i]->name, tmpl_eval(J, sc, s->kwargs.v[i]));
         return exec_body(J, w, &s->body, out);
     }
     case S_BODY: return exec_body(J, sc, &s->body, out);

@@ -55,11 +55,11 @@ void tmpl_arena_free(tmpl_st *J);
 
 /* growable byte buffer in the arena */
 typedef struct tbuf { char *p; size_t n, cap; tmpl_st *J; size_t limit; } tbuf;
-void tb_init(tbuf *b, tmpl_st *J);
-void tb_put(tbuf *b, const char *s, size_t n);
-void tb_puts(tbuf *b, const char *s);
-void tb_putc(tbuf *b, char c);
-void tb_printf(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tbuf_init(tbuf *b, tmpl_st *J);
+void tbuf_put(tbuf *b, const char *s, size_t n);
+void tbuf_puts(tbuf *b, const char *s);
+void tbuf_putc(tbuf *b, char c);
+void tbuf_printf(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* --------------------------------------------------------------- values */
 typedef enum {
@@ -128,7 +128,7 @@ const char *jv_typename(jv v);
 void jv_str_into(tmpl_st *J, tbuf *b, jv v, int line);
 void jv_repr_into(tmpl_st *J, tbuf *b, jv v, int line);
 jv jv_to_string(tmpl_st *J, jv v, int line);
-void py_float_repr(double f, char *out, size_t n);
+void tmpl_float_repr(double f, char *out, size_t n);
 /* json.dumps(v, ensure_ascii, indent (NULL = none), separators, sort_keys) */
 typedef struct json_opts {
     int ensure_ascii, sort_keys;
@@ -138,10 +138,10 @@ typedef struct json_opts {
 void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int line);
 
 /* UTF-8 helpers (invalid bytes decode as themselves, one byte each) */
-uint32_t u8_next(const char *s, size_t n, size_t *i);
-void u8_put(tbuf *b, uint32_t c);
-size_t u8_len(const char *s, size_t n);
-int py_isspace(uint32_t c);
+uint32_t tmpl_u8_next(const char *s, size_t n, size_t *i);
+void tmpl_u8_put(tbuf *b, uint32_t c);
+size_t tmpl_u8_len(const char *s, size_t n);
+int tmpl_isspace(uint32_t c);
 
 /* --------------------------------------------------------------- tokens */
 enum {
@@ -191,9 +191,9 @@ typedef struct jscope {
     jv *vals;
 } jscope;
 
-jscope *scope_new(tmpl_st *J, jscope *parent);
-void scope_set(tmpl_st *J, jscope *s, const char *name, jv v);
-jv *scope_lookup(jscope *s, const char *name);
+jscope *tmpl_scope_new(tmpl_st *J, jscope *parent);
+void tmpl_scope_set(tmpl_st *J, jscope *s, const char *name, jv v);
+jv *tmpl_scope_lookup(jscope *s, const char *name);
 
 void tmpl_exec(tmpl_st *J, jscope *sc, const jnodes *body, tbuf *out);
 jv tmpl_eval(tmpl_st *J, jscope *sc, const jnode *e);

@@ -50,8 +50,8 @@ static int count_nl(const char *s, size_t n) {
 static size_t rstrip_len(const char *s, size_t n) {
     size_t keep = 0, i = 0;
     while (i < n) {
-        uint32_t c = u8_next(s, n, &i);
-        if (!py_isspace(c)) keep = i;
+        uint32_t c = tmpl_u8_next(s, n, &i);
+        if (!tmpl_isspace(c)) keep = i;
     }
     return keep;
 }
@@ -60,8 +60,8 @@ static size_t ws_span(const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         size_t j = i;
-        uint32_t c = u8_next(s, n, &j);
-        if (!py_isspace(c)) break;
+        uint32_t c = tmpl_u8_next(s, n, &j);
+        if (!tmpl_isspace(c)) break;
         i = j;
     }
     return i;
@@ -86,7 +86,7 @@ static void emit_text_before(lx *L, const char *text, size_t n, char sign, int i
             /* Jinja 3.1: whitespace_re (\s+, Unicode) must match all of it */
             size_t i = l_pos;
             int only_ws = 1;
-            while (i < n) if (!py_isspace(u8_next(text, n, &i))) { only_ws = 0; break; }
+            while (i < n) if (!tmpl_isspace(tmpl_u8_next(text, n, &i))) { only_ws = 0; break; }
             if (only_ws) n = l_pos;
         }
     }
@@ -122,24 +122,24 @@ static size_t digits_us(const char *s, size_t n) {
 }
 
 static void decode_string(lx *L, jtok *t, const char *s, size_t n) {
-    tbuf b; tb_init(&b, L->J);
+    tbuf b; tbuf_init(&b, L->J);
     size_t i = 0;
     while (i < n) {
-        if (s[i] != '\\' || i + 1 >= n) { tb_putc(&b, s[i++]); continue; }
+        if (s[i] != '\\' || i + 1 >= n) { tbuf_putc(&b, s[i++]); continue; }
         char c = s[i + 1];
         i += 2;
         switch (c) {
         case '\n': break;
-        case '\\': tb_putc(&b, '\\'); break;
-        case '\'': tb_putc(&b, '\''); break;
-        case '"': tb_putc(&b, '"'); break;
-        case 'a': tb_putc(&b, 7); break;
-        case 'b': tb_putc(&b, 8); break;
-        case 'f': tb_putc(&b, 12); break;
-        case 'n': tb_putc(&b, 10); break;
-        case 'r': tb_putc(&b, 13); break;
-        case 't': tb_putc(&b, 9); break;
-        case 'v': tb_putc(&b, 11); break;
+        case '\\': tbuf_putc(&b, '\\'); break;
+        case '\'': tbuf_putc(&b, '\''); break;
+        case '"': tbuf_putc(&b, '"'); break;
+        case 'a': tbuf_putc(&b, 7); break;
+        case 'b': tbuf_putc(&b, 8); break;
+        case 'f': tbuf_putc(&b, 12); break;
+        case 'n': tbuf_putc(&b, 10); break;
+        case 'r': tbuf_putc(&b, 13); break;
+        case 't': tbuf_putc(&b, 9); break;
+        case 'v': tbuf_putc(&b, 11); break;
         case 'x': case 'u': case 'U': {
             int want = c == 'x' ? 2 : c == 'u' ? 4 : 8;
             uint32_t v = 0;
@@ -152,7 +152,7 @@ static void decode_string(lx *L, jtok *t, const char *s, size_t n) {
             }
             i += (size_t)want;
             if (v > 0x10ffff) tmpl_fail(L->J, CINFER_EFORMAT, t->line, "illegal Unicode character in string literal");
-            u8_put(&b, v);
+            tmpl_u8_put(&b, v);
             break;
         }
         case 'N': tmpl_fail(L->J, CINFER_EUNSUPPORTED, t->line, "\\N{...} escapes are not supported");
@@ -160,8 +160,8 @@ static void decode_string(lx *L, jtok *t, const char *s, size_t n) {
             if (c >= '0' && c <= '7') {
                 uint32_t v = (uint32_t)(c - '0');
                 for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++) v = v * 8 + (uint32_t)(s[i++] - '0');
-                u8_put(&b, v);
-            } else { tb_putc(&b, '\\'); tb_putc(&b, c); }
+                tmpl_u8_put(&b, v);
+            } else { tbuf_putc(&b, '\\'); tbuf_putc(&b, c); }
         }
     }
     t->s = b.p ? b.p : "";

@@ -30,10 +30,8 @@ static jtok *cur(ps *P) { return &P->t[P->i]; }
 static jtok *peek(ps *P, size_t k) { return P->i + k < P->n ? &P->t[P->i + k] : &P->t[P->n - 1]; }
 static jtok *next(ps *P) { jtok *t = cur(P); if (P->i + 1 < P->n) P->i++; return t; }
 
-static const char *describe(jtok *t) {
-    static char buf[4][32];
-    static int k;
-    char *b = buf[k++ & 3];
+/* a token as Jinja names it in messages, into b[32] */
+static const char *describe(jtok *t, char *b) {
     switch (t->type) {
     case TK_EOF: return "end of template";
     case TK_DATA: return "template data";
@@ -55,7 +53,8 @@ static const char *describe(jtok *t) {
 }
 
 static __attribute__((noreturn)) void syntax(ps *P, const char *what) {
-    tmpl_fail(P->J, CINFER_EFORMAT, cur(P)->line, "syntax error: %s (got '%s')", what, describe(cur(P)));
+    char b[32];
+    tmpl_fail(P->J, CINFER_EFORMAT, cur(P)->line, "syntax error: %s (got '%s')", what, describe(cur(P), b));
 }
 static int is_op(ps *P, int op) { return cur(P)->type == TK_OP && cur(P)->op == op; }
 static int is_name(ps *P, const char *name) { return cur(P)->type == TK_NAME && !strcmp(cur(P)->s, name); }
@@ -111,6 +110,7 @@ static void enter(ps *P) {
 }
 
 static jnode *parse_expression(ps *P, int with_condexpr);
+static jnode *parse_or_(ps *P);
 static jnode *parse_tuple(ps *P, int simplified, int with_condexpr, const char *extra_end, int explicit_paren);
 static jnode *parse_unary(ps *P, int with_filter);
 static jnode *parse_primary(ps *P);
@@ -127,7 +127,6 @@ static jnode *binop(ps *P, int op, jnode *a, jnode *b, int line) {
 static jnode *parse_condexpr(ps *P) {
     int line = cur(P)->line;
     jnode *e1 = NULL;
-    jnode *parse_or_(ps *);
     e1 = parse_or_(P);
     while (is_name(P, "if")) {
         next(P);
@@ -163,7 +162,7 @@ static jnode *parse_and(ps *P) {
     }
     return l;
 }
-jnode *parse_or_(ps *P) {
+static jnode *parse_or_(ps *P) {
     jnode *l = parse_and(P);
     while (is_name(P, "or")) {
         jnode *n = mk(P, N_OR);
@@ -282,8 +281,8 @@ static jnode *parse_primary(ps *P) {
         return n;
     case TK_STRING: {
         n = mk(P, N_CONST);
-        tbuf b; tb_init(&b, P->J);
-        while (cur(P)->type == TK_STRING) { tb_put(&b, cur(P)->s, cur(P)->n); next(P); }
+        tbuf b; tbuf_init(&b, P->J);
+        while (cur(P)->type == TK_STRING) { tbuf_put(&b, cur(P)->s, cur(P)->n); next(P); }
         n->val = jv_str(P->J, b.p ? b.p : "", b.n);
         return n;
     }

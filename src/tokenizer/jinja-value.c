@@ -84,9 +84,9 @@ char *tmpl_strndup(tmpl_st *J, const char *s, size_t n) {
 }
 
 /* ---------------------------------------------------------------- buffers */
-void tb_init(tbuf *b, tmpl_st *J) { b->p = NULL; b->n = b->cap = 0; b->J = J; b->limit = TMPL_MAX_OUTPUT; }
+void tbuf_init(tbuf *b, tmpl_st *J) { b->p = NULL; b->n = b->cap = 0; b->J = J; b->limit = TMPL_MAX_OUTPUT; }
 
-static void tb_grow(tbuf *b, size_t add) {
+static void tbuf_grow(tbuf *b, size_t add) {
     if (b->n + add + 1 <= b->cap) return;
     if (b->n + add + 1 > b->limit)
         tmpl_fail(b->J, CINFER_EINVAL, b->J->line, "rendered text exceeds %zu MiB", b->limit >> 20);
@@ -96,26 +96,26 @@ static void tb_grow(tbuf *b, size_t add) {
     if (b->n) memcpy(p, b->p, b->n);
     b->p = p; b->cap = cap;
 }
-void tb_put(tbuf *b, const char *s, size_t n) {
+void tbuf_put(tbuf *b, const char *s, size_t n) {
     if (!n) return;
-    tb_grow(b, n);
+    tbuf_grow(b, n);
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
 }
-void tb_puts(tbuf *b, const char *s) { tb_put(b, s, strlen(s)); }
-void tb_putc(tbuf *b, char c) { tb_put(b, &c, 1); }
-void tb_printf(tbuf *b, const char *fmt, ...) {
+void tbuf_puts(tbuf *b, const char *s) { tbuf_put(b, s, strlen(s)); }
+void tbuf_putc(tbuf *b, char c) { tbuf_put(b, &c, 1); }
+void tbuf_printf(tbuf *b, const char *fmt, ...) {
     char tmp[256];
     va_list ap;
     va_start(ap, fmt);
     int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (k > 0) tb_put(b, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
+    if (k > 0) tbuf_put(b, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
 }
 
 /* ------------------------------------------------------------------ UTF-8 */
-uint32_t u8_next(const char *s, size_t n, size_t *i) {
+uint32_t tmpl_u8_next(const char *s, size_t n, size_t *i) {
     const unsigned char *u = (const unsigned char *)s;
     size_t p = *i;
     unsigned c = u[p];
@@ -129,24 +129,24 @@ uint32_t u8_next(const char *s, size_t n, size_t *i) {
     *i = p + (size_t)len;
     return cp;
 }
-void u8_put(tbuf *b, uint32_t c) {
+void tmpl_u8_put(tbuf *b, uint32_t c) {
     char t[4];
-    if (c < 0x80) { t[0] = (char)c; tb_put(b, t, 1); }
-    else if (c < 0x800) { t[0] = (char)(0xc0 | (c >> 6)); t[1] = (char)(0x80 | (c & 0x3f)); tb_put(b, t, 2); }
+    if (c < 0x80) { t[0] = (char)c; tbuf_put(b, t, 1); }
+    else if (c < 0x800) { t[0] = (char)(0xc0 | (c >> 6)); t[1] = (char)(0x80 | (c & 0x3f)); tbuf_put(b, t, 2); }
     else if (c < 0x10000) {
         t[0] = (char)(0xe0 | (c >> 12)); t[1] = (char)(0x80 | ((c >> 6) & 0x3f));
-        t[2] = (char)(0x80 | (c & 0x3f)); tb_put(b, t, 3);
+        t[2] = (char)(0x80 | (c & 0x3f)); tbuf_put(b, t, 3);
     } else {
         t[0] = (char)(0xf0 | (c >> 18)); t[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-        t[2] = (char)(0x80 | ((c >> 6) & 0x3f)); t[3] = (char)(0x80 | (c & 0x3f)); tb_put(b, t, 4);
+        t[2] = (char)(0x80 | ((c >> 6) & 0x3f)); t[3] = (char)(0x80 | (c & 0x3f)); tbuf_put(b, t, 4);
     }
 }
-size_t u8_len(const char *s, size_t n) {
+size_t tmpl_u8_len(const char *s, size_t n) {
     size_t i = 0, k = 0;
-    while (i < n) { u8_next(s, n, &i); k++; }
+    while (i < n) { tmpl_u8_next(s, n, &i); k++; }
     return k;
 }
-int py_isspace(uint32_t c) {
+int tmpl_isspace(uint32_t c) {
     if (c == ' ' || (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x1f)) return 1;
     if (c < 0x85) return 0;
     return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
@@ -315,7 +315,7 @@ int jv_cmp(tmpl_st *J, jv a, jv b, int line) {
 /* -------------------------------------------------------------- printing */
 /* Python's float.__repr__: the shortest digits that round-trip; fixed
  * notation for exponents in [-4, 16), scientific otherwise. */
-void py_float_repr(double f, char *out, size_t n) {
+void tmpl_float_repr(double f, char *out, size_t n) {
     if (isnan(f)) { snprintf(out, n, "nan"); return; }
     if (isinf(f)) { snprintf(out, n, f < 0 ? "-inf" : "inf"); return; }
     char buf[64];
@@ -374,35 +374,35 @@ static int py_printable(uint32_t c) {
 static void repr_str(tbuf *b, const char *s, size_t n) {
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = (has_sq && !has_dq) ? '"' : '\'';
-    tb_putc(b, q);
+    tbuf_putc(b, q);
     size_t i = 0;
     while (i < n) {
         size_t st = i;
-        uint32_t c = u8_next(s, n, &i);
-        if (c == (uint32_t)q || c == '\\') { tb_putc(b, '\\'); tb_putc(b, (char)c); }
-        else if (c == '\n') tb_puts(b, "\\n");
-        else if (c == '\r') tb_puts(b, "\\r");
-        else if (c == '\t') tb_puts(b, "\\t");
-        else if (c >= 0x80 && i - st == 1) tb_printf(b, "\\x%02x", c);  /* stray byte */
-        else if (py_printable(c)) tb_put(b, s + st, i - st);
-        else if (c < 0x100) tb_printf(b, "\\x%02x", c);
-        else if (c < 0x10000) tb_printf(b, "\\u%04x", c);
-        else tb_printf(b, "\\U%08x", c);
+        uint32_t c = tmpl_u8_next(s, n, &i);
+        if (c == (uint32_t)q || c == '\\') { tbuf_putc(b, '\\'); tbuf_putc(b, (char)c); }
+        else if (c == '\n') tbuf_puts(b, "\\n");
+        else if (c == '\r') tbuf_puts(b, "\\r");
+        else if (c == '\t') tbuf_puts(b, "\\t");
+        else if (c >= 0x80 && i - st == 1) tbuf_printf(b, "\\x%02x", c);  /* stray byte */
+        else if (py_printable(c)) tbuf_put(b, s + st, i - st);
+        else if (c < 0x100) tbuf_printf(b, "\\x%02x", c);
+        else if (c < 0x10000) tbuf_printf(b, "\\u%04x", c);
+        else tbuf_printf(b, "\\U%08x", c);
     }
-    tb_putc(b, q);
+    tbuf_putc(b, q);
 }
 
 static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
     char num[64];
     switch (v.k) {
-    case JV_UNDEF: if (repr) tb_puts(b, "Undefined"); return;
-    case JV_NONE: tb_puts(b, "None"); return;
-    case JV_BOOL: tb_puts(b, v.u.b ? "True" : "False"); return;
-    case JV_INT: tb_printf(b, "%lld", (long long)v.u.i); return;
-    case JV_FLOAT: py_float_repr(v.u.f, num, sizeof num); tb_puts(b, num); return;
+    case JV_UNDEF: if (repr) tbuf_puts(b, "Undefined"); return;
+    case JV_NONE: tbuf_puts(b, "None"); return;
+    case JV_BOOL: tbuf_puts(b, v.u.b ? "True" : "False"); return;
+    case JV_INT: tbuf_printf(b, "%lld", (long long)v.u.i); return;
+    case JV_FLOAT: tmpl_float_repr(v.u.f, num, sizeof num); tbuf_puts(b, num); return;
     case JV_STR:
         if (repr) repr_str(b, v.u.s->s, v.u.s->n);
-        else tb_put(b, v.u.s->s, v.u.s->n);
+        else tbuf_put(b, v.u.s->s, v.u.s->n);
         return;
     case JV_LIST: {
         jlist *l = v.u.l;
@@ -410,21 +410,21 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
             tmpl_fail(J, CINFER_EUNSUPPORTED, line, "printing a generator (Python prints its memory address); "
                       "add |list or |join");
         if (l->view == JL_RANGE) {
-            tb_printf(b, "range(%lld, %lld", (long long)l->r0, (long long)l->r1);
-            if (l->rs != 1) tb_printf(b, ", %lld", (long long)l->rs);
-            tb_putc(b, ')');
+            tbuf_printf(b, "range(%lld, %lld", (long long)l->r0, (long long)l->r1);
+            if (l->rs != 1) tbuf_printf(b, ", %lld", (long long)l->rs);
+            tbuf_putc(b, ')');
             return;
         }
-        if (l->view) { tb_puts(b, jv_typename(v)); tb_putc(b, '('); }
+        if (l->view) { tbuf_puts(b, jv_typename(v)); tbuf_putc(b, '('); }
         if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
-        tb_putc(b, l->tuple ? '(' : '[');
+        tbuf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) tb_puts(b, ", ");
+            if (i) tbuf_puts(b, ", ");
             print_value(J, b, l->v[i], line, 1);
         }
-        if (l->tuple && l->n == 1) tb_putc(b, ',');
-        tb_putc(b, l->tuple ? ')' : ']');
-        if (l->view) tb_putc(b, ')');
+        if (l->tuple && l->n == 1) tbuf_putc(b, ',');
+        tbuf_putc(b, l->tuple ? ')' : ']');
+        if (l->view) tbuf_putc(b, ')');
         J->vdepth--;
         return;
     }
@@ -433,14 +433,14 @@ static void print_value(tmpl_st *J, tbuf *b, jv v, int line, int repr) {
             tmpl_fail(J, CINFER_EUNSUPPORTED, line, "printing a %s object is not supported", jv_typename(v));
         if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply to print");
         jdict *d = v.u.d;
-        tb_putc(b, '{');
+        tbuf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
-            if (i) tb_puts(b, ", ");
+            if (i) tbuf_puts(b, ", ");
             print_value(J, b, d->k[i], line, 1);
-            tb_puts(b, ": ");
+            tbuf_puts(b, ": ");
             print_value(J, b, d->v[i], line, 1);
         }
-        tb_putc(b, '}');
+        tbuf_putc(b, '}');
         J->vdepth--;
         return;
     }
@@ -453,42 +453,42 @@ void jv_str_into(tmpl_st *J, tbuf *b, jv v, int line) { print_value(J, b, v, lin
 void jv_repr_into(tmpl_st *J, tbuf *b, jv v, int line) { print_value(J, b, v, line, 1); }
 jv jv_to_string(tmpl_st *J, jv v, int line) {
     if (v.k == JV_STR) return v;
-    tbuf b; tb_init(&b, J);
+    tbuf b; tbuf_init(&b, J);
     print_value(J, &b, v, line, 0);
     return jv_str(J, b.p ? b.p : "", b.n);
 }
 
 /* ------------------------------------------------------------------ json */
 static void json_str(tbuf *b, const char *s, size_t n, int ascii) {
-    tb_putc(b, '"');
+    tbuf_putc(b, '"');
     size_t i = 0;
     while (i < n) {
         size_t st = i;
-        uint32_t c = u8_next(s, n, &i);
+        uint32_t c = tmpl_u8_next(s, n, &i);
         switch (c) {
-        case '"': tb_puts(b, "\\\""); break;
-        case '\\': tb_puts(b, "\\\\"); break;
-        case '\n': tb_puts(b, "\\n"); break;
-        case '\r': tb_puts(b, "\\r"); break;
-        case '\t': tb_puts(b, "\\t"); break;
-        case '\b': tb_puts(b, "\\b"); break;
-        case '\f': tb_puts(b, "\\f"); break;
+        case '"': tbuf_puts(b, "\\\""); break;
+        case '\\': tbuf_puts(b, "\\\\"); break;
+        case '\n': tbuf_puts(b, "\\n"); break;
+        case '\r': tbuf_puts(b, "\\r"); break;
+        case '\t': tbuf_puts(b, "\\t"); break;
+        case '\b': tbuf_puts(b, "\\b"); break;
+        case '\f': tbuf_puts(b, "\\f"); break;
         default:
-            if (c < 0x20) tb_printf(b, "\\u%04x", c);
-            else if (c < 0x80 || !ascii) tb_put(b, s + st, i - st);
-            else if (c < 0x10000) tb_printf(b, "\\u%04x", c);
+            if (c < 0x20) tbuf_printf(b, "\\u%04x", c);
+            else if (c < 0x80 || !ascii) tbuf_put(b, s + st, i - st);
+            else if (c < 0x10000) tbuf_printf(b, "\\u%04x", c);
             else {
                 c -= 0x10000;
-                tb_printf(b, "\\u%04x\\u%04x", 0xd800 + (c >> 10), 0xdc00 + (c & 0x3ff));
+                tbuf_printf(b, "\\u%04x\\u%04x", 0xd800 + (c >> 10), 0xdc00 + (c & 0x3ff));
             }
         }
     }
-    tb_putc(b, '"');
+    tbuf_putc(b, '"');
 }
 
 static void json_nl(tbuf *b, const json_opts *o, int level) {
-    tb_putc(b, '\n');
-    for (int i = 0; i < level; i++) tb_puts(b, o->indent);
+    tbuf_putc(b, '\n');
+    for (int i = 0; i < level; i++) tbuf_puts(b, o->indent);
 }
 
 static int key_cmp(const void *x, const void *y) {
@@ -502,29 +502,29 @@ static int key_cmp(const void *x, const void *y) {
 void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int line) {
     char num[64];
     switch (v.k) {
-    case JV_NONE: tb_puts(b, "null"); return;
-    case JV_BOOL: tb_puts(b, v.u.b ? "true" : "false"); return;
-    case JV_INT: tb_printf(b, "%lld", (long long)v.u.i); return;
+    case JV_NONE: tbuf_puts(b, "null"); return;
+    case JV_BOOL: tbuf_puts(b, v.u.b ? "true" : "false"); return;
+    case JV_INT: tbuf_printf(b, "%lld", (long long)v.u.i); return;
     case JV_FLOAT:
-        if (isnan(v.u.f)) tb_puts(b, "NaN");
-        else if (isinf(v.u.f)) tb_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
-        else { py_float_repr(v.u.f, num, sizeof num); tb_puts(b, num); }
+        if (isnan(v.u.f)) tbuf_puts(b, "NaN");
+        else if (isinf(v.u.f)) tbuf_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
+        else { tmpl_float_repr(v.u.f, num, sizeof num); tbuf_puts(b, num); }
         return;
     case JV_STR: json_str(b, v.u.s->s, v.u.s->n, o->ensure_ascii); return;
     case JV_LIST: {
         jlist *l = v.u.l;
         if (l->view)
             tmpl_fail(J, CINFER_EINVAL, line, "Object of type %s is not JSON serializable", jv_typename(v));
-        if (!l->n) { tb_puts(b, "[]"); return; }
+        if (!l->n) { tbuf_puts(b, "[]"); return; }
         if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
-        tb_putc(b, '[');
+        tbuf_putc(b, '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) tb_puts(b, o->item_sep);
+            if (i) tbuf_puts(b, o->item_sep);
             if (o->indent) json_nl(b, o, level + 1);
             jv_tojson(J, b, l->v[i], o, level + 1, line);
         }
         if (o->indent) json_nl(b, o, level);
-        tb_putc(b, ']');
+        tbuf_putc(b, ']');
         J->vdepth--;
         return;
     }
@@ -532,29 +532,29 @@ void jv_tojson(tmpl_st *J, tbuf *b, jv v, const json_opts *o, int level, int lin
         jdict *d = v.u.d;
         if (d->kind != JD_PLAIN)
             tmpl_fail(J, CINFER_EINVAL, line, "Object of type %s is not JSON serializable", jv_typename(v));
-        if (!d->n) { tb_puts(b, "{}"); return; }
+        if (!d->n) { tbuf_puts(b, "{}"); return; }
         if (++J->vdepth > TMPL_MAX_DEPTH) tmpl_fail(J, CINFER_EINVAL, line, "value nested too deeply for tojson");
         jv **keys = tmpl_alloc(J, d->n * sizeof(jv *));
         for (size_t i = 0; i < d->n; i++) keys[i] = &d->k[i];
         if (o->sort_keys) qsort(keys, d->n, sizeof(jv *), key_cmp);  /* string keys (JSON input) */
-        tb_putc(b, '{');
+        tbuf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
             jv k = *keys[i];
             jv val = d->v[keys[i] - d->k];
-            if (i) tb_puts(b, o->item_sep);
+            if (i) tbuf_puts(b, o->item_sep);
             if (o->indent) json_nl(b, o, level + 1);
             if (k.k == JV_STR) json_str(b, k.u.s->s, k.u.s->n, o->ensure_ascii);
             else if (k.k == JV_INT || k.k == JV_FLOAT || k.k == JV_BOOL || k.k == JV_NONE) {
-                tbuf t; tb_init(&t, J);
+                tbuf t; tbuf_init(&t, J);
                 jv_tojson(J, &t, k, o, 0, line);
-                tb_putc(b, '"'); tb_put(b, t.p, t.n); tb_putc(b, '"');
+                tbuf_putc(b, '"'); tbuf_put(b, t.p, t.n); tbuf_putc(b, '"');
             } else tmpl_fail(J, CINFER_EINVAL, line, "keys must be str, int, float, bool or None, not %s",
                              jv_typename(k));
-            tb_puts(b, o->key_sep);
+            tbuf_puts(b, o->key_sep);
             jv_tojson(J, b, val, o, level + 1, line);
         }
         if (o->indent) json_nl(b, o, level);
-        tb_putc(b, '}');
+        tbuf_putc(b, '}');
         J->vdepth--;
         return;
     }
