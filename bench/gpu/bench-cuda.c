@@ -1,0 +1,260 @@
+/*
+ * bench-cuda.c — cinfer's CUDA backend on random-weight models of real
+ * shapes (bf16): prefill tok/s at P tokens and batch-1 decode tok/s (G new
+ * tokens after a 128-token prompt, greedy), each next to its ceiling measured
+ * in the same process: device-to-device copy bandwidth (bytes read + written)
+ * for decode, cuBLAS bf16 GEMM rate (8192^3, random data) for prefill.
+ *
+ * The model directory is written here as a sparse file (config.json and a
+ * safetensors header; the data is a hole), loaded through the normal path
+ * (cinfer_model_load, device "cuda", weights uploaded once), then every
+ * device weight is overwritten with random values on the GPU
+ * (cuda_fill_random): an 8B model would take minutes to write to disk.
+ * Everything else is the public API: cinfer_eval for prefill and each decode
+ * step (the decode step is the library's graph replay), logits copied back,
+ * argmax on the host.
+ *
+ * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
+ *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and one JSON line.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <string.h>
+#include <unistd.h>
+#include "cinfer.h"
+#include "engine/engine.h"
+#include "backend/cuda/cuda-api.h"
+#include "util.h"
+
+typedef struct shape { const char *name; int hidden, layers, heads, kv, ffn, vocab, tied; double theta; float rope_factor; } shape;
+static const shape SHAPES[] = {
+    {"llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, 1, 500000.0, 32.0f},
+    {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f},
+};
+
+static int write_model(const shape *s, const char *dir) {
+    mkdir(dir, 0755);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    int hd = s->hidden / s->heads;
+    fprintf(f, "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":%d,\"intermediate_size\":%d,"
+               "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,"
+               "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,\"rope_theta\":%.1f,\"hidden_act\":\"silu\","
+               "\"tie_word_embeddings\":%s,\"bos_token_id\":128000,\"eos_token_id\":128001,\"torch_dtype\":\"bfloat16\","
+               "\"attention_bias\":false,\"mlp_bias\":false,\"rope_scaling\":{\"factor\":%.1f,\"high_freq_factor\":4.0,"
+               "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}\n",
+            s->hidden, s->ffn, s->layers, s->heads, s->kv, hd, s->vocab, s->theta, s->tied ? "true" : "false", (double)s->rope_factor);
+    fclose(f);
+    /* safetensors header */
+    size_t cap = 1 << 20, n = 0;
+    char *h = malloc(cap);
+    uint64_t off = 0;
+#define T(name, r, c)                                                                                               \
+    do {                                                                                                            \
+        uint64_t bytes = (uint64_t)(r) * (c) * 2;                                                                   \
+        if ((r) > 1) n += snprintf(h + n, cap - n, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%d,%d],\"data_offsets\":[%llu,%llu]}", \
+                                   n > 1 ? "," : "", name, (int)(r), (int)(c), (unsigned long long)off, (unsigned long long)(off + bytes)); \
+        else n += snprintf(h + n, cap - n, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%d],\"data_offsets\":[%llu,%llu]}", \
+                           n > 1 ? "," : "", name, (int)(c), (unsigned long long)off, (unsigned long long)(off + bytes)); \
+        off += bytes;                                                                                               \
+    } while (0)
+    n += snprintf(h + n, cap - n, "{");
+    char nm[128];
+    T("model.embed_tokens.weight", s->vocab, s->hidden);
+    for (int l = 0; l < s->layers; l++) {
+        int q = s->heads * hd, kv = s->kv * hd;
+#define L(suffix, r, c) snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); T(nm, r, c)
+        L("input_layernorm.weight", 1, s->hidden);
+        L("self_attn.q_proj.weight", q, s->hidden);
+        L("self_attn.k_proj.weight", kv, s->hidden);
+        L("self_attn.v_proj.weight", kv, s->hidden);
+        L("self_attn.o_proj.weight", s->hidden, q);
+        L("post_attention_layernorm.weight", 1, s->hidden);
+        L("mlp.gate_proj.weight", s->ffn, s->hidden);
+        L("mlp.up_proj.weight", s->ffn, s->hidden);
+        L("mlp.down_proj.weight", s->hidden, s->ffn);
+#undef L
+    }
+    T("model.norm.weight", 1, s->hidden);
+    if (!s->tied) T("lm_head.weight", s->vocab, s->hidden);
+#undef T
+    n += snprintf(h + n, cap - n, "}");
+    while (n % 8) h[n++] = ' ';
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (fd < 0) { free(h); return 1; }
+    uint64_t hl = n;
+    int bad = write(fd, &hl, 8) != 8 || write(fd, h, n) != (ssize_t)n || ftruncate(fd, (off_t)(8 + n + off)) != 0;
+    close(fd);
+    free(h);
+    return bad;
+}
+
+/* every prepared weight gets fresh random values on the device */
+static size_t randomize(cinfer_model *m) {
+    uint64_t seed = 1;
+    size_t bytes = 0;
+    be_mat *all[3] = {&m->w.tok_embd, &m->w.out_norm, &m->w.lm_head};
+    for (int i = 0; i < 3; i++) {
+        if (i == 2 && m->w.lm_head.dev == m->w.tok_embd.dev) break;
+        be_mat *w = all[i];
+        cuda_fill_random(w->dev, w->dt, (size_t)w->rows * w->cols, seed++, i == 1 ? 1.0f : 0.0f, i == 1 ? 0.0f : 0.02f);
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        be_mat *mats = (be_mat *)&m->w.layers[l];
+        for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat); i++) {
+            be_mat *w = &mats[i];
+            if (!w->dev) continue;
+            int norm = w->rows == 1;
+            cuda_fill_random(w->dev, w->dt, (size_t)w->rows * w->cols, seed++, norm ? 1.0f : 0.0f, norm ? 0.0f : 0.02f);
+            bytes += (size_t)w->rows * w->cols * be_dtype_size(w->dt);
+        }
+    }
+    return bytes;
+}
+
+static double median(double *v, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (v[j] < v[i]) { double t = v[i]; v[i] = v[j]; v[j] = t; }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void ceilings(double *copy_gbs, double *gemm_tflops) {
+    size_t bytes = (size_t)4 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float ms, best = 1e30f;
+    *copy_gbs = *gemm_tflops = 0;
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess) {
+        cuda_fill_random(a, BE_F32, bytes / 4, 7, 0, 1);
+        for (int r = 0; r < 6; r++) {
+            cudaEventRecord(e0, 0);
+            cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (r && ms < best) best = ms;
+        }
+        *copy_gbs = 2.0 * bytes / (best * 1e-3) / 1e9;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    int N = 8192;
+    void *A = NULL, *B = NULL, *C = NULL;
+    cublasHandle_t h;
+    if (cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cudaMalloc(&A, (size_t)N * N * 2) == cudaSuccess &&
+        cudaMalloc(&B, (size_t)N * N * 2) == cudaSuccess && cudaMalloc(&C, (size_t)N * N * 2) == cudaSuccess) {
+        cuda_fill_random(A, BE_BF16, (size_t)N * N, 8, 0, 1);
+        cuda_fill_random(B, BE_BF16, (size_t)N * N, 9, 0, 1);
+        const float one = 1, zero = 0;
+        double t[10];
+        for (int r = 0; r < 13; r++) {
+            cudaEventRecord(e0, 0);
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, A, CUDA_R_16BF, N, B, CUDA_R_16BF, N, &zero, C, CUDA_R_16BF, N,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (r >= 3) t[r - 3] = ms;
+        }
+        *gemm_tflops = 2.0 * N * (double)N * N / (median(t, 10) * 1e-3) / 1e12;
+        cublasDestroy(h);
+    }
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: bench-cuda SHAPE DIR [prefill_tokens] [gen_tokens]\n"); return 2; }
+    const shape *s = NULL;
+    for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) if (!strcmp(SHAPES[i].name, argv[1])) s = &SHAPES[i];
+    if (!s) { fprintf(stderr, "unknown shape %s\n", argv[1]); return 2; }
+    int P = argc > 3 ? atoi(argv[3]) : 2048, G = argc > 4 ? atoi(argv[4]) : 128, NP = 128;
+    double copy_gbs, gemm_tf;
+    ceilings(&copy_gbs, &gemm_tf);
+    double t0 = cf_now();
+    if (write_model(s, argv[2])) { fprintf(stderr, "cannot write %s\n", argv[2]); return 1; }
+    cinfer_load_opts lo = {"cuda", 0, 1};
+    cinfer_model *m = NULL;
+    char err[512];
+    if (cinfer_model_load(argv[2], &lo, &m, err, sizeof err)) { fprintf(stderr, "load: %s\n", err); return 1; }
+    size_t layer_bytes = randomize(m);
+    double t_load = cf_now() - t0;
+    const model_config *c = &m->cfg;
+    size_t head_bytes = (size_t)c->n_vocab * c->hidden * 2 + (size_t)c->hidden * 2;
+    size_t step_bytes = layer_bytes + head_bytes;   /* weights read per decoded token (the embedding row aside) */
+    double layer_params = (double)layer_bytes / 2;
+    cinfer_ctx_opts co = {0, 1};   /* f16 KV cache */
+    cinfer_ctx *ctx = NULL;
+    if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
+    int V = c->n_vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * P);
+    float *lg = malloc(sizeof(float) * V);
+    uint64_t x = 12345;
+    for (int i = 0; i < P; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((x >> 33) % V); }
+    /* prefill: one warm-up, then the median of 5 */
+    double tp[5];
+    int bad = 0;
+    for (int r = 0; r < 6 && !bad; r++) {
+        cinfer_ctx_reset(ctx);
+        double a = cf_now();
+        bad = cinfer_eval(ctx, ids, P, 0, lg);
+        if (r) tp[r - 1] = cf_now() - a;
+    }
+    if (bad) { fprintf(stderr, "prefill: %s\n", cinfer_ctx_error(ctx)); return 1; }
+    double t_pre = median(tp, 5);
+    /* FLOPs: projections and MLP 2*P*params, lm_head for one row, attention QK^T and PV over the causal half */
+    double attn = 4.0 * c->n_layer * c->n_head * (double)c->head_dim * ((double)P * (P + 1) / 2);
+    double flops = 2.0 * P * layer_params + 2.0 * V * c->hidden + attn;
+    /* decode: 128-token prompt, then G greedy steps, timed as a whole; median of 3 */
+    double td[3];
+    long caps = 0, reps = 0;
+    int32_t last = 0;
+    for (int r = 0; r < 4 && !bad; r++) {
+        cinfer_ctx_reset(ctx);
+        bad = cinfer_eval(ctx, ids, NP, 0, lg);
+        int32_t tok = argmax(lg, V);
+        double a = cf_now();
+        for (int i = 0; i < G && !bad; i++) {
+            bad = cinfer_eval(ctx, &tok, 1, 0, lg);
+            tok = argmax(lg, V);
+        }
+        if (r) td[r - 1] = cf_now() - a;
+        last = tok;
+    }
+    if (bad) { fprintf(stderr, "decode: %s\n", cinfer_ctx_error(ctx)); return 1; }
+    cuda_graph_stats(ctx->bc, &caps, &reps);
+    double t_dec = median(td, 3);
+    double dec_tps = G / t_dec, gbs = step_bytes * dec_tps / 1e9;
+    printf("## %s (bf16, %.2f GB of weights read per token; load + random fill %.1f s)\n", s->name, step_bytes / 1e9, t_load);
+    printf("ceilings: device-to-device copy %.0f GB/s (read+write), cuBLAS bf16 GEMM 8192^3 %.0f TFLOP/s\n", copy_gbs, gemm_tf);
+    printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s (%.0f%% of the GEMM rate)\n", P, t_pre * 1e3, P / t_pre,
+           flops / t_pre / 1e12, 100.0 * flops / t_pre / 1e12 / gemm_tf);
+    printf("decode %d tokens after %d: %.2f ms/token, %.1f tok/s, %.0f GB/s of weights (%.0f%% of copy bandwidth); "
+           "graph captured %ld, replayed %ld; last token %d\n",
+           G, NP, t_dec / G * 1e3, dec_tps, gbs, 100.0 * gbs / copy_gbs, caps, reps, (int)last);
+    printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
+           "\"decode_tok_s\":%.2f,\"decode_gbs\":%.1f,\"step_bytes\":%zu,\"copy_gbs\":%.1f,\"gemm_tflops\":%.1f,\"flops_prefill\":%.4g}\n",
+           s->name, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);
+    free(ids);
+    free(lg);
+    cinfer_ctx_free(ctx);
+    cinfer_model_free(m);
+    return 0;
+}

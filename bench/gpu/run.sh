@@ -1,0 +1,34 @@
+#!/bin/sh
+# The CUDA benchmark on the GPU machine, one call: bench-cuda (built here by
+# tests/gpu/build.sh, carried in build-gpu/) on random-weight llama-3.2-1b and
+# llama-3-8b shapes in bf16, each next to its measured ceilings, then the
+# PyTorch + transformers peer on the same shapes (eager, then
+# cache_implementation="static", each under a time limit), and a Markdown
+# table of all of it. Output: $OUT/bench.log, $OUT/results.jsonl.
+cd "$(dirname "$0")/../.." || exit 1
+B=${B:-build-gpu}
+O=${OUT:-/tmp}
+W=${WORK:-/tmp/cinfer-bench}
+SHAPES=${SHAPES:-"llama-3.2-1b llama-3-8b"}
+mkdir -p $W
+if ldd $B/bench-cuda | grep -q 'not found'; then
+  lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
+  [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):$LD_LIBRARY_PATH"
+fi
+export PYTHONUNBUFFERED=1
+: >$O/results.jsonl
+for s in $SHAPES; do
+  echo "== bench-cuda $s" | tee -a $O/bench.log
+  $B/bench-cuda $s $W/$s 2048 128 2>&1 | tee -a $O/bench.log | grep '^{' >>$O/results.jsonl
+done
+for mode in eager static; do
+  for s in $SHAPES; do
+    echo "== peer torch $mode $s" | tee -a $O/bench.log
+    timeout ${PEER_TIMEOUT:-200} python3 bench/gpu/peer-torch.py $W/$s $mode 2048 128 >$O/peer.tmp 2>&1
+    echo "rc=$?" >>$O/peer.tmp
+    grep -vE 'Warning|warn\(' $O/peer.tmp | tail -5 | tee -a $O/bench.log
+    grep '^{' $O/peer.tmp >>$O/results.jsonl
+  done
+done
+rm -f $O/peer.tmp
+python3 bench/gpu/peer-torch.py table $O/results.jsonl | tee -a $O/bench.log

@@ -1,0 +1,334 @@
+/*
+ * attention.cu — softmax(q k^T * scale + mask) v over the KV cache, on the
+ * device. Mask: query i of row b sits at position p = pos0[b] + i and sees
+ * keys j <= p (and j > p - window when a window is set); padded queries
+ * (i >= len[b]) get zeros. Cache layout [B][n_kv][cap][hd], f32 or f16.
+ *
+ * Two kernels:
+ * - split-K (flash-decoding): grid (splits of SPLIT keys, heads, queries);
+ *   each block scores its slice of keys in f32, keeps its max m, sum l and
+ *   unnormalised output o; a combine kernel merges the slices with
+ *   exp(m_s - M) weights. The grid depends only on the cache capacity, never
+ *   on the position, so a captured decode graph stays valid while positions
+ *   move (they arrive in device memory). Exact f32; any head_dim.
+ * - flash (prefill, head_dim 64 or 128, L >= 16): FlashAttention-2 style, 64
+ *   queries per block (16 per warp), key/value tiles of 64 in shared memory
+ *   as f16, S = QK^T and O += PV on the tensor cores (mma.sync m16n8k16, f32
+ *   accumulate), online softmax in f32 with exp2. Heaviest (latest) query
+ *   tiles are scheduled first.
+ * References: Dao, FlashAttention-2 (2023); Dao et al., Flash-Decoding (2023);
+ * PTX ISA, mma.m16n8k16 fragment layouts.
+ */
+#include <math.h>
+#include <string.h>
+#include "backend/cuda/cuda.cuh"
+
+#define SPLIT 128
+#define SPLIT_THREADS 128
+
+template <typename KT> __device__ __forceinline__ float kv_at(const KT *p, size_t i) { return cu_f<KT>(p[i]); }
+
+template <typename KT>
+__global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, const KT *K, const KT *V, int L, int H, int n_kv, int hd,
+                                                              int cap, int window, float scale, const int *pos0, const int *len,
+                                                              int nsplit, float *part) {
+    extern __shared__ float sm[];
+    float *qs = sm, *sc = sm + hd;
+    __shared__ float red[SPLIT_THREADS / 32];
+    int s = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float *pp = part + (((size_t)bi * H + h) * nsplit + s) * (hd + 2);
+    int p = pos0[b] + i;
+    int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
+    int j0 = max(lo, s * SPLIT), j1 = min(p + 1, (s + 1) * SPLIT);
+    if (i >= len[b] || j0 >= j1) {
+        if (tid == 0) { pp[0] = -INFINITY; pp[1] = 0.0f; }
+        return;
+    }
+    int kvh = h / (H / n_kv);
+    const float *qq = q + ((size_t)bi * H + h) * hd;
+    for (int d = tid; d < hd; d += SPLIT_THREADS) qs[d] = qq[d];
+    __syncthreads();
+    size_t base = ((size_t)(b * n_kv + kvh)) * cap * hd;
+    for (int j = j0 + warp; j < j1; j += SPLIT_THREADS / 32) {
+        float acc = 0;
+        for (int d = lane; d < hd; d += 32) acc += qs[d] * kv_at(K, base + (size_t)j * hd + d);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) sc[j - j0] = acc * scale;
+    }
+    __syncthreads();
+    int n = j1 - j0;
+    float mx = -INFINITY;
+    for (int j = tid; j < n; j += SPLIT_THREADS) mx = fmaxf(mx, sc[j]);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < SPLIT_THREADS / 32; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    for (int j = tid; j < n; j += SPLIT_THREADS) sum += (sc[j] = expf(sc[j] - mx));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        float t = 0;
+        for (int w = 0; w < SPLIT_THREADS / 32; w++) t += red[w];
+        pp[0] = mx;
+        pp[1] = t;
+    }
+    for (int d = tid; d < hd; d += SPLIT_THREADS) {
+        float acc = 0;
+        for (int j = 0; j < n; j++) acc += sc[j] * kv_at(V, base + (size_t)(j0 + j) * hd + d);
+        pp[2 + d] = acc;
+    }
+}
+
+__global__ void k_attn_combine(const float *part, int L, int H, int hd, int nsplit, const int *len, float *out) {
+    int bi = blockIdx.x / H, h = blockIdx.x % H, b = bi / L, i = bi % L;
+    float *o = out + ((size_t)bi * H + h) * hd;
+    if (i >= len[b]) {
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
+        return;
+    }
+    const float *pp = part + ((size_t)bi * H + h) * nsplit * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, pp[(size_t)s * (hd + 2)]);
+    float tot = 0;
+    for (int s = 0; s < nsplit; s++) {
+        float m = pp[(size_t)s * (hd + 2)];
+        if (m != -INFINITY) tot += pp[(size_t)s * (hd + 2) + 1] * expf(m - M);
+    }
+    float inv = 1.0f / tot;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0;
+        for (int s = 0; s < nsplit; s++) {
+            float m = pp[(size_t)s * (hd + 2)];
+            if (m != -INFINITY) acc += pp[(size_t)s * (hd + 2) + 2 + d] * expf(m - M);
+        }
+        o[d] = acc * inv;
+    }
+}
+
+/* ------------------------------------------------------------------ flash */
+
+__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+__device__ __forceinline__ uint32_t pack_hh(__half lo, __half hi) {
+    __half2 h = __halves2half2(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* 4 consecutive elements as 4 halves */
+__device__ __forceinline__ uint2 load4h(const float *p) {
+    float4 v = *(const float4 *)p;
+    return make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w));
+}
+__device__ __forceinline__ uint2 load4h(const __half *p) { return *(const uint2 *)p; }
+
+template <int HD, typename KT>
+__global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, const KT *V, float *out, int L, int H, int n_kv, int cap,
+                                               int window, float scale_log2, const int *pos0, const int *len) {
+    constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;
+    __shared__ __align__(16) __half Ks[BK * LD];
+    __shared__ __align__(16) __half Vs[BK * LD];
+    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int kvh = h / (H / n_kv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    int lb = len[b], p0 = pos0[b];
+    int q_first = qt * BQ;
+    int r0 = q_first + warp * 16 + g, r1 = r0 + 8;
+    int qlast = min(lb, min(L, q_first + BQ)) - 1;
+    int khi = p0 + qlast + 1;
+    int klo = window ? max(0, p0 + q_first - window + 1) : 0;
+    klo = klo / BK * BK;
+    int pr0 = p0 + r0, pr1 = p0 + r1;
+
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+        for (int rr = 0; rr < 4; rr++) {
+            int row = (rr & 1) ? r1 : r0, col = ks * 16 + 2 * t4 + ((rr & 2) ? 8 : 0);
+            float a = 0, c = 0;
+            if (row < L) {
+                const float *src = q + (((size_t)b * L + row) * H + h) * HD + col;
+                a = src[0];
+                c = src[1];
+            }
+            qa[ks][rr] = pack_h2(a, c);
+        }
+    }
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
+    const KT *Kb = K + ((size_t)b * n_kv + kvh) * cap * HD;
+    const KT *Vb = V + ((size_t)b * n_kv + kvh) * cap * HD;
+
+    for (int kb = klo; kb < khi; kb += BK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < BK * HD / 4; e += 128) {
+            int r = e / (HD / 4), d4 = (e % (HD / 4)) * 4;
+            uint2 kv = make_uint2(0, 0), vv = make_uint2(0, 0);
+            if (kb + r < khi) {
+                kv = load4h(Kb + (size_t)(kb + r) * HD + d4);
+                vv = load4h(Vb + (size_t)(kb + r) * HD + d4);
+            }
+            *(uint2 *)&Ks[r * LD + d4] = kv;
+            *(uint2 *)&Vs[r * LD + d4] = vv;
+        }
+        __syncthreads();
+        float s[BK / 8][4];
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const __half *kp = &Ks[(j * 8 + g) * LD + ks * 16 + 2 * t4];
+                mma16816(s[j], qa[ks], *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kb + j * 8 + 2 * t4 + (e & 1), pr = e < 2 ? pr0 : pr1;
+                bool ok = key <= pr && key < khi && (!window || key > pr - window);
+                float v = ok ? s[j][e] * scale_log2 : -INFINITY;
+                s[j][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v);
+                else mx1 = fmaxf(mx1, v);
+            }
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float base0 = mn0 == -INFINITY ? 0.0f : mn0, base1 = mn1 == -INFINITY ? 0.0f : mn1;
+        float al0 = exp2f(m0 - base0), al1 = exp2f(m1 - base1);
+        m0 = mn0;
+        m1 = mn1;
+        float ps0 = 0, ps1 = 0;
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++) {
+            s[j][0] = exp2f(s[j][0] - base0);
+            s[j][1] = exp2f(s[j][1] - base0);
+            s[j][2] = exp2f(s[j][2] - base1);
+            s[j][3] = exp2f(s[j][3] - base1);
+            ps0 += s[j][0] + s[j][1];
+            ps1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            o[nt][0] *= al0;
+            o[nt][1] *= al0;
+            o[nt][2] *= al1;
+            o[nt][3] *= al1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t pa[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), pack_h2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            int k0 = kk * 16 + 2 * t4;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int d = nt * 8 + g;
+                uint32_t b0 = pack_hh(Vs[k0 * LD + d], Vs[(k0 + 1) * LD + d]);
+                uint32_t b1 = pack_hh(Vs[(k0 + 8) * LD + d], Vs[(k0 + 9) * LD + d]);
+                mma16816(o[nt], pa, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    float inv0 = r0 < lb && l0 > 0 ? 1.0f / l0 : 0.0f, inv1 = r1 < lb && l1 > 0 ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int d = nt * 8 + 2 * t4;
+        if (r0 < L) *(float2 *)(out + (((size_t)b * L + r0) * H + h) * HD + d) = make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
+        if (r1 < L) *(float2 *)(out + (((size_t)b * L + r1) * H + h) * HD + d) = make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
+    }
+}
+
+/* ---------------------------------------------------------------- the op */
+
+enum { ATT_SPLIT = 0, ATT_FLASH = 1 };
+
+static void l_attention(be_ctx *c, const cu_rec *r) {
+    const float *q = (const float *)r->p[0];
+    const void *K = r->p[1], *V = r->p[2];
+    float *out = (float *)r->p[3];
+    const int *pos0 = (const int *)r->p[4], *len = (const int *)r->p[5];
+    int B = (int)r->i[0], L = (int)r->i[1], H = (int)r->i[2], n_kv = (int)r->i[3], hd = (int)r->i[4], cap = (int)r->i[5];
+    int window = (int)r->i[6], f16 = (int)r->i[7], path = (int)r->i[8], nsplit = (int)r->i[9];
+    float scale = r->f[0];
+    if (path == ATT_FLASH) {
+        dim3 grid((unsigned)((L + 63) / 64), (unsigned)H, (unsigned)B);
+        float sl = scale * 1.4426950408889634f;
+#define FL(HD, KT) k_flash<HD, KT><<<grid, 128, 0, c->stream>>>(q, (const KT *)K, (const KT *)V, out, L, H, n_kv, cap, window, sl, pos0, len)
+        if (hd == 64) { if (f16) FL(64, __half); else FL(64, float); }
+        else { if (f16) FL(128, __half); else FL(128, float); }
+#undef FL
+        CU_LAUNCHED(c, "flash attention");
+        return;
+    }
+    dim3 grid((unsigned)nsplit, (unsigned)H, (unsigned)(B * L));
+    size_t smem = sizeof(float) * (size_t)(hd + SPLIT);
+    if (f16) k_attn_split<__half><<<grid, SPLIT_THREADS, smem, c->stream>>>(q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, c->part);
+    else k_attn_split<float><<<grid, SPLIT_THREADS, smem, c->stream>>>(q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, c->part);
+    if (CU_LAUNCHED(c, "attention (split)")) return;
+    k_attn_combine<<<(unsigned)(B * L * H), hd >= 128 ? 128 : 32 * ((hd + 31) / 32), 0, c->stream>>>(c->part, L, H, hd, nsplit, len, out);
+    CU_LAUNCHED(c, "attention (combine)");
+}
+
+void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
+    int flash = (a->head_dim == 64 || a->head_dim == 128) && a->L >= 16;
+    int nsplit = (a->cap + SPLIT - 1) / SPLIT;
+    if (nsplit < 1) nsplit = 1;
+    if (!flash) {
+        size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
+        if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
+    }
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_attention;
+    r.p[0] = q;
+    r.p[1] = k;
+    r.p[2] = v;
+    r.p[3] = out;
+    r.p[4] = cu_stage(c, a->pos0, sizeof(int) * (size_t)a->B);
+    r.p[5] = cu_stage(c, a->len, sizeof(int) * (size_t)a->B);
+    r.i[0] = a->B;
+    r.i[1] = a->L;
+    r.i[2] = a->n_head;
+    r.i[3] = a->n_kv_head;
+    r.i[4] = a->head_dim;
+    r.i[5] = a->cap;
+    r.i[6] = a->window;
+    r.i[7] = dt == BE_F16;
+    r.i[8] = flash ? ATT_FLASH : ATT_SPLIT;
+    r.i[9] = nsplit;
+    r.f[0] = a->scale;
+    cu_submit(c, &r);
+}

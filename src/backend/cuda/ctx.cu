@@ -1,0 +1,301 @@
+/*
+ * ctx.cu — the CUDA backend's context, buffers, weight upload, error
+ * bookkeeping, decode-step graphs, and its op table (be_cuda()).
+ *
+ * A context owns one non-blocking stream, a cuBLAS handle with a fixed
+ * workspace, a pinned staging arena (host arrays -> device, see cuda.cuh)
+ * and grown workspaces. Weights are uploaded once by mat_prepare into
+ * m->dev in their stored dtype. Activations and caches are device memory.
+ *
+ * Graphs: ctx.c brackets small forwards (decode) with step_begin/step_end.
+ * The first bracketed step is captured (cudaStreamBeginCapture, relaxed) and
+ * launched at step_end; later steps replay it when their op records match
+ * the captured ones byte for byte. Anything that cannot be captured (an
+ * allocation, a free, a copy to the host, a grown workspace, a different
+ * record) first leaves the graph: the records issued so far are launched
+ * eagerly after one bulk copy of the staging arena, and the graph is dropped
+ * so the next step captures afresh.
+ *
+ * Errors: the first failing CUDA/cuBLAS call is kept in the context (code and
+ * message); the status op reports it and ctx.c turns it into CINFER_EBACKEND.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cuda/cuda.cuh"
+#include "backend/cuda/cuda-api.h"
+
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+
+int cu_check(be_ctx *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    if (!c->err) {
+        c->err = (int)e;
+        snprintf(c->msg, sizeof c->msg, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return 1;
+}
+
+int cu_check_blas(be_ctx *c, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    if (!c->err) {
+        c->err = 1000 + (int)s;
+        snprintf(c->msg, sizeof c->msg, "%s: cuBLAS status %d", what, (int)s);
+    }
+    return 1;
+}
+
+static void drop_graph(be_ctx *c) {
+    if (c->exec) cudaGraphExecDestroy(c->exec);
+    c->exec = NULL;
+    c->n_graph_recs = 0;
+}
+
+/* launches records [0, n) eagerly after copying the staged bytes they read */
+static void catch_up(be_ctx *c, int n) {
+    if (c->arena_off)
+        cu_check(c, cudaMemcpyAsync(c->arena_d, c->arena_h, c->arena_off, cudaMemcpyHostToDevice, c->stream), "staging copy");
+    for (int i = 0; i < n && !c->err; i++) c->recs[i].fn(c, &c->recs[i]);
+}
+
+void cu_go_eager(be_ctx *c) {
+    if (c->mode == CU_CAPTURE) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        c->mode = CU_EAGER;
+        catch_up(c, c->n_recs);
+    } else if (c->mode == CU_REPLAY) {
+        c->mode = CU_EAGER;
+        catch_up(c, c->i_rec);
+        drop_graph(c);
+    }
+    c->mode = CU_EAGER;
+    c->step_ok = 0;
+}
+
+static void sync(be_ctx *c, const char *what) {
+    cu_go_eager(c);
+    cu_check(c, cudaStreamSynchronize(c->stream), what);
+    c->arena_off = 0;
+}
+
+const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
+    size_t al = (bytes + 15) & ~(size_t)15;
+    if (al > CU_ARENA_BYTES) {
+        cu_check(c, cudaErrorInvalidValue, "staging: host array larger than the arena");
+        return c->arena_d;
+    }
+    if (c->arena_off + al > CU_ARENA_BYTES) sync(c, "staging arena wrap");
+    size_t off = c->arena_off;
+    c->arena_off += al;
+    if (bytes) memcpy(c->arena_h + off, host, bytes);
+    if (c->mode != CU_REPLAY && bytes)
+        cu_check(c, cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, bytes, cudaMemcpyHostToDevice, c->stream), "staging copy");
+    return c->arena_d + off;
+}
+
+void cu_submit(be_ctx *c, const cu_rec *r) {
+    if (c->err) return;
+    if (c->mode == CU_REPLAY) {
+        if (c->i_rec < c->n_graph_recs && !memcmp(r, &c->recs[c->i_rec], sizeof *r)) { c->i_rec++; return; }
+        cu_go_eager(c);
+    } else if (c->mode == CU_CAPTURE) {
+        if (c->n_recs < CU_MAX_RECS) c->recs[c->n_recs++] = *r;
+        else cu_go_eager(c);
+    }
+    r->fn(c, r);
+}
+
+int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need) {
+    if (need <= *have) return 1;
+    sync(c, "workspace growth");
+    drop_graph(c);
+    cudaFree(*buf);
+    *buf = NULL;
+    *have = 0;
+    size_t n = need + need / 4;
+    if (cu_check(c, cudaMalloc(buf, n), "workspace allocation")) { *buf = NULL; return 0; }
+    *have = n;
+    return 1;
+}
+
+/* ------------------------------------------------------------ the table */
+
+static void cuda_ctx_free(be_ctx *c) {
+    if (!c) return;
+    if (c->mode == CU_CAPTURE) cu_go_eager(c);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    drop_graph(c);
+    if (c->blas) cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
+    cudaFree(c->act16);
+    cudaFree(c->part);
+    cudaFree(c->arena_d);
+    if (c->arena_h) cudaFreeHost(c->arena_h);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c->recs);
+    free(c);
+    (void)cudaGetLastError();
+}
+
+static int cuda_ctx_new(be_ctx **out, int n_threads) {
+    (void)n_threads;
+    *out = NULL;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) { (void)cudaGetLastError(); return 1; }
+    be_ctx *c = (be_ctx *)calloc(1, sizeof *c);
+    if (!c) return 1;
+    c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
+    int bad = !c->recs;
+    bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
+    bad = bad || cu_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
+    bad = bad || cu_check_blas(c, cublasCreate(&c->blas), "cublasCreate");
+    bad = bad || cu_check(c, cudaMalloc(&c->blas_ws, BLAS_WS_BYTES), "cuBLAS workspace");
+    bad = bad || cu_check_blas(c, cublasSetStream(c->blas, c->stream), "cublasSetStream");
+    bad = bad || cu_check_blas(c, cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES), "cublasSetWorkspace");
+    bad = bad || cu_check(c, cudaMallocHost((void **)&c->arena_h, CU_ARENA_BYTES), "pinned arena");
+    bad = bad || cu_check(c, cudaMalloc((void **)&c->arena_d, CU_ARENA_BYTES), "device arena");
+    if (bad) { cuda_ctx_free(c); return 1; }
+    *out = c;
+    return 0;
+}
+
+static int cuda_n_threads(const be_ctx *c) { (void)c; return 1; }
+
+static void *cuda_alloc(be_ctx *c, size_t bytes) {
+    cu_go_eager(c);
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) { (void)cudaGetLastError(); return NULL; }
+    if (cu_check(c, cudaMemsetAsync(p, 0, bytes, c->stream), "alloc memset")) { cudaFree(p); return NULL; }
+    return p;
+}
+
+static void cuda_free(be_ctx *c, void *p) {
+    if (!p) return;
+    sync(c, "free");
+    cu_check(c, cudaFree(p), "cudaFree");
+}
+
+static void cuda_to_host(be_ctx *c, void *dst, const void *src, size_t bytes) {
+    cu_go_eager(c);
+    cu_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "copy to host");
+    sync(c, "copy to host");
+}
+
+static void cuda_from_host(be_ctx *c, void *dst, const void *src, size_t bytes) {
+    cu_go_eager(c);
+    cu_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "copy from host");
+    sync(c, "copy from host");
+}
+
+static void cuda_copy(be_ctx *c, void *dst, const void *src, size_t bytes) {
+    cu_go_eager(c);
+    cu_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream), "device copy");
+}
+
+static int cuda_mat_prepare(be_ctx *c, be_mat *m) {
+    if (m->dev) return 0;
+    size_t bytes = (size_t)m->rows * (size_t)m->cols * be_dtype_size(m->dt);
+    void *p = NULL;
+    if (cu_check(c, cudaMalloc(&p, bytes ? bytes : 1), "weight allocation")) return 1;
+    if (cu_check(c, cudaMemcpy(p, m->data, bytes, cudaMemcpyHostToDevice), "weight upload")) { cudaFree(p); return 1; }
+    m->dev = p;
+    return 0;
+}
+
+static void cuda_mat_release(be_ctx *c, be_mat *m) {
+    (void)c;
+    if (m->dev) cudaFree(m->dev);
+    m->dev = NULL;
+}
+
+static int cuda_status(be_ctx *c, char *msg, size_t n) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) cu_check(c, e, "asynchronous error");
+    if (c->err && msg && n) snprintf(msg, n, "%s", c->msg);
+    return c->err;
+}
+
+static void cuda_step_begin(be_ctx *c) {
+    if (c->in_step) cu_go_eager(c);
+    sync(c, "step begin");
+    c->in_step = 1;
+    c->step_ok = 1;
+    if (c->err) return;
+    if (c->exec) {
+        c->mode = CU_REPLAY;
+        c->i_rec = 0;
+    } else if (!cu_check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "begin capture")) {
+        c->mode = CU_CAPTURE;
+        c->n_recs = 0;
+    }
+}
+
+static void cuda_step_end(be_ctx *c) {
+    if (!c->in_step) return;
+    c->in_step = 0;
+    if (c->mode == CU_CAPTURE) {
+        cudaGraph_t g = NULL;
+        cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+        cudaGraphExec_t ex = NULL;
+        if (e == cudaSuccess && g) e = cudaGraphInstantiate(&ex, g, 0);
+        if (g) cudaGraphDestroy(g);
+        c->mode = CU_EAGER;
+        if (e != cudaSuccess || !ex) {
+            (void)cudaGetLastError();
+            catch_up(c, c->n_recs);   /* nothing ran yet: run it eagerly */
+            return;
+        }
+        c->exec = ex;
+        c->n_graph_recs = c->n_recs;
+        c->n_captures++;
+        cu_check(c, cudaGraphLaunch(c->exec, c->stream), "graph launch");
+    } else if (c->mode == CU_REPLAY) {
+        if (c->i_rec != c->n_graph_recs) { cu_go_eager(c); return; }
+        c->mode = CU_EAGER;
+        c->n_replays++;
+        cu_check(c, cudaGraphLaunch(c->exec, c->stream), "graph replay");
+    }
+    c->mode = CU_EAGER;
+}
+
+extern "C" void cuda_graph_stats(const be_ctx *c, long *captures, long *replays) {
+    *captures = c->n_captures;
+    *replays = c->n_replays;
+}
+
+static be_ops make_ops(void) {
+    be_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.ctx_new = cuda_ctx_new;
+    o.ctx_free = cuda_ctx_free;
+    o.n_threads = cuda_n_threads;
+    o.alloc = cuda_alloc;
+    o.free = cuda_free;
+    o.to_host = cuda_to_host;
+    o.from_host = cuda_from_host;
+    o.copy = cuda_copy;
+    o.mat_prepare = cuda_mat_prepare;
+    o.mat_release = cuda_mat_release;
+    o.embed = cu_op_embed;
+    o.matmul = cu_op_matmul;
+    o.rmsnorm = cu_op_rmsnorm;
+    o.rope = cu_op_rope;
+    o.swiglu = cu_op_swiglu;
+    o.add = cu_op_add;
+    o.gather = cu_op_gather;
+    o.kv_write = cu_op_kv_write;
+    o.attention = cu_op_attention;
+    o.status = cuda_status;
+    o.step_begin = cuda_step_begin;
+    o.step_end = cuda_step_end;
+    o.argmax = cu_op_argmax;
+    return o;
+}
+
+static const be_ops cuda_ops = make_ops();
+
+extern "C" const be_ops *be_cuda(void) { return &cuda_ops; }

@@ -1,0 +1,27 @@
+/*
+ * cuda-api.h — the C-callable extras of the CUDA backend beyond its op table
+ * (be_cuda() in backend/backend.h): helpers for tests and benchmarks only.
+ * Declared here so C programs need no CUDA headers. All return 0 on success.
+ */
+#ifndef CINFER_CUDA_API_H
+#define CINFER_CUDA_API_H
+#include <stddef.h>
+#include <stdint.h>
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fills n elements of device memory dev (dtype dt) with mean + std * u,
+ * u uniform in [-sqrt(3), sqrt(3)) from a counter hash of (seed, index):
+ * random-weight benchmarks write their weights on the device this way. */
+int cuda_fill_random(void *dev, be_dtype dt, size_t n, uint64_t seed, float mean, float std);
+
+/* Graph statistics of a CUDA backend context: steps captured and replayed. */
+void cuda_graph_stats(const be_ctx *c, long *captures, long *replays);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

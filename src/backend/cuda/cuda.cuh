@@ -1,0 +1,112 @@
+/*
+ * cuda.cuh — internals of the CUDA backend shared by its .cu files: the
+ * backend context, the op record every op is turned into, and the launchers.
+ *
+ * Every op builds a cu_rec (a launcher function plus its device pointers,
+ * sizes and scalars; no host pointers) and hands it to cu_submit. Host
+ * arrays an op needs (token ids, positions, lengths, RoPE frequencies) are
+ * first copied into a pinned staging arena with cu_stage, which issues the
+ * host-to-device copy on the context's stream; the record holds the device
+ * address. That makes one forward a pure sequence of records, which is what
+ * lets a decode step be captured as a CUDA graph once and replayed: on
+ * replay the ops only rewrite the pinned arena (the graph's copy nodes read
+ * it) and compare their record with the captured one; the first difference
+ * (a grown cache, a new shape) drops back to eager launches of the records
+ * issued so far (see ctx.cu).
+ *
+ * Invariants: one stream per context, every launch on it; no globals; the
+ * first CUDA error is kept in the context and reported by the status op.
+ */
+#ifndef CINFER_CUDA_CUH
+#define CINFER_CUDA_CUH
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+extern "C" {
+#include "backend/backend.h"
+}
+
+struct cu_rec;
+typedef void (*cu_launch_fn)(be_ctx *c, const struct cu_rec *r);
+
+typedef struct cu_rec {
+    cu_launch_fn fn;
+    const void *p[6];   /* device pointers */
+    int64_t i[10];      /* sizes, dtypes, flags */
+    float f[2];
+} cu_rec;
+
+enum { CU_EAGER = 0, CU_CAPTURE = 1, CU_REPLAY = 2 };
+
+#define CU_ARENA_BYTES ((size_t)8 << 20)
+#define CU_MAX_RECS 8192
+
+struct be_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;           /* [32 MiB] cuBLAS workspace (fixed: graph capture needs it) */
+    /* first error */
+    int err;
+    char msg[256];
+    /* staging arena: pinned host mirror of a device buffer */
+    unsigned char *arena_h;  /* [CU_ARENA_BYTES] pinned */
+    unsigned char *arena_d;  /* [CU_ARENA_BYTES] device */
+    size_t arena_off;
+    /* workspaces, grown on demand (outside capture) */
+    void *act16;             /* [act16_n] bytes: activations rounded to bf16/f16 for cuBLAS */
+    size_t act16_n;
+    float *part;             /* [part_n] bytes: split-K attention partials */
+    size_t part_n;
+    /* graph state */
+    int mode;                /* CU_EAGER / CU_CAPTURE / CU_REPLAY */
+    int in_step;
+    cu_rec *recs;            /* [CU_MAX_RECS] records of the step being captured/replayed */
+    int n_recs, i_rec;       /* captured count, replay cursor */
+    int step_ok;             /* current step stayed graph-compatible */
+    cudaGraphExec_t exec;    /* the captured decode step, or NULL */
+    int n_graph_recs;        /* records in exec */
+    long n_replays, n_captures;
+};
+
+/* error bookkeeping: records the first failure, returns 1 on failure */
+int cu_check(be_ctx *c, cudaError_t e, const char *what);
+int cu_check_blas(be_ctx *c, cublasStatus_t s, const char *what);
+#define CU_LAUNCHED(c, what) cu_check((c), cudaGetLastError(), (what))
+
+/* copies host bytes into the staging arena; returns their device address */
+const void *cu_stage(be_ctx *c, const void *host, size_t bytes);
+/* runs or records one op */
+void cu_submit(be_ctx *c, const cu_rec *r);
+/* leaves capture/replay for the rest of the step (before an allocation, a sync) */
+void cu_go_eager(be_ctx *c);
+/* grows a workspace (device bytes); 0 on failure */
+int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need);
+
+/* ops implemented in the kernel files */
+void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
+void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
+void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);
+void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n);
+void cu_op_add(be_ctx *c, float *y, const float *x, size_t n);
+void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y);
+void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt);
+void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
+void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+
+static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+
+/* weight element as float */
+template <typename T> __device__ __forceinline__ float cu_f(T v);
+template <> __device__ __forceinline__ float cu_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float cu_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float cu_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+__device__ __forceinline__ float cu_mat_get(const void *p, int dt, size_t i) {
+    return dt == BE_F32 ? ((const float *)p)[i] : dt == BE_F16 ? __half2float(((const __half *)p)[i])
+                                                               : __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+#endif

@@ -1,0 +1,207 @@
+/*
+ * gemm.cu — y[n][m] = x[n][k] . w[m][k]^T (+ bias) on the device.
+ *
+ * Decode (n <= 8): a memory-bound GEMV that streams each weight row once:
+ * one warp per output row, 16-byte non-allocating loads of the stored dtype
+ * (8 bf16/f16 or 4 f32 per load), four loads in flight per lane, x (f32, few
+ * rows, L1-resident) read alongside, all n rows accumulated per weight load
+ * in f32, a warp-shuffle sum at the end. Rows whose length or alignment does
+ * not allow 16-byte loads take a scalar warp-per-row kernel.
+ *
+ * Prefill (n > 8): cuBLAS. 16-bit weights: x is rounded to the weight's
+ * dtype (as transformers computes in bf16/f16) and multiplied by
+ * cublasGemmEx with f32 accumulation and f32 output; f32 weights use SGEMM
+ * in plain f32 (no TF32). Row-major y = x w^T is column-major
+ * y^T = w^T(op T) x, so w is the transposed A operand with lda = k.
+ */
+#include <string.h>
+#include "backend/cuda/cuda.cuh"
+
+#define GEMV_MAX_N 8
+#define GEMV_WARPS 8
+
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+/* the 16 bytes q hold V weights starting at element e; acc[t] += w . x[t][e..e+V) */
+template <typename WT, int N> struct dot16;
+
+template <int N> struct dot16<__nv_bfloat16, N> {
+    static __device__ __forceinline__ void run(uint4 q, const float *x, size_t k, int e, float *acc) {
+        float w[8];
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            float4 a = *(const float4 *)(x + t * k + e), b = *(const float4 *)(x + t * k + e + 4);
+            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+        }
+    }
+};
+
+template <int N> struct dot16<__half, N> {
+    static __device__ __forceinline__ void run(uint4 q, const float *x, size_t k, int e, float *acc) {
+        float w[8];
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h = *(__half2 *)&u[i];
+            float2 f = __half22float2(h);
+            w[2 * i] = f.x;
+            w[2 * i + 1] = f.y;
+        }
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            float4 a = *(const float4 *)(x + t * k + e), b = *(const float4 *)(x + t * k + e + 4);
+            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+        }
+    }
+};
+
+template <int N> struct dot16<float, N> {
+    static __device__ __forceinline__ void run(uint4 q, const float *x, size_t k, int e, float *acc) {
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            float4 a = *(const float4 *)(x + t * k + e);
+            acc[t] += __uint_as_float(q.x) * a.x + __uint_as_float(q.y) * a.y + __uint_as_float(q.z) * a.z + __uint_as_float(q.w) * a.w;
+        }
+    }
+};
+
+template <typename WT, int N>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const WT *w, const float *x, const void *bias, int bdt, float *y, int m, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= m) return;
+    constexpr int V = 16 / sizeof(WT), U = 4;
+    const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
+    int nv = k / V, j = lane;
+    float acc[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    for (; j + 32 * (U - 1) < nv; j += 32 * U) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) q[u] = ld_stream(wr + j + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++) dot16<WT, N>::run(q[u], x, (size_t)k, (j + 32 * u) * V, acc);
+    }
+    for (; j < nv; j += 32) dot16<WT, N>::run(ld_stream(wr + j), x, (size_t)k, j * V, acc);
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (lane == 0) {
+        float b = bias ? cu_mat_get(bias, bdt, row) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < N; t++) y[(size_t)t * m + row] = acc[t] + b;
+    }
+}
+
+/* any k, any alignment, any n: warp per row, weights re-read per token */
+__global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const void *bias, int bdt, float *y, int m, int k) {
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= m) return;
+    size_t base = (size_t)row * k;
+    float b = bias ? cu_mat_get(bias, bdt, row) : 0.0f;
+    for (int t = 0; t < n; t++) {
+        float s = 0;
+        for (int i = lane; i < k; i += 32) s += cu_mat_get(w, dt, base + i) * x[(size_t)t * k + i];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) y[(size_t)t * m + row] = s + b;
+    }
+}
+
+template <typename WT>
+static void gemv_n(be_ctx *c, int n, const void *w, const float *x, const void *bias, int bdt, float *y, int m, int k) {
+    unsigned g = cu_blocks(m, GEMV_WARPS);
+    const WT *ww = (const WT *)w;
+    switch (n) {
+#define CASE(N) case N: k_gemv<WT, N><<<g, GEMV_WARPS * 32, 0, c->stream>>>(ww, x, bias, bdt, y, m, k); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}
+
+__global__ void k_round16(const float *x, void *out, int bf16, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (bf16) ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(x[i]);
+        else ((__half *)out)[i] = __float2half_rn(x[i]);
+    }
+}
+
+__global__ void k_bias(float *y, const void *bias, int bdt, int m, size_t total) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += cu_mat_get(bias, bdt, i % m);
+}
+
+enum { PATH_GEMV = 0, PATH_GEMV_ANY = 1, PATH_BLAS = 2 };
+
+static void l_matmul(be_ctx *c, const cu_rec *r) {
+    const float *x = (const float *)r->p[0];
+    const void *w = r->p[1], *bias = r->p[2];
+    float *y = (float *)r->p[3];
+    int n = (int)r->i[0], m = (int)r->i[1], k = (int)r->i[2], dt = (int)r->i[3], bdt = (int)r->i[4], path = (int)r->i[5];
+    if (n <= 0 || m <= 0) return;
+    if (path == PATH_GEMV) {
+        if (dt == BE_BF16) gemv_n<__nv_bfloat16>(c, n, w, x, bias, bdt, y, m, k);
+        else if (dt == BE_F16) gemv_n<__half>(c, n, w, x, bias, bdt, y, m, k);
+        else gemv_n<float>(c, n, w, x, bias, bdt, y, m, k);
+        CU_LAUNCHED(c, "gemv");
+        return;
+    }
+    if (path == PATH_GEMV_ANY) {
+        k_gemv_any<<<cu_blocks(m, GEMV_WARPS), GEMV_WARPS * 32, 0, c->stream>>>(w, dt, x, n, bias, bdt, y, m, k);
+        CU_LAUNCHED(c, "gemv (any)");
+        return;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    if (dt == BE_F32) {
+        cu_check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k, &zero, y, m),
+                      "cublasSgemm");
+    } else {
+        size_t total = (size_t)n * k;
+        unsigned g = cu_blocks(total, 256);
+        k_round16<<<g > 132 * 16 ? 132 * 16 : g, 256, 0, c->stream>>>(x, (void *)r->p[4], dt == BE_BF16, total);
+        if (CU_LAUNCHED(c, "round to 16-bit")) return;
+        cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &zero, y, CUDA_R_32F,
+                                      m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      "cublasGemmEx");
+    }
+    if (bias) {
+        size_t total = (size_t)n * m;
+        unsigned g = cu_blocks(total, 256);
+        k_bias<<<g > 132 * 16 ? 132 * 16 : g, 256, 0, c->stream>>>(y, bias, bdt, m, total);
+        CU_LAUNCHED(c, "bias");
+    }
+}
+
+void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    int k = (int)w->cols, vec = 16 / (int)be_dtype_size(w->dt);
+    int path = PATH_BLAS;
+    if (n <= GEMV_MAX_N) path = (k % vec == 0 && ((uintptr_t)x & 15) == 0 && (k % 4) == 0) ? PATH_GEMV : PATH_GEMV_ANY;
+    if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
+    r.fn = l_matmul;
+    r.p[0] = x;
+    r.p[1] = w->dev;
+    r.p[2] = bias ? bias->dev : NULL;
+    r.p[3] = y;
+    r.p[4] = path == PATH_BLAS ? c->act16 : NULL;
+    r.i[0] = n;
+    r.i[1] = w->rows;
+    r.i[2] = k;
+    r.i[3] = w->dt;
+    r.i[4] = bias ? bias->dt : 0;
+    r.i[5] = path;
+    cu_submit(c, &r);
+}

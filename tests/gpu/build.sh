@@ -1,0 +1,23 @@
+#!/bin/sh
+# Builds the CUDA-enabled library, the cinfer CLI, the GPU tests and the GPU
+# benchmark into build-gpu/ on a machine with nvcc and the Debian -dev
+# packages (this one). The GPU machine has neither OpenBLAS nor jansson,
+# PCRE2, utf8proc or xxHash, so those are linked statically, the CUDA runtime
+# statically too, and OpenBLAS is replaced by tests/gpu/blas-shim.c (the CPU
+# backend is only the reference there). Binaries then need only glibc,
+# libstdc++ and the GPU machine's libcublas.
+set -e
+cd "$(dirname "$0")/../.."
+B=build-gpu
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+make CUDA=1 BUILD=$B -j2 $B/libcinfer.a >/dev/null
+CF="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc -DCINFER_CUDA=1 -I/usr/include/x86_64-linux-gnu/openblas-pthread $(pkg-config --cflags jansson libpcre2-8 libutf8proc)"
+LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic \
+ -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lm -Wl,-rpath,$CUDA_HOME/lib64"
+cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
+cc $CF -o $B/cinfer tools/cli/*.c $LIBS
+for t in tests/gpu/test-*.c bench/gpu/*.c; do
+  [ -f "$t" ] || continue
+  cc $CF -I$CUDA_HOME/include -o $B/$(basename "$t" .c) "$t" $LIBS
+done
+echo "built $B: $(cd $B && ls cinfer test-* bench-* 2>/dev/null | tr '\n' ' ')"
