@@ -87,6 +87,17 @@ typedef struct be_ops {
      * keys; padded queries (i >= len[b]) get zeros. */
     void (*attention)(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v,
                       be_dtype kv_dt, float *out);
+
+    /* Optional (NULL: not provided). */
+    /* 0 while every op so far succeeded; else non-zero and a message in msg[n]
+     * (ops return void: a device backend records its first failure here) */
+    int (*status)(be_ctx *c, char *msg, size_t n);
+    /* bracket one forward; a backend may capture the ops between as a graph
+     * and replay it when a later bracket issues the same ops (decode steps) */
+    void (*step_begin)(be_ctx *c);
+    void (*step_end)(be_ctx *c);
+    /* out[i] = index of the largest of x[i][0..dim) (first on ties), host array */
+    void (*argmax)(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 } be_ops;
 
 const be_ops *be_cpu(void);

@@ -108,6 +108,15 @@ static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
     return CINFER_OK;
 }
 
+/* a device backend records its first failure; report it as the forward's */
+static cinfer_status backend_status(cinfer_ctx *c) {
+    const be_ops *be = c->m->be;
+    char msg[256];
+    if (be->status && be->status(c->bc, msg, sizeof msg))
+        return ctx_fail(c, CINFER_EBACKEND, "forward: %s backend failure: %s", be->name, msg);
+    return CINFER_OK;
+}
+
 static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0_in,
                              int mode, const int *out_rows, int n_out, float *logits) {
     cinfer_model *m = c->m;
@@ -135,11 +144,20 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
             c->pos[(size_t)b * L + i] = pos0[b] + i;
         }
     }
+    /* small forwards (decode) are bracketed so a device backend may replay them as a graph */
+    int step = be->step_begin && T <= 8;
+    if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
     block_batch bb = {B, L, pos0, len, c->pos};
     st = block_forward(be, c->bc, cfg, &m->w, c->caches, &bb, c->x, c->scratch);
-    if (st) return ctx_fail(c, st, "forward: the KV cache refused the batch (%s: batch shape changed with cached tokens, or out of memory)", cinfer_status_str(st));
-    if (!logits) return CINFER_OK;
+    if (st) {
+        if (step) be->step_end(c->bc);
+        return ctx_fail(c, st, "forward: the KV cache refused the batch (%s: batch shape changed with cached tokens, or out of memory)", cinfer_status_str(st));
+    }
+    if (!logits) {
+        if (step) be->step_end(c->bc);
+        return backend_status(c);
+    }
     int total = mode == OUT_LAST ? B : mode == OUT_ALL ? (int)T : n_out;
     int rows[OUT_CHUNK];
     for (int r0 = 0; r0 < total; r0 += OUT_CHUNK) {
@@ -158,9 +176,10 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, 0.0f, cfg->eps, c->xo);
         be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
+        if (step) { be->step_end(c->bc); step = 0; }
         be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
     }
-    return CINFER_OK;
+    return backend_status(c);
 }
 
 cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
