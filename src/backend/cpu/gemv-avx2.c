@@ -98,5 +98,6 @@ const gemv_kernels gemv_avx2_kernels = {
     "avx2",
     { gemv_f32_avx2, gemv_f16_avx2, gemv_bf16_avx2 },
     { rows_f32_avx2, rows_f16_avx2, rows_bf16_avx2 },
+    { NULL, NULL, NULL },
 };
 #endif

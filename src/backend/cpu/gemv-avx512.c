@@ -8,11 +8,12 @@
  * bf16 here (decode is bound by memory bandwidth, not by FMAs, so the exact
  * path costs nothing).
  *
- * Blocking: 4 weight rows x up to 4 tokens per pass (16 accumulators); for
- * n > 4 the same row block is reused from L1 for each next group of 4
- * tokens. The weight rows of one block are 4 separate streams, and hardware
- * prefetchers stop at 4 KiB page boundaries (one bf16 row of k=2048 is one
- * page), so each step also prefetches the next row block at the same offset.
+ * Blocking: one weight row x up to 4 tokens per pass; for n > 4 the row is
+ * re-read from L1 for each next group of 4 tokens. Rows are walked in order,
+ * so a thread's rows are one sequential stream: measured on Zen 4, this
+ * reads ~25% faster than interleaving 4 rows (4 streams, each cut at every
+ * 4 KiB page where the hardware prefetchers stop), with or without
+ * software prefetch.
  *
  * Compiled with function-level target attributes: built on any x86-64, only
  * called when __builtin_cpu_supports says avx512f+bw+vl (gemv-scalar.c).
@@ -45,86 +46,121 @@ INL __m512 ldm_bf16(const void *w, int64_t i, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* bytes ahead of the current row block to prefetch: the next block (4 rows) */
-#define PF_ROWS 4
-
-/* y[t*ldy + r + a] for a < R, t < NT over the whole k; R, NT are constants
- * after inlining (1..4). ES: element size in bytes (prefetch stride). */
-#define BLOCK(NAME, ES)                                                                       \
-    INL void blk_##NAME(const float *x, int64_t k, const void *w, int64_t r, const int R,     \
-                        const int NT, int pf, float *y, int64_t ldy) {                        \
+/* y[t*ldy + r] for t < NT over the whole k of one row; NT is a constant
+ * after inlining (1..4). Four 16-lane steps per iteration (4*NT accumulators)
+ * keep enough FMAs in flight for n = 1. */
+#define BLOCK(NAME)                                                                           \
+    INL void blk_##NAME(const float *x, int64_t k, const void *w, int64_t r, const int NT,    \
+                        float *y, int64_t ldy) {                                              \
         __m512 acc[4][4];                                                                     \
-        _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                                   \
-            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) acc[a][t] = _mm512_setzero_ps(); \
-        const char *wb = (const char *)w + r * k * ES;                                        \
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                                  \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[t][u] = _mm512_setzero_ps(); \
+        const int64_t b = r * k;                                                              \
         int64_t i = 0;                                                                        \
-        for (; i + 16 <= k; i += 16) {                                                        \
+        for (; i + 64 <= k; i += 64) {                                                        \
             __m512 wv[4];                                                                     \
-            _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) {                             \
-                wv[a] = ld_##NAME(w, (r + a) * k + i);                                        \
-                if (pf && ((i * ES) & 63) == 0)                                               \
-                    _mm_prefetch(wb + ((PF_ROWS + a) * k + i) * ES, _MM_HINT_T0);             \
-            }                                                                                 \
-            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {                            \
-                __m512 xv = _mm512_loadu_ps(x + t * k + i);                                   \
-                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                           \
-                    acc[a][t] = _mm512_fmadd_ps(wv[a], xv, acc[a][t]);                        \
-            }                                                                                 \
-        }                                                                                     \
-        if (i < k) {                                                                          \
-            __mmask16 m = (__mmask16)((1u << (k - i)) - 1);                                   \
-            __m512 wv[4];                                                                     \
-            _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                               \
-                wv[a] = ldm_##NAME(w, (r + a) * k + i, m);                                    \
-            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {                            \
-                __m512 xv = _mm512_maskz_loadu_ps(m, x + t * k + i);                          \
-                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                           \
-                    acc[a][t] = _mm512_fmadd_ps(wv[a], xv, acc[a][t]);                        \
-            }                                                                                 \
-        }                                                                                     \
-        _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)                                   \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) wv[u] = ld_##NAME(w, b + i + 16 * u); \
             _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                              \
-                y[t * ldy + r + a] = _mm512_reduce_add_ps(acc[a][t]);                         \
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)                           \
+                    acc[t][u] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(x + t * k + i + 16 * u), acc[t][u]); \
+        }                                                                                     \
+        for (; i < k; i += 16) {                                                              \
+            int64_t left = k - i;                                                             \
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);     \
+            __m512 w0 = ldm_##NAME(w, b + i, m);                                              \
+            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                              \
+                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * k + i), acc[t][0]); \
+        }                                                                                     \
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                                  \
+            y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), \
+                                                                _mm512_add_ps(acc[t][2], acc[t][3]))); \
     }
 
-/* the kernel: row blocks of 4 (then single rows), token groups of up to 4 */
+/* the kernel: one row at a time (the rows of a range are one sequential
+ * stream, which the hardware prefetchers follow best), token groups of <= 4
+ * (the row is re-read from L1 for each next group) */
 #define GEMV(NAME)                                                                            \
     KERNEL void gemv_##NAME##_avx512(const float *x, int n, int64_t k, const void *w,         \
                                      int64_t r0, int64_t r1, float *y, int64_t ldy) {         \
-        int64_t r = r0;                                                                       \
-        for (; r + 4 <= r1; r += 4) {                                                         \
-            int pf = r + 4 + PF_ROWS <= r1;                                                   \
-            for (int t = 0; t < n; t += 4) {                                                  \
-                const float *xt = x + (int64_t)t * k;                                         \
-                float *yt = y + (int64_t)t * ldy;                                             \
-                int p = pf && t == 0;                                                         \
-                switch (n - t) {                                                              \
-                case 1: blk_##NAME(xt, k, w, r, 4, 1, p, yt, ldy); break;                     \
-                case 2: blk_##NAME(xt, k, w, r, 4, 2, p, yt, ldy); break;                     \
-                case 3: blk_##NAME(xt, k, w, r, 4, 3, p, yt, ldy); break;                     \
-                default: blk_##NAME(xt, k, w, r, 4, 4, p, yt, ldy); break;                    \
-                }                                                                             \
-            }                                                                                 \
-        }                                                                                     \
-        for (; r < r1; r++)                                                                   \
+        for (int64_t r = r0; r < r1; r++)                                                     \
             for (int t = 0; t < n; t += 4) {                                                  \
                 const float *xt = x + (int64_t)t * k;                                         \
                 float *yt = y + (int64_t)t * ldy;                                             \
                 switch (n - t) {                                                              \
-                case 1: blk_##NAME(xt, k, w, r, 1, 1, 0, yt, ldy); break;                     \
-                case 2: blk_##NAME(xt, k, w, r, 1, 2, 0, yt, ldy); break;                     \
-                case 3: blk_##NAME(xt, k, w, r, 1, 3, 0, yt, ldy); break;                     \
-                default: blk_##NAME(xt, k, w, r, 1, 4, 0, yt, ldy); break;                    \
+                case 1: blk_##NAME(xt, k, w, r, 1, yt, ldy); break;                           \
+                case 2: blk_##NAME(xt, k, w, r, 2, yt, ldy); break;                           \
+                case 3: blk_##NAME(xt, k, w, r, 3, yt, ldy); break;                           \
+                default: blk_##NAME(xt, k, w, r, 4, yt, ldy); break;                          \
                 }                                                                             \
             }                                                                                 \
     }
 
-BLOCK(f32, 4)
-BLOCK(f16, 2)
-BLOCK(bf16, 2)
+BLOCK(f32)
+BLOCK(f16)
 GEMV(f32)
 GEMV(f16)
+
+/* bf16: whole 512-bit loads of 32 weights, split into the even elements
+ * (low halves of the 32-bit lanes, shifted up) and the odd ones (high halves,
+ * masked): no widening shuffle, one load per cache line. x comes rearranged by
+ * prep_bf16 so each 32-block holds its 16 even elements, then its 16 odd
+ * ones; a tail of k % 32 stays in natural order and takes the masked path. */
+INL __m512 bf_even(__m512i u) { return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)); }
+INL __m512 bf_odd(__m512i u) {
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+INL void blk_bf16(const float *x, int64_t k, const void *w, int64_t r, const int NT, float *y,
+                  int64_t ldy) {
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[t][u] = _mm512_setzero_ps();
+    const uint16_t *wr = (const uint16_t *)w + r * k;
+    int64_t i = 0;
+    for (; i + 64 <= k; i += 64) {
+        __m512i u0 = _mm512_loadu_si512(wr + i), u1 = _mm512_loadu_si512(wr + i + 32);
+        __m512 wv[4] = { bf_even(u0), bf_odd(u0), bf_even(u1), bf_odd(u1) };
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+                acc[t][u] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(x + t * k + i + 16 * u), acc[t][u]);
+    }
+    if (i + 32 <= k) {
+        __m512i u0 = _mm512_loadu_si512(wr + i);
+        __m512 we = bf_even(u0), wo = bf_odd(u0);
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
+            acc[t][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(x + t * k + i), acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(x + t * k + i + 16), acc[t][1]);
+        }
+        i += 32;
+    }
+    for (; i < k; i += 16) {
+        int64_t left = k - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 w0 = ldm_bf16(w, r * k + i, m);
+        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+            acc[t][2] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * k + i), acc[t][2]);
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
+        y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
+                                                            _mm512_add_ps(acc[t][2], acc[t][3])));
+}
 GEMV(bf16)
+
+KERNEL void prep_bf16_avx512(const float *x, int n, int64_t k, float *xp) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int t = 0; t < n; t++) {
+        const float *a = x + (int64_t)t * k;
+        float *o = xp + (int64_t)t * k;
+        int64_t i = 0;
+        for (; i + 32 <= k; i += 32) {
+            __m512 lo = _mm512_loadu_ps(a + i), hi = _mm512_loadu_ps(a + i + 16);
+            _mm512_storeu_ps(o + i, _mm512_permutex2var_ps(lo, ev, hi));
+            _mm512_storeu_ps(o + i + 16, _mm512_permutex2var_ps(lo, od, hi));
+        }
+        for (; i < k; i++) o[i] = a[i];
+    }
+}
 
 /* row conversion for the GEMM path: 16 elements per step, masked tail */
 #define ROWS(NAME)                                                                            \
@@ -145,5 +181,6 @@ const gemv_kernels gemv_avx512_kernels = {
     "avx512",
     { gemv_f32_avx512, gemv_f16_avx512, gemv_bf16_avx512 },
     { rows_f32_avx512, rows_f16_avx512, rows_bf16_avx512 },
+    { NULL, NULL, prep_bf16_avx512 },
 };
 #endif

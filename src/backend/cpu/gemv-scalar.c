@@ -46,6 +46,7 @@ const gemv_kernels gemv_scalar_kernels = {
     "scalar",
     { gemv_f32_scalar, gemv_f16_scalar, gemv_bf16_scalar },
     { rows_f32_scalar, rows_f16_scalar, rows_bf16_scalar },
+    { NULL, NULL, NULL },
 };
 
 const gemv_kernels *gemv_isa(const char *isa) {

@@ -24,10 +24,16 @@ typedef void (*gemv_fn)(const float *x, int n, int64_t k, const void *w, int64_t
 /* converts rows [r0, r1) of w[.][k] to f32 dst[(r1-r0)][k] */
 typedef void (*rows_f32_fn)(const void *w, int64_t k, int64_t r0, int64_t r1, float *dst);
 
+/* rearranges x[n][k] into xp[n][k] in the order a kernel wants it */
+typedef void (*prep_x_fn)(const float *x, int n, int64_t k, float *xp);
+
 typedef struct gemv_kernels {
     const char *isa;          /* "avx512", "avx2", "scalar" */
     gemv_fn gemv[3];          /* indexed by be_dtype */
     rows_f32_fn rows_f32[3];
+    /* NULL: gemv[dt] takes x as is; else gemv[dt] must be given prep_x[dt]'s
+     * rearranged copy of x in place of x (same size, n*k floats) */
+    prep_x_fn prep_x[3];
 } gemv_kernels;
 
 /* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice) */

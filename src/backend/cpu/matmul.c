@@ -86,6 +86,16 @@ static void gemm_task(void *arg, int ith, int nth) {
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
     mm_job j = { x, n, w, bias, y, gemv_pick(), NULL };
     if (n <= GEMV_MAX_N) {
+        prep_x_fn prep = j.g->prep_x[w->dt];
+        if (prep) {   /* the kernel wants x rearranged: a copy in the scratch (n*k floats) */
+            size_t need = (size_t)n * (size_t)w->cols;
+            if (c->scratch_n < need) {
+                float *s = realloc(c->scratch, need * sizeof(float));
+                if (!s) j.g = &gemv_scalar_kernels;
+                else { c->scratch = s; c->scratch_n = need; }
+            }
+            if (j.g->prep_x[w->dt]) { prep(x, n, w->cols, c->scratch); j.x = c->scratch; }
+        }
         cpu_pool_run(c->pool, gemv_task, &j);
         return;
     }

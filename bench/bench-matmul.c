@@ -1,0 +1,95 @@
+/*
+ * bench-matmul.c — the CPU matmul alone (cpu backend table), for tuning the
+ * kernels without a model: decode-like GEMV over a stack of weight matrices
+ * larger than the caches (GB/s of weights read), and prefill-like GEMM on one
+ * matrix (GFLOP/s).
+ *
+ * Weights live in anonymous memory (or, with --file PATH, in a read-only mmap
+ * of any large file, as model weights are: 4 KiB page-cache pages, no THP).
+ *
+ * usage: bench-matmul [-t THREADS] [--dtype bf16|f16|f32] [-m 2048] [-k 2048]
+ *                     [--mb 1024] [-n 1] [-r 5] [--file PATH]
+ *   -n 1..8: GEMV over ~--mb MiB of [m][k] matrices, reports GB/s
+ *   -n > 8:  GEMM x[n][k] . W[m][k]^T, reports GFLOP/s
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "backend/backend.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, n = 1, reps = 5;
+    int64_t m = 2048, k = 2048;
+    size_t mb = 1024;
+    be_dtype dt = BE_BF16;
+    const char *file = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "-t")) threads = atoi(v);
+        else if (!strcmp(a, "-n")) n = atoi(v);
+        else if (!strcmp(a, "-r")) reps = atoi(v);
+        else if (!strcmp(a, "-m")) m = atoll(v);
+        else if (!strcmp(a, "-k")) k = atoll(v);
+        else if (!strcmp(a, "--mb")) mb = (size_t)atoll(v);
+        else if (!strcmp(a, "--file")) file = v;
+        else if (!strcmp(a, "--dtype")) dt = !strcmp(v, "f32") ? BE_F32 : !strcmp(v, "f16") ? BE_F16 : BE_BF16;
+        else { fprintf(stderr, "bench-matmul: unknown option %s\n", a); return 2; }
+    }
+    size_t es = be_dtype_size(dt), mat_bytes = (size_t)(m * k) * es;
+    int nmat = n <= 8 ? (int)((mb << 20) / mat_bytes) : 1;
+    if (nmat < 1) nmat = 1;
+    size_t total = mat_bytes * (size_t)nmat;
+    const uint8_t *w;
+    if (file) {
+        int fd = open(file, O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) || (size_t)st.st_size < total) {
+            fprintf(stderr, "bench-matmul: %s missing or smaller than %zu bytes\n", file, total);
+            return 1;
+        }
+        w = mmap(NULL, total, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (w == MAP_FAILED) return 1;
+        volatile uint8_t sink = 0;
+        for (size_t i = 0; i < total; i += 4096) sink ^= w[i];
+        (void)sink;
+    } else {
+        uint8_t *b = aligned_alloc(4096, total);
+        if (!b) return 1;
+        for (size_t i = 0; i < total / 2; i++) ((uint16_t *)b)[i] = (uint16_t)(0x3c00 + (i % 97));  /* small finite values */
+        if (dt == BE_F32) for (size_t i = 0; i < total / 4; i++) ((float *)b)[i] = 0.01f * (float)(i % 97);
+        w = b;
+    }
+    float *x = malloc(sizeof(float) * (size_t)(n * k)), *y = malloc(sizeof(float) * (size_t)(n * m));
+    for (int64_t i = 0; i < n * k; i++) x[i] = 0.001f * (float)(i % 113);
+    const be_ops *ops = be_cpu();
+    be_ctx *c;
+    if (ops->ctx_new(&c, threads)) return 1;
+    be_mat *mats = calloc((size_t)nmat, sizeof *mats);
+    for (int i = 0; i < nmat; i++) mats[i] = (be_mat){ w + mat_bytes * (size_t)i, NULL, dt, m, k };
+    ops->matmul(c, x, n, &mats[0], NULL, y);   /* warm-up */
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < nmat; i++) ops->matmul(c, x, n, &mats[i], NULL, y);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    printf("%s m=%lld k=%lld n=%d t=%d mats=%d %s: ", be_dtype_name(dt), (long long)m, (long long)k, n,
+           threads, nmat, file ? "mmap" : "anon");
+    if (n <= 8) printf("%.1f GB/s  (%.1f us per matrix)\n", total / best / 1e9, best / nmat * 1e6);
+    else printf("%.1f GFLOP/s\n", 2.0 * (double)m * k * n * nmat / best / 1e9);
+    ops->ctx_free(c);
+    return 0;
+}
