@@ -142,6 +142,56 @@ static void test_matmul(int threads) {
     ops->ctx_free(c);
 }
 
+/* attention through sgemm vs be_ref_attention: GQA, padding, windows, f16 cache */
+static void test_attention(int threads) {
+    const be_ops *ops = be_cpu();
+    be_ctx *c = NULL;
+    if (ops->ctx_new(&c, threads) || !c) return;
+    static const struct { int B, L, nh, nkv, hd, win, p0, p1, len1; } cs[] = {
+        { 1, 1, 8, 2, 64, 0, 0, 0, 1 },      /* first decode step */
+        { 2, 1, 8, 2, 64, 0, 37, 5, 1 },     /* batched decode */
+        { 1, 9, 4, 4, 40, 0, 0, 0, 9 },      /* MHA prefill, odd hd */
+        { 2, 7, 8, 2, 64, 0, 3, 0, 4 },      /* second row padded */
+        { 1, 300, 8, 1, 32, 0, 0, 0, 300 },  /* MQA, several query blocks */
+        { 2, 140, 6, 2, 16, 5, 10, 0, 133 }, /* sliding window */
+        { 1, 3, 4, 2, 64, 2, 50, 0, 3 },     /* window, continuing row */
+    };
+    for (int d = 0; d < 2; d++) {
+        be_dtype kv = d ? BE_F16 : BE_F32;
+        double worst = 0;
+        int ok = 1;
+        for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
+            int pos0[2] = { cs[ci].p0, cs[ci].p1 }, len[2] = { cs[ci].L, cs[ci].len1 };
+            if (cs[ci].B == 1) len[0] = cs[ci].len1;
+            int cap = 0;
+            for (int b = 0; b < cs[ci].B; b++) if (pos0[b] + cs[ci].L > cap) cap = pos0[b] + cs[ci].L;
+            be_attn a = { cs[ci].B, cs[ci].L, cs[ci].nh, cs[ci].nkv, cs[ci].hd, cap, pos0, len,
+                          cs[ci].win, 1.0f / sqrtf((float)cs[ci].hd) };
+            size_t nq = (size_t)a.B * a.L * a.n_head * a.head_dim;
+            size_t nk = (size_t)a.B * a.n_kv_head * cap * a.head_dim;
+            float *q = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float));
+            float *ref = malloc(nq * sizeof(float));
+            void *k = malloc(nk * 4), *v = malloc(nk * 4);
+            for (size_t i = 0; i < nq; i++) { q[i] = 2 * frand(); o[i] = NAN; }
+            for (size_t i = 0; i < nk; i++) {
+                float x = frand(), y = frand();
+                if (kv == BE_F32) { ((float *)k)[i] = x; ((float *)v)[i] = y; }
+                else { ((uint16_t *)k)[i] = be_f32_to_f16(x); ((uint16_t *)v)[i] = be_f32_to_f16(y); }
+            }
+            be_ref_attention(&a, q, k, v, kv, ref);
+            if (cpu_attention_gemm(c, &a, q, k, v, kv, o)) ok = 0;
+            for (size_t i = 0; i < nq; i++) {
+                double e = fabs((double)o[i] - ref[i]) / 1e-5;
+                if (!(e <= worst)) worst = e;
+            }
+            free(q); free(o); free(ref); free(k); free(v);
+        }
+        CHECK(ok && worst <= 1.0, "attention via sgemm, %s cache, %d threads: worst |err| %.3g x 1e-5",
+              be_dtype_name(kv), threads, worst);
+    }
+    ops->ctx_free(c);
+}
+
 /* the pool: each (ith, nth) exactly once per run, over many back-to-back runs */
 typedef struct { atomic_int hits[8]; int nth_seen[8]; } pool_probe;
 static void probe_task(void *arg, int ith, int nth) {
@@ -170,6 +220,7 @@ static void test_pool(int n) {
 int main(void) {
     test_kernel_sets();
     for (int t = 1; t <= 3; t++) test_matmul(t);
+    for (int t = 1; t <= 2; t++) test_attention(t);
     for (int n = 1; n <= 4; n++) test_pool(n);
     cpu_pool_free(NULL);
     return CHECK_DONE();

@@ -42,6 +42,13 @@ const gemv_kernels *gemv_pick(void);
 const gemv_kernels *gemv_isa(const char *isa);
 
 extern const gemv_kernels gemv_scalar_kernels;
+
+/* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
+ * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
+ * its workspace cannot be allocated. */
+struct be_ctx;
+int cpu_attention_gemm(struct be_ctx *c, const be_attn *a, const float *q, const void *k,
+                       const void *v, be_dtype kv_dt, float *out);
 #if defined(__x86_64__) || defined(__i386__)
 extern const gemv_kernels gemv_avx2_kernels;
 extern const gemv_kernels gemv_avx512_kernels;
