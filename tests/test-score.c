@@ -8,6 +8,8 @@
  * input (empty/short/malformed data, different vocabularies, bad base file).
  */
 #include <jansson.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "check.h"
 #include "cinfer.h"
@@ -42,6 +44,11 @@ static int32_t *rows_of(json_t *a, int *R, int *L) {
 }
 
 static double num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
 
 static int close_to(double a, double b, double floor) { return fabs(a - b) <= 1e-4 * fabs(b) + floor; }
 
@@ -112,6 +119,64 @@ static void test_data(json_t *ref) {
     free(rows);
     free(want);
     cinfer_model_free(m);
+}
+
+/* {"messages"}, {"prompt","completion"} and {"tokens"} lines: rendered through the chat template,
+ * tokenized without special tokens, no EOS appended (mlx_lm); ids taken as is */
+static void test_chat_data(void) {
+    char dir[64], path[128], src[512], jl[128];
+    snprintf(dir, sizeof dir, "/tmp/cinfer-score-%d-chat", (int)getpid());
+    if (mkdir(dir, 0755)) { CHECK(0, "mkdir %s", dir); return; }
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    /* links to the real model through absolute paths */
+    for (int i = 0; i < 3; i++) {
+        snprintf(src, sizeof src, "%s/models/stories260k/%s", shared_dir(), files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        char *abs = realpath(src, NULL);
+        if (abs && symlink(abs, path)) printf("# symlink %s failed\n", path);
+        free(abs);
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    write_file(path, "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_bos_token\": true, \"chat_template\": "
+                     "\"{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}\"}");
+    snprintf(jl, sizeof jl, "%s/data.jsonl", dir);
+    const char *msgs = "[{\"role\":\"user\",\"content\":\"Once upon a time\"},{\"role\":\"assistant\",\"content\":\"there was a cat.\"}]";
+    const char *pc = "[{\"role\":\"user\",\"content\":\"Lily said\"},{\"role\":\"assistant\",\"content\":\"hello!\"}]";
+    char line[1024];
+    snprintf(line, sizeof line, "{\"messages\": %s}\n{\"prompt\": \"Lily said\", \"completion\": \"hello!\"}\n{\"tokens\": [5, 6, 7]}\n", msgs);
+    write_file(jl, line);
+    char err[512] = "";
+    cinfer_model *m = NULL;
+    cinfer_model_load(dir, NULL, &m, err, sizeof err);
+    const cinfer_tokenizer *t = m ? cinfer_model_tokenizer(m) : NULL;
+    int32_t want[256];
+    int nw = 0, ok = t != NULL;
+    const char *conv[2] = {msgs, pc};
+    for (int k = 0; ok && k < 2; k++) {
+        char *text = NULL;
+        int32_t *ids = NULL;
+        int n = 0;
+        ok = !cinfer_chat_render(t, conv[k], NULL, NULL, 0, &text, err, sizeof err) &&
+             !cinfer_tokenize(t, text, strlen(text), 0, 1, &ids, &n) && nw + n < 250;
+        for (int i = 0; ok && i < n; i++) want[nw++] = ids[i];
+        free(text);
+        free(ids);
+    }
+    for (int i = 5; i <= 7; i++) want[nw++] = i;
+    cinfer_data_opts o = cinfer_data_defaults();
+    o.seq_len = 4;
+    o.num_samples = -1;
+    o.shuffle = CINFER_SHUFFLE_NONE;
+    int32_t *rows = NULL;
+    int n = 0;
+    cinfer_status st = ok ? cinfer_load_rows(t, -1, jl, &o, &rows, &n, err, sizeof err) : CINFER_EINVAL;
+    CHECK(!st && n == nw / 4 && !memcmp(rows, want, sizeof *rows * (size_t)n * 4),
+          "chat data: messages / prompt+completion through the template, tokens as is (%d rows of 4 from %d ids) %s", n, nw, err);
+    free(rows);
+    cinfer_model_free(m);
+    const char *rm[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data.jsonl"};
+    for (int i = 0; i < 5; i++) { snprintf(path, sizeof path, "%s/%s", dir, rm[i]); unlink(path); }
+    rmdir(dir);
 }
 
 /* ----------------------------------------------------------- perplexity */
@@ -303,11 +368,6 @@ static void test_logprobs(json_t *ref) {
 
 /* ------------------------------------------------------------ bad input */
 
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (f) { fputs(text, f); fclose(f); }
-}
-
 static void test_bad_input(void) {
     cinfer_model *m = load("stories260k");
     const cinfer_tokenizer *t = m ? cinfer_model_tokenizer(m) : NULL;
@@ -396,6 +456,7 @@ int main(void) {
     if (!ref) return CHECK_DONE();
     test_shuffles(ref);
     test_data(ref);
+    test_chat_data();
     test_perplexity(ref);
     test_kl(ref);
     test_logprobs(ref);

@@ -22,7 +22,8 @@ enum { DF_SEQ = 1000, DF_NUM, DF_SEED, DF_SHUF };
 static void kl_help(FILE *f) {
     fprintf(f,
         "usage: cinfer kl --base DIR --model DIR2 --data FILE [options]\n"
-        "       cinfer kl --base DIR --data FILE --save-base FILE      (pass 1: base log-probs)\n"
+        "       cinfer kl --base DIR --data FILE --save-base FILE [--model DIR2]\n"
+        "                                           (base log-probs to FILE; with --model, then pass 2)\n"
         "       cinfer kl --model DIR2 --base-logprobs FILE [options]  (pass 2)\n\n"
         "KL divergence of MODEL against BASE at every position of the rows perplexity\n"
         "scores, with llama.cpp's statistics (mean KLD, percentiles, PPL ratio, delta-p,\n"
@@ -34,7 +35,8 @@ static void kl_help(FILE *f) {
         "      --sequence-length N, --num-samples N, --seed N, --shuffle KIND   as perplexity\n"
         "      --batch-size N       rows per forward (default 8)\n"
         "      --save-base FILE     write the base's log-probs (16-bit codes of the full\n"
-        "                           vocabulary, exact next-token nll and argmax) and stop\n"
+        "                           vocabulary, exact next-token nll and argmax); with --model\n"
+        "                           the base is then freed and the model scored from FILE\n"
         "      --base-logprobs FILE read them instead of running a base model (rows too)\n"
         "      --per-token FILE     TSV: row, pos, token, kld, nll_model, nll_base, dp, same_top\n"
         "      --json               one JSON object on stdout\n"
@@ -154,6 +156,12 @@ int cmd_kl(int argc, char **argv) {
     cinfer_kl_base *file = NULL;
     if (base && !(mb = cli_load_model("kl", base, device, threads))) rc = 1;
     if (!rc && !save && !(mm = cli_load_model("kl", model, device, threads))) rc = 1;
+    if (!rc && save && model) {   /* the model is loaded only after the base is gone: compare its vocabulary first */
+        cinfer_model *probe = cli_load_model("kl", model, device, threads);
+        if (!probe) rc = 1;
+        else if (!same_vocab(mb, probe, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+        cinfer_model_free(probe);
+    }
     if (!rc && mb && mm && !same_vocab(mb, mm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
     if (!rc && blp && cinfer_kl_base_open(blp, &file, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
     if (!rc && data && !blp && cinfer_load_rows(cinfer_model_tokenizer(mb ? mb : mm), -1, data, &o, &rows, &n_rows, err, sizeof err)) {
@@ -173,7 +181,20 @@ int cmd_kl(int argc, char **argv) {
             fprintf(stderr, "cinfer kl: wrote %s: %d rows x %d tokens, %lld positions\n", save, n_rows, o.seq_len,
                     (long long)n_rows * (o.seq_len - 1));
         }
-    } else if (!rc) {
+        if (!rc && model) {   /* pass 2 in the same command: the base leaves memory first */
+            cinfer_ctx_free(cb);
+            cinfer_model_free(mb);
+            cb = NULL;
+            mb = NULL;
+            free(rows);
+            rows = NULL;
+            if (!(mm = cli_load_model("kl", model, device, threads))) rc = 1;
+            if (!rc && cinfer_kl_base_open(save, &file, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+            if (!rc && cinfer_ctx_new(mm, NULL, &cm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+            save = NULL;
+        }
+    }
+    if (!rc && !save) {
         int L = file ? 0 : o.seq_len;
         if (file) cinfer_kl_base_rows(file, &n_rows, &L, NULL);
         cinfer_kl_token *pt = ptf ? malloc(sizeof *pt * (size_t)n_rows * (L - 1)) : NULL;
