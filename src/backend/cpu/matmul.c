@@ -6,9 +6,11 @@
  *   - few tokens (n <= GEMV_MAX_N: decode, short feeds): vectorised GEMV
  *     kernels (gemv.h) read the stored dtype in place; one pass over the
  *     weights per 4 tokens. Bound by memory bandwidth.
- *   - many tokens (prefill): each worker converts a block of GEMM_ROWS of its
- *     weight rows to f32 in its own slice of the context scratch (L2/L3-sized,
- *     never the whole model) and calls OpenBLAS sgemm on it single-threaded;
+ *   - many tokens (prefill): each worker converts a block of its weight rows
+ *     (up to GEMM_FLOATS, never the whole model) to f32 in its own slice of
+ *     the context scratch and calls OpenBLAS sgemm on it single-threaded
+ *     (big blocks: sgemm re-packs x on every call, ~8% of the time at 256
+ *     rows per call);
  *     f32 weights go to sgemm straight from the mmap. Bound by sgemm FLOP/s.
  *     OpenBLAS is kept at one thread here (openblas_set_num_threads(1)) so
  *     its threads and the pool never oversubscribe the cores: two
@@ -24,7 +26,7 @@
 #include "backend/cpu/gemv.h"
 
 #define GEMV_MAX_N 8     /* up to this many tokens: GEMV kernels */
-#define GEMM_ROWS 256    /* weight rows converted per sgemm call */
+#define GEMM_FLOATS (4u << 20)   /* f32 weights converted per sgemm call, per thread (16 MiB) */
 
 void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst) {
     gemv_pick()->rows_f32[w->dt](w->data, w->cols, r, r + 1, dst);
@@ -36,7 +38,8 @@ typedef struct mm_job {
     const be_mat *w, *bias;
     float *y;                /* [n][m] */
     const gemv_kernels *g;
-    float *scratch;          /* [nth][GEMM_ROWS][k] (GEMM path, 16/bf16 weights) */
+    float *scratch;          /* [nth][blk][k] (GEMM path, f16/bf16 weights) */
+    int64_t blk;             /* weight rows per sgemm call */
 } mm_job;
 
 /* rows [*r0, *r1) of m for worker ith of nth, in units of `unit` rows */
@@ -72,9 +75,9 @@ static void gemm_task(void *arg, int ith, int nth) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)(r1 - r0), (int)k, 1.0f,
                     j->x, (int)k, (const float *)j->w->data + r0 * k, (int)k, 0.0f, j->y + r0, (int)m);
     } else {
-        float *s = j->scratch + (size_t)ith * GEMM_ROWS * (size_t)k;
-        for (int64_t rb = r0; rb < r1; rb += GEMM_ROWS) {
-            int64_t re = rb + GEMM_ROWS < r1 ? rb + GEMM_ROWS : r1;
+        float *s = j->scratch + (size_t)ith * (size_t)j->blk * (size_t)k;
+        for (int64_t rb = r0; rb < r1; rb += j->blk) {
+            int64_t re = rb + j->blk < r1 ? rb + j->blk : r1;
             j->g->rows_f32[j->w->dt](j->w->data, k, rb, re, s);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)(re - rb), (int)k, 1.0f,
                         j->x, (int)k, s, (int)k, 0.0f, j->y + rb, (int)m);
@@ -84,7 +87,7 @@ static void gemm_task(void *arg, int ith, int nth) {
 }
 
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    mm_job j = { x, n, w, bias, y, gemv_pick(), NULL };
+    mm_job j = { x, n, w, bias, y, gemv_pick(), NULL, 0 };
     if (n <= GEMV_MAX_N) {
         prep_x_fn prep = j.g->prep_x[w->dt];
         if (prep) {   /* the kernel wants x rearranged: a copy in the scratch (n*k floats) */
@@ -100,7 +103,12 @@ void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat 
         return;
     }
     if (w->dt != BE_F32) {
-        size_t need = (size_t)cpu_pool_size(c->pool) * GEMM_ROWS * (size_t)w->cols;
+        int nth = cpu_pool_size(c->pool);
+        int64_t per = ((w->rows + 15) / 16 + nth - 1) / nth * 16;   /* split_rows' largest share */
+        int64_t cap = (int64_t)(GEMM_FLOATS / (size_t)w->cols);
+        j.blk = per < cap ? per : cap;
+        if (j.blk < 16) j.blk = 16;
+        size_t need = (size_t)nth * (size_t)j.blk * (size_t)w->cols;
         if (c->scratch_n < need) {
             float *s = realloc(c->scratch, need * sizeof(float));
             if (!s) {   /* no room for the GEMM blocks: the GEMV kernels still give the answer */
