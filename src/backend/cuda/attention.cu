@@ -5,7 +5,7 @@
  * (i >= len[b]) get zeros. Cache layout [B][n_kv][cap][hd], f32 or f16.
  *
  * Two kernels:
- * - split-K (flash-decoding): grid (splits of SPLIT keys, heads, queries);
+ * - split-K (flash-decoding): grid (slices of >= 32 keys, heads, queries);
  *   each block scores its slice of keys in f32, keeps its max m, sum l and
  *   unnormalised output o; a combine kernel merges the slices with
  *   exp(m_s - M) weights. The grid depends only on the cache capacity, never
@@ -21,9 +21,10 @@
  */
 #include <math.h>
 #include <string.h>
+#include <type_traits>
 #include "backend/cuda/cuda.cuh"
 
-#define SPLIT 128
+#define SPLIT_MAX 4096   /* keys per split-K slice at most (shared memory) */
 #define SPLIT_THREADS 128
 
 template <typename KT> __device__ __forceinline__ float kv_at(const KT *p, size_t i) { return cu_f<KT>(p[i]); }
@@ -31,16 +32,17 @@ template <typename KT> __device__ __forceinline__ float kv_at(const KT *p, size_
 template <typename KT>
 __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, const KT *K, const KT *V, int L, int H, int n_kv, int hd,
                                                               int cap, int window, float scale, const int *pos0, const int *len,
-                                                              int nsplit, float *part) {
+                                                              int nsplit, int chunk, float *part) {
     extern __shared__ float sm[];
-    float *qs = sm, *sc = sm + hd;
+    float *qs = sm, *sc = sm + hd;   /* [hd], [chunk] */
     __shared__ float red[SPLIT_THREADS / 32];
+    PDL_ENTRY();
     int s = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float *pp = part + (((size_t)bi * H + h) * nsplit + s) * (hd + 2);
     int p = pos0[b] + i;
     int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
-    int j0 = max(lo, s * SPLIT), j1 = min(p + 1, (s + 1) * SPLIT);
+    int j0 = max(lo, s * chunk), j1 = min(p + 1, (s + 1) * chunk);
     if (i >= len[b] || j0 >= j1) {
         if (tid == 0) { pp[0] = -INFINITY; pp[1] = 0.0f; }
         return;
@@ -50,12 +52,28 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
     for (int d = tid; d < hd; d += SPLIT_THREADS) qs[d] = qq[d];
     __syncthreads();
     size_t base = ((size_t)(b * n_kv + kvh)) * cap * hd;
-    for (int j = j0 + warp; j < j1; j += SPLIT_THREADS / 32) {
-        float acc = 0;
-        for (int d = lane; d < hd; d += 32) acc += qs[d] * kv_at(K, base + (size_t)j * hd + d);
+    /* scores: each warp takes KU keys at a time (independent loads in flight), lanes over hd */
+    constexpr int KU = 8, NW = SPLIT_THREADS / 32;
+    for (int jb = j0 + warp; jb < j1; jb += NW * KU) {
+        float acc[KU];
 #pragma unroll
-        for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) sc[j - j0] = acc * scale;
+        for (int u = 0; u < KU; u++) acc[u] = 0.0f;
+        for (int d = lane; d < hd; d += 32) {
+            float qd = qs[d];
+#pragma unroll
+            for (int u = 0; u < KU; u++) {
+                int j = jb + NW * u;
+                if (j < j1) acc[u] += qd * kv_at(K, base + (size_t)j * hd + d);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            float a = acc[u];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            int j = jb + NW * u;
+            if (lane == 0 && j < j1) sc[j - j0] = a * scale;
+        }
     }
     __syncthreads();
     int n = j1 - j0;
@@ -66,7 +84,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
     if (lane == 0) red[warp] = mx;
     __syncthreads();
     mx = red[0];
-    for (int w = 1; w < SPLIT_THREADS / 32; w++) mx = fmaxf(mx, red[w]);
+    for (int w = 1; w < NW; w++) mx = fmaxf(mx, red[w]);
     __syncthreads();
     float sum = 0;
     for (int j = tid; j < n; j += SPLIT_THREADS) sum += (sc[j] = expf(sc[j] - mx));
@@ -76,18 +94,27 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
     __syncthreads();
     if (tid == 0) {
         float t = 0;
-        for (int w = 0; w < SPLIT_THREADS / 32; w++) t += red[w];
+        for (int w = 0; w < NW; w++) t += red[w];
         pp[0] = mx;
         pp[1] = t;
     }
     for (int d = tid; d < hd; d += SPLIT_THREADS) {
-        float acc = 0;
-        for (int j = 0; j < n; j++) acc += sc[j] * kv_at(V, base + (size_t)(j0 + j) * hd + d);
-        pp[2 + d] = acc;
+        const KT *vp = V + base + (size_t)j0 * hd + d;
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            a0 += sc[j] * kv_at(vp, (size_t)j * hd);
+            a1 += sc[j + 1] * kv_at(vp, (size_t)(j + 1) * hd);
+            a2 += sc[j + 2] * kv_at(vp, (size_t)(j + 2) * hd);
+            a3 += sc[j + 3] * kv_at(vp, (size_t)(j + 3) * hd);
+        }
+        for (; j < n; j++) a0 += sc[j] * kv_at(vp, (size_t)j * hd);
+        pp[2 + d] = (a0 + a1) + (a2 + a3);
     }
 }
 
 __global__ void k_attn_combine(const float *part, int L, int H, int hd, int nsplit, const int *len, float *out) {
+    PDL_ENTRY();
     int bi = blockIdx.x / H, h = blockIdx.x % H, b = bi / L, i = bi % L;
     float *o = out + ((size_t)bi * H + h) * hd;
     if (i >= len[b]) {
@@ -131,19 +158,47 @@ __device__ __forceinline__ uint32_t pack_hh(__half lo, __half hi) {
     return *(uint32_t *)&h;
 }
 
-/* 4 consecutive elements as 4 halves */
-__device__ __forceinline__ uint2 load4h(const float *p) {
-    float4 v = *(const float4 *)p;
-    return make_uint2(pack_h2(v.x, v.y), pack_h2(v.z, v.w));
+/* 8 consecutive cache elements as 8 halves (16 bytes) */
+__device__ __forceinline__ uint4 load8h(const float *p) {
+    float4 v = *(const float4 *)p, w = *(const float4 *)(p + 4);
+    return make_uint4(pack_h2(v.x, v.y), pack_h2(v.z, v.w), pack_h2(w.x, w.y), pack_h2(w.z, w.w));
 }
-__device__ __forceinline__ uint2 load4h(const __half *p) { return *(const uint2 *)p; }
+__device__ __forceinline__ uint4 load8h(const __half *p) { return *(const uint4 *)p; }
 
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, const __half *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const __half *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+template <int HD, typename KT> constexpr size_t flash_smem() {
+    return (std::is_same<KT, __half>::value ? 2 : 1) * 2 * (size_t)64 * (HD + 8) * sizeof(__half);
+}
+
+/* f16 caches stream tiles with cp.async, two stages deep; f32 caches are
+ * converted on the way in, one stage. Fragments come from shared memory
+ * through ldmatrix (.trans for V). Rows padded by 8 halves: conflict-free. */
 template <int HD, typename KT>
 __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, const KT *V, float *out, int L, int H, int n_kv, int cap,
                                                int window, float scale_log2, const int *pos0, const int *len) {
     constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;
-    __shared__ __align__(16) __half Ks[BK * LD];
-    __shared__ __align__(16) __half Vs[BK * LD];
+    constexpr bool ASYNC = std::is_same<KT, __half>::value;
+    constexpr int STAGES = ASYNC ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    __half *Ksm = (__half *)smraw, *Vsm = Ksm + STAGES * BK * LD;
+    PDL_ENTRY();
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int kvh = h / (H / n_kv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -178,27 +233,52 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
     const KT *Kb = K + ((size_t)b * n_kv + kvh) * cap * HD;
     const KT *Vb = V + ((size_t)b * n_kv + kvh) * cap * HD;
 
-    for (int kb = klo; kb < khi; kb += BK) {
-        __syncthreads();
-        for (int e = threadIdx.x; e < BK * HD / 4; e += 128) {
-            int r = e / (HD / 4), d4 = (e % (HD / 4)) * 4;
-            uint2 kv = make_uint2(0, 0), vv = make_uint2(0, 0);
+    auto load_tile = [&](int stage, int kb) {
+        __half *Ks = Ksm + stage * BK * LD, *Vs = Vsm + stage * BK * LD;
+        for (int e = threadIdx.x; e < BK * HD / 8; e += 128) {
+            int r = e / (HD / 8), d8 = (e % (HD / 8)) * 8;
+            __half *kd = &Ks[r * LD + d8], *vd = &Vs[r * LD + d8];
             if (kb + r < khi) {
-                kv = load4h(Kb + (size_t)(kb + r) * HD + d4);
-                vv = load4h(Vb + (size_t)(kb + r) * HD + d4);
+                const KT *ks = Kb + (size_t)(kb + r) * HD + d8, *vs = Vb + (size_t)(kb + r) * HD + d8;
+                if constexpr (ASYNC) {
+                    cp_async16(kd, ks);
+                    cp_async16(vd, vs);
+                } else {
+                    *(uint4 *)kd = load8h(ks);
+                    *(uint4 *)vd = load8h(vs);
+                }
+            } else {
+                *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+                *(uint4 *)vd = make_uint4(0, 0, 0, 0);
             }
-            *(uint2 *)&Ks[r * LD + d4] = kv;
-            *(uint2 *)&Vs[r * LD + d4] = vv;
+        }
+        if constexpr (ASYNC) cp_async_commit();
+    };
+
+    if (klo < khi) load_tile(0, klo);
+    int it = 0;
+    for (int kb = klo; kb < khi; kb += BK, it++) {
+        int stage = ASYNC ? (it & 1) : 0;
+        if constexpr (ASYNC) {
+            if (kb + BK < khi) {
+                load_tile(stage ^ 1, kb + BK);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
         }
         __syncthreads();
+        const __half *Ks = Ksm + stage * BK * LD, *Vs = Vsm + stage * BK * LD;
         float s[BK / 8][4];
 #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                const __half *kp = &Ks[(j * 8 + g) * LD + ks * 16 + 2 * t4];
-                mma16816(s[j], qa[ks], *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
+            for (int ks = 0; ks < KS; ks += 2) {
+                uint32_t bf[4];
+                ldsm_x4(bf, &Ks[(j * 8 + (lane & 7)) * LD + ks * 16 + (lane >> 3) * 8]);
+                mma16816(s[j], qa[ks], bf[0], bf[1]);
+                mma16816(s[j], qa[ks + 1], bf[2], bf[3]);
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -247,14 +327,18 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
         for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t pa[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), pack_h2(s[2 * kk][2], s[2 * kk][3]),
                               pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            int k0 = kk * 16 + 2 * t4;
+            int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                int d = nt * 8 + g;
-                uint32_t b0 = pack_hh(Vs[k0 * LD + d], Vs[(k0 + 1) * LD + d]);
-                uint32_t b1 = pack_hh(Vs[(k0 + 8) * LD + d], Vs[(k0 + 9) * LD + d]);
-                mma16816(o[nt], pa, b0, b1);
+            for (int nt = 0; nt < NT; nt += 2) {
+                uint32_t bf[4];
+                ldsm_x4_t(bf, &Vs[(kk * 16 + (mi & 1) * 8 + rr) * LD + (nt + (mi >> 1)) * 8]);
+                mma16816(o[nt], pa, bf[0], bf[1]);
+                mma16816(o[nt + 1], pa, bf[2], bf[3]);
             }
+        }
+        __syncthreads();
+        if constexpr (!ASYNC) {
+            if (kb + BK < khi) load_tile(0, kb + BK);
         }
     }
 #pragma unroll
@@ -286,26 +370,38 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     if (path == ATT_FLASH) {
         dim3 grid((unsigned)((L + 63) / 64), (unsigned)H, (unsigned)B);
         float sl = scale * 1.4426950408889634f;
-#define FL(HD, KT) k_flash<HD, KT><<<grid, 128, 0, c->stream>>>(q, (const KT *)K, (const KT *)V, out, L, H, n_kv, cap, window, sl, pos0, len)
+#define FL(HD, KT)                                                                                                  \
+    do {                                                                                                            \
+        cudaFuncSetAttribute(k_flash<HD, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HD, KT>()); \
+        cu_launch(c, k_flash<HD, KT>, grid, dim3(128), flash_smem<HD, KT>(), q, (const KT *)K, (const KT *)V, out, L, H, n_kv, cap, \
+                  window, sl, pos0, len);                                                                           \
+    } while (0)
         if (hd == 64) { if (f16) FL(64, __half); else FL(64, float); }
         else { if (f16) FL(128, __half); else FL(128, float); }
 #undef FL
         CU_LAUNCHED(c, "flash attention");
         return;
     }
+    int chunk = (int)r->f[1];
     dim3 grid((unsigned)nsplit, (unsigned)H, (unsigned)(B * L));
-    size_t smem = sizeof(float) * (size_t)(hd + SPLIT);
-    if (f16) k_attn_split<__half><<<grid, SPLIT_THREADS, smem, c->stream>>>(q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, c->part);
-    else k_attn_split<float><<<grid, SPLIT_THREADS, smem, c->stream>>>(q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, c->part);
+    size_t smem = sizeof(float) * (size_t)(hd + chunk);
+    if (f16) cu_launch(c, k_attn_split<__half>, grid, dim3(SPLIT_THREADS), smem, q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part);
+    else cu_launch(c, k_attn_split<float>, grid, dim3(SPLIT_THREADS), smem, q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part);
     if (CU_LAUNCHED(c, "attention (split)")) return;
-    k_attn_combine<<<(unsigned)(B * L * H), hd >= 128 ? 128 : 32 * ((hd + 31) / 32), 0, c->stream>>>(c->part, L, H, hd, nsplit, len, out);
+    cu_launch(c, k_attn_combine, dim3((unsigned)(B * L * H)), dim3(hd >= 128 ? 128 : 32 * ((hd + 31) / 32)), 0, (const float *)c->part, L, H, hd, nsplit, len, out);
     CU_LAUNCHED(c, "attention (combine)");
 }
 
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
     int flash = (a->head_dim == 64 || a->head_dim == 128) && a->L >= 16;
-    int nsplit = (a->cap + SPLIT - 1) / SPLIT;
-    if (nsplit < 1) nsplit = 1;
+    /* split-K geometry from the shape and capacity only (never the position): slices of at
+     * least 32 keys, at most ~2048 blocks, at most SPLIT_MAX keys per slice (shared memory) */
+    int cap = a->cap > 0 ? a->cap : 1, rows = a->B * a->L * a->n_head;
+    int nsplit = (cap + 31) / 32, most = 2048 / (rows > 0 ? rows : 1);
+    if (nsplit > most) nsplit = most > 1 ? most : 1;
+    if (nsplit < (cap + SPLIT_MAX - 1) / SPLIT_MAX) nsplit = (cap + SPLIT_MAX - 1) / SPLIT_MAX;
+    int chunk = ((cap + nsplit - 1) / nsplit + 31) / 32 * 32;
+    nsplit = (cap + chunk - 1) / chunk;
     if (!flash) {
         size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
         if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
@@ -330,5 +426,6 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     r.i[8] = flash ? ATT_FLASH : ATT_SPLIT;
     r.i[9] = nsplit;
     r.f[0] = a->scale;
+    r.f[1] = (float)chunk;
     cu_submit(c, &r);
 }

@@ -87,17 +87,20 @@ const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
         cu_check(c, cudaErrorInvalidValue, "staging: host array larger than the arena");
         return c->arena_d;
     }
+    /* a graph step copies its first CU_STEP_STAGE bytes in one node at its start */
+    if (c->mode != CU_EAGER && c->arena_off + al > CU_STEP_STAGE) cu_go_eager(c);
     if (c->arena_off + al > CU_ARENA_BYTES) sync(c, "staging arena wrap");
     size_t off = c->arena_off;
     c->arena_off += al;
     if (bytes) memcpy(c->arena_h + off, host, bytes);
-    if (c->mode != CU_REPLAY && bytes)
+    if (c->mode == CU_EAGER && bytes)
         cu_check(c, cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, bytes, cudaMemcpyHostToDevice, c->stream), "staging copy");
     return c->arena_d + off;
 }
 
 void cu_submit(be_ctx *c, const cu_rec *r) {
     if (c->err) return;
+    if (r->fn != cu_matmul_launcher) c->act16_src = NULL;   /* the rounded copy may be stale now */
     if (c->mode == CU_REPLAY) {
         if (c->i_rec < c->n_graph_recs && !memcmp(r, &c->recs[c->i_rec], sizeof *r)) { c->i_rec++; return; }
         cu_go_eager(c);
@@ -112,6 +115,7 @@ int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need) {
     if (need <= *have) return 1;
     sync(c, "workspace growth");
     drop_graph(c);
+    if (buf == &c->act16) c->act16_src = NULL;
     cudaFree(*buf);
     *buf = NULL;
     *have = 0;
@@ -148,6 +152,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     be_ctx *c = (be_ctx *)calloc(1, sizeof *c);
     if (!c) return 1;
     c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
+    const char *pdl = getenv("CINFER_CUDA_PDL");
+    c->pdl = !(pdl && !strcmp(pdl, "0"));
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
@@ -174,6 +180,7 @@ static void *cuda_alloc(be_ctx *c, size_t bytes) {
 
 static void cuda_free(be_ctx *c, void *p) {
     if (!p) return;
+    c->act16_src = NULL;
     sync(c, "free");
     cu_check(c, cudaFree(p), "cudaFree");
 }
@@ -186,12 +193,14 @@ static void cuda_to_host(be_ctx *c, void *dst, const void *src, size_t bytes) {
 
 static void cuda_from_host(be_ctx *c, void *dst, const void *src, size_t bytes) {
     cu_go_eager(c);
+    c->act16_src = NULL;
     cu_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "copy from host");
     sync(c, "copy from host");
 }
 
 static void cuda_copy(be_ctx *c, void *dst, const void *src, size_t bytes) {
     cu_go_eager(c);
+    c->act16_src = NULL;
     cu_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream), "device copy");
 }
 
@@ -230,6 +239,9 @@ static void cuda_step_begin(be_ctx *c) {
     } else if (!cu_check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "begin capture")) {
         c->mode = CU_CAPTURE;
         c->n_recs = 0;
+        /* the graph's first node: every host array the step stages, in one copy (the pinned
+         * arena is filled by the ops before the graph is launched or replayed) */
+        cu_check(c, cudaMemcpyAsync(c->arena_d, c->arena_h, CU_STEP_STAGE, cudaMemcpyHostToDevice, c->stream), "step staging copy");
     }
 }
 

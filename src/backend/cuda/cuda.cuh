@@ -5,12 +5,13 @@
  * Every op builds a cu_rec (a launcher function plus its device pointers,
  * sizes and scalars; no host pointers) and hands it to cu_submit. Host
  * arrays an op needs (token ids, positions, lengths, RoPE frequencies) are
- * first copied into a pinned staging arena with cu_stage, which issues the
- * host-to-device copy on the context's stream; the record holds the device
- * address. That makes one forward a pure sequence of records, which is what
- * lets a decode step be captured as a CUDA graph once and replayed: on
- * replay the ops only rewrite the pinned arena (the graph's copy nodes read
- * it) and compare their record with the captured one; the first difference
+ * first copied into a pinned staging arena with cu_stage, which (eagerly)
+ * issues the host-to-device copy on the context's stream; the record holds
+ * the device address. That makes one forward a pure sequence of records,
+ * which is what lets a decode step be captured as a CUDA graph once and
+ * replayed: a graph starts with one copy of the arena's first CU_STEP_STAGE
+ * bytes, and on replay the ops only rewrite the pinned arena and compare
+ * their record with the captured one; the first difference
  * (a grown cache, a new shape) drops back to eager launches of the records
  * issued so far (see ctx.cu).
  *
@@ -41,6 +42,7 @@ typedef struct cu_rec {
 enum { CU_EAGER = 0, CU_CAPTURE = 1, CU_REPLAY = 2 };
 
 #define CU_ARENA_BYTES ((size_t)8 << 20)
+#define CU_STEP_STAGE ((size_t)128 << 10)   /* staged bytes a graph step may use */
 #define CU_MAX_RECS 8192
 
 struct be_ctx {
@@ -58,6 +60,9 @@ struct be_ctx {
     /* workspaces, grown on demand (outside capture) */
     void *act16;             /* [act16_n] bytes: activations rounded to bf16/f16 for cuBLAS */
     size_t act16_n;
+    const void *act16_src;   /* act16 holds this f32 buffer ([act16_len] elements, act16_dt) rounded; */
+    size_t act16_len;        /* NULL when stale. Any op other than a matmul clears it. */
+    int act16_dt;
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
     /* graph state */
@@ -69,6 +74,7 @@ struct be_ctx {
     cudaGraphExec_t exec;    /* the captured decode step, or NULL */
     int n_graph_recs;        /* records in exec */
     long n_replays, n_captures;
+    int pdl;                 /* launch with programmatic dependent launch (CINFER_CUDA_PDL=0: off) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
@@ -86,6 +92,7 @@ void cu_go_eager(be_ctx *c);
 int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need);
 
 /* ops implemented in the kernel files */
+void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
@@ -98,6 +105,29 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
+
+/* Programmatic dependent launch: every kernel of this backend is launched
+ * with programmatic stream serialization, so it may be scheduled while the
+ * kernel before it drains; it waits (griddepcontrol.wait) for that kernel's
+ * results before touching memory, then lets its own successor be scheduled.
+ * Hides most of the launch gap between the ~600 kernels of a decode step. */
+#define PDL_ENTRY() do { asm volatile("griddepcontrol.wait;" ::: "memory"); \
+                         asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); } while (0)
+
+template <typename... K, typename... A>
+static inline void cu_launch(be_ctx *c, void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 
 /* weight element as float */
 template <typename T> __device__ __forceinline__ float cu_f(T v);

@@ -15,6 +15,7 @@
 /* ---------------------------------------------------------------- embed */
 
 __global__ void k_embed(const void *tab, int dt, const int32_t *ids, int n, int cols, float *out) {
+    PDL_ENTRY();
     size_t total = (size_t)n * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / cols, col = i % cols;
@@ -25,7 +26,7 @@ __global__ void k_embed(const void *tab, int dt, const int32_t *ids, int n, int 
 static void l_embed(be_ctx *c, const cu_rec *r) {
     size_t total = (size_t)r->i[0] * r->i[1];
     unsigned g = cu_blocks(total, 256);
-    k_embed<<<g > 65535 ? 65535 : g, 256, 0, c->stream>>>(r->p[0], (int)r->i[2], (const int32_t *)r->p[1], (int)r->i[0],
+    cu_launch(c, k_embed, dim3(g > 65535 ? 65535 : g), dim3(256), 0, r->p[0], (int)r->i[2], (const int32_t *)r->p[1], (int)r->i[0],
                                                           (int)r->i[1], (float *)r->p[2]);
     CU_LAUNCHED(c, "embed");
 }
@@ -53,6 +54,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 /* one warp per row */
 __global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y) {
+    PDL_ENTRY();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     const float *a = x + (size_t)row * dim;
@@ -66,6 +68,7 @@ __global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, in
 
 /* one block per row */
 __global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt, float w_add, float eps, float *y) {
+    PDL_ENTRY();
     __shared__ float red[32];
     const float *a = x + (size_t)blockIdx.x * dim;
     float ss = 0;
@@ -87,9 +90,9 @@ __global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt,
 static void l_rmsnorm(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], dim = (int)r->i[1];
     if (n <= 0) return;
-    if (dim <= 512) k_rmsnorm_warp<<<cu_blocks(n, 8), 256, 0, c->stream>>>((const float *)r->p[0], n, dim, r->p[1], (int)r->i[2],
+    if (dim <= 512) cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, (const float *)r->p[0], n, dim, r->p[1], (int)r->i[2],
                                                                           r->f[0], r->f[1], (float *)r->p[2]);
-    else k_rmsnorm_block<<<n, dim >= 2048 ? 512 : 256, 0, c->stream>>>((const float *)r->p[0], dim, r->p[1], (int)r->i[2], r->f[0],
+    else cu_launch(c, k_rmsnorm_block, dim3(n), dim3(dim >= 2048 ? 512 : 256), 0, (const float *)r->p[0], dim, r->p[1], (int)r->i[2], r->f[0],
                                                                       r->f[1], (float *)r->p[2]);
     CU_LAUNCHED(c, "rmsnorm");
 }
@@ -113,6 +116,7 @@ void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, f
 
 /* one thread per (token, head, pair) */
 __global__ void k_rope(float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox) {
+    PDL_ENTRY();
     int half = rot / 2;
     size_t total = (size_t)n * heads * half;
     for (size_t w = blockIdx.x * (size_t)blockDim.x + threadIdx.x; w < total; w += (size_t)gridDim.x * blockDim.x) {
@@ -133,7 +137,7 @@ static void l_rope(be_ctx *c, const cu_rec *r) {
     size_t total = (size_t)r->i[0] * r->i[1] * (r->i[3] / 2);
     if (!total) return;
     unsigned g = cu_blocks(total, 256);
-    k_rope<<<g > 65535 ? 65535 : g, 256, 0, c->stream>>>((float *)r->p[0], (int)r->i[0], (int)r->i[1], (int)r->i[2], (int)r->i[3],
+    cu_launch(c, k_rope, dim3(g > 65535 ? 65535 : g), dim3(256), 0, (float *)r->p[0], (int)r->i[0], (int)r->i[1], (int)r->i[2], (int)r->i[3],
                                                          (const int *)r->p[1], (const float *)r->p[2], (int)r->i[4]);
     CU_LAUNCHED(c, "rope");
 }
@@ -156,6 +160,7 @@ void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const in
 /* ------------------------------------------------------ swiglu, add, gather */
 
 __global__ void k_swiglu(const float *g, const float *u, float *o, size_t n) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float a = g[i];
         o[i] = a / (1.0f + expf(-a)) * u[i];
@@ -163,6 +168,7 @@ __global__ void k_swiglu(const float *g, const float *u, float *o, size_t n) {
 }
 
 __global__ void k_add(float *y, const float *x, size_t n) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] += x[i];
 }
 
@@ -174,7 +180,7 @@ static unsigned grid_for(size_t n) {
 static void l_swiglu(be_ctx *c, const cu_rec *r) {
     size_t n = (size_t)r->i[0];
     if (!n) return;
-    k_swiglu<<<grid_for(n), 256, 0, c->stream>>>((const float *)r->p[0], (const float *)r->p[1], (float *)r->p[2], n);
+    cu_launch(c, k_swiglu, dim3(grid_for(n)), dim3(256), 0, (const float *)r->p[0], (const float *)r->p[1], (float *)r->p[2], n);
     CU_LAUNCHED(c, "swiglu");
 }
 
@@ -192,7 +198,7 @@ void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, siz
 static void l_add(be_ctx *c, const cu_rec *r) {
     size_t n = (size_t)r->i[0];
     if (!n) return;
-    k_add<<<grid_for(n), 256, 0, c->stream>>>((float *)r->p[0], (const float *)r->p[1], n);
+    cu_launch(c, k_add, dim3(grid_for(n)), dim3(256), 0, (float *)r->p[0], (const float *)r->p[1], n);
     CU_LAUNCHED(c, "add");
 }
 
@@ -207,6 +213,7 @@ void cu_op_add(be_ctx *c, float *y, const float *x, size_t n) {
 }
 
 __global__ void k_gather(const float *x, int dim, const int *rows, int n, float *y) {
+    PDL_ENTRY();
     size_t total = (size_t)n * dim;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         y[i] = x[(size_t)rows[i / dim] * dim + i % dim];
@@ -215,7 +222,7 @@ __global__ void k_gather(const float *x, int dim, const int *rows, int n, float 
 static void l_gather(be_ctx *c, const cu_rec *r) {
     size_t total = (size_t)r->i[0] * r->i[1];
     if (!total) return;
-    k_gather<<<grid_for(total), 256, 0, c->stream>>>((const float *)r->p[0], (int)r->i[0], (const int *)r->p[1], (int)r->i[1],
+    cu_launch(c, k_gather, dim3(grid_for(total)), dim3(256), 0, (const float *)r->p[0], (int)r->i[0], (const int *)r->p[1], (int)r->i[1],
                                                      (float *)r->p[2]);
     CU_LAUNCHED(c, "gather");
 }
@@ -236,6 +243,7 @@ void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, fl
 
 /* one block per (b, i, kv head); threads over hd */
 __global__ void k_kv_write(const float *src, void *cache, int f16, int L, int n_kv, int hd, int cap, const int *pos0, const int *len) {
+    PDL_ENTRY();
     int h = blockIdx.x % n_kv, i = (blockIdx.x / n_kv) % L, b = blockIdx.x / n_kv / L;
     if (i >= len[b]) return;
     const float *s = src + (((size_t)b * L + i) * n_kv + h) * hd;
@@ -250,7 +258,7 @@ static void l_kv_write(be_ctx *c, const cu_rec *r) {
     unsigned blocks = (unsigned)(r->i[0] * r->i[1] * r->i[2]);
     if (!blocks) return;
     int hd = (int)r->i[3];
-    k_kv_write<<<blocks, hd >= 128 ? 128 : 32 * ((hd + 31) / 32), 0, c->stream>>>(
+    cu_launch(c, k_kv_write, dim3(blocks), dim3(hd >= 128 ? 128 : 32 * ((hd + 31) / 32)), 0, 
         (const float *)r->p[0], (void *)r->p[1], (int)r->i[5], (int)r->i[1], (int)r->i[2], hd, (int)r->i[4],
         (const int *)r->p[2], (const int *)r->p[3]);
     CU_LAUNCHED(c, "kv_write");
@@ -277,6 +285,7 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
 
 /* one block per row; first index on ties; NaN never wins */
 __global__ void k_argmax(const float *x, int dim, int32_t *out) {
+    PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ int bi[32];
     const float *a = x + (size_t)blockIdx.x * dim;
@@ -308,7 +317,7 @@ void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
     cu_go_eager(c);
     const void *slot = cu_stage(c, out, sizeof(int32_t) * (size_t)n);   /* reserves n ints */
     d = (int32_t *)slot;
-    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, d);
+    cu_launch(c, k_argmax, dim3(n), dim3(1024), 0, x, dim, d);
     if (CU_LAUNCHED(c, "argmax")) return;
     cu_check(c, cudaMemcpyAsync(out, d, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy");
     cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync");

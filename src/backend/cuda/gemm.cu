@@ -2,14 +2,16 @@
  * gemm.cu — y[n][m] = x[n][k] . w[m][k]^T (+ bias) on the device.
  *
  * Decode (n <= 8): a memory-bound GEMV that streams each weight row once:
- * one warp per output row, 16-byte non-allocating loads of the stored dtype
+ * one warp per output row (or 2-8 warps per row, each a slice, when the
+ * matrix has too few rows to fill the GPU), 16-byte non-allocating loads of the stored dtype
  * (8 bf16/f16 or 4 f32 per load), four loads in flight per lane, x (f32, few
  * rows, L1-resident) read alongside, all n rows accumulated per weight load
  * in f32, a warp-shuffle sum at the end. Rows whose length or alignment does
  * not allow 16-byte loads take a scalar warp-per-row kernel.
  *
  * Prefill (n > 8): cuBLAS. 16-bit weights: x is rounded to the weight's
- * dtype (as transformers computes in bf16/f16) and multiplied by
+ * dtype (as transformers computes in bf16/f16; consecutive matmuls of one
+ * input, q/k/v and gate/up, round it once) and multiplied by
  * cublasGemmEx with f32 accumulation and f32 output; f32 weights use SGEMM
  * in plain f32 (no TF32). Row-major y = x w^T is column-major
  * y^T = w^T(op T) x, so w is the transposed A operand with lda = k.
@@ -72,24 +74,32 @@ template <int N> struct dot16<float, N> {
     }
 };
 
+/* ks warps share a row (ks | GEMV_WARPS), each streaming one slice of it, so
+ * that matrices with few rows (k/v projections) still keep every SM busy */
 template <typename WT, int N>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const WT *w, const float *x, const void *bias, int bdt, float *y, int m, int k) {
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= m) return;
+__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const WT *w, const float *x, const void *bias, int bdt, float *y, int m, int k,
+                                                          int ks) {
+    __shared__ float part[GEMV_WARPS][N];
+    PDL_ENTRY();
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int row = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, seg = warp % ks;
     constexpr int V = 16 / sizeof(WT), U = 4;
-    const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
-    int nv = k / V, j = lane;
+    int nv = k / V, slice = (nv + ks - 1) / ks;
+    int j = seg * slice + lane, jend = min(nv, (seg + 1) * slice);
     float acc[N];
 #pragma unroll
     for (int t = 0; t < N; t++) acc[t] = 0.0f;
-    for (; j + 32 * (U - 1) < nv; j += 32 * U) {
-        uint4 q[U];
+    if (row < m) {
+        const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
+        for (; j + 32 * (U - 1) < jend; j += 32 * U) {
+            uint4 q[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) q[u] = ld_stream(wr + j + 32 * u);
+            for (int u = 0; u < U; u++) q[u] = ld_stream(wr + j + 32 * u);
 #pragma unroll
-        for (int u = 0; u < U; u++) dot16<WT, N>::run(q[u], x, (size_t)k, (j + 32 * u) * V, acc);
+            for (int u = 0; u < U; u++) dot16<WT, N>::run(q[u], x, (size_t)k, (j + 32 * u) * V, acc);
+        }
+        for (; j < jend; j += 32) dot16<WT, N>::run(ld_stream(wr + j), x, (size_t)k, j * V, acc);
     }
-    for (; j < nv; j += 32) dot16<WT, N>::run(ld_stream(wr + j), x, (size_t)k, j * V, acc);
 #pragma unroll
     for (int t = 0; t < N; t++) {
         float s = acc[t];
@@ -97,7 +107,20 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const WT *w, const flo
         for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         acc[t] = s;
     }
-    if (lane == 0) {
+    if (ks > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < N; t++) part[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (seg == 0 && lane == 0) {
+            for (int s2 = 1; s2 < ks; s2++) {
+#pragma unroll
+                for (int t = 0; t < N; t++) acc[t] += part[warp + s2][t];
+            }
+        }
+    }
+    if (row < m && seg == 0 && lane == 0) {
         float b = bias ? cu_mat_get(bias, bdt, row) : 0.0f;
 #pragma unroll
         for (int t = 0; t < N; t++) y[(size_t)t * m + row] = acc[t] + b;
@@ -106,6 +129,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const WT *w, const flo
 
 /* any k, any alignment, any n: warp per row, weights re-read per token */
 __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const void *bias, int bdt, float *y, int m, int k) {
+    PDL_ENTRY();
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= m) return;
     size_t base = (size_t)row * k;
@@ -121,16 +145,20 @@ __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const v
 
 template <typename WT>
 static void gemv_n(be_ctx *c, int n, const void *w, const float *x, const void *bias, int bdt, float *y, int m, int k) {
-    unsigned g = cu_blocks(m, GEMV_WARPS);
+    /* warps per row: enough warps in flight for the whole chip (~8k) */
+    int ks = 1;
+    while (ks < GEMV_WARPS && (long)m * ks < 8192 && k / (int)(16 / sizeof(WT)) >= 64 * ks * 2) ks *= 2;
+    unsigned g = cu_blocks(m, GEMV_WARPS / ks);
     const WT *ww = (const WT *)w;
     switch (n) {
-#define CASE(N) case N: k_gemv<WT, N><<<g, GEMV_WARPS * 32, 0, c->stream>>>(ww, x, bias, bdt, y, m, k); break;
+#define CASE(N) case N: cu_launch(c, k_gemv<WT, N>, dim3(g), dim3(GEMV_WARPS * 32), 0, ww, x, bias, bdt, y, m, k, ks); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
 }
 
 __global__ void k_round16(const float *x, void *out, int bf16, size_t n) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         if (bf16) ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(x[i]);
         else ((__half *)out)[i] = __float2half_rn(x[i]);
@@ -138,13 +166,14 @@ __global__ void k_round16(const float *x, void *out, int bf16, size_t n) {
 }
 
 __global__ void k_bias(float *y, const void *bias, int bdt, int m, size_t total) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         y[i] += cu_mat_get(bias, bdt, i % m);
 }
 
 enum { PATH_GEMV = 0, PATH_GEMV_ANY = 1, PATH_BLAS = 2 };
 
-static void l_matmul(be_ctx *c, const cu_rec *r) {
+void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
     const float *x = (const float *)r->p[0];
     const void *w = r->p[1], *bias = r->p[2];
     float *y = (float *)r->p[3];
@@ -158,7 +187,7 @@ static void l_matmul(be_ctx *c, const cu_rec *r) {
         return;
     }
     if (path == PATH_GEMV_ANY) {
-        k_gemv_any<<<cu_blocks(m, GEMV_WARPS), GEMV_WARPS * 32, 0, c->stream>>>(w, dt, x, n, bias, bdt, y, m, k);
+        cu_launch(c, k_gemv_any, dim3(cu_blocks(m, GEMV_WARPS)), dim3(GEMV_WARPS * 32), 0, w, dt, x, n, bias, bdt, y, m, k);
         CU_LAUNCHED(c, "gemv (any)");
         return;
     }
@@ -169,8 +198,10 @@ static void l_matmul(be_ctx *c, const cu_rec *r) {
     } else {
         size_t total = (size_t)n * k;
         unsigned g = cu_blocks(total, 256);
-        k_round16<<<g > 132 * 16 ? 132 * 16 : g, 256, 0, c->stream>>>(x, (void *)r->p[4], dt == BE_BF16, total);
-        if (CU_LAUNCHED(c, "round to 16-bit")) return;
+        if (!r->i[6]) {   /* else act16 already holds x rounded (q/k/v and gate/up share their input) */
+            cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, (void *)r->p[4], dt == BE_BF16, total);
+            if (CU_LAUNCHED(c, "round to 16-bit")) return;
+        }
         cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &zero, y, CUDA_R_32F,
                                       m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -179,7 +210,7 @@ static void l_matmul(be_ctx *c, const cu_rec *r) {
     if (bias) {
         size_t total = (size_t)n * m;
         unsigned g = cu_blocks(total, 256);
-        k_bias<<<g > 132 * 16 ? 132 * 16 : g, 256, 0, c->stream>>>(y, bias, bdt, m, total);
+        cu_launch(c, k_bias, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, y, bias, bdt, m, total);
         CU_LAUNCHED(c, "bias");
     }
 }
@@ -191,7 +222,7 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
     int path = PATH_BLAS;
     if (n <= GEMV_MAX_N) path = (k % vec == 0 && ((uintptr_t)x & 15) == 0 && (k % 4) == 0) ? PATH_GEMV : PATH_GEMV_ANY;
     if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
-    r.fn = l_matmul;
+    r.fn = cu_matmul_launcher;
     r.p[0] = x;
     r.p[1] = w->dev;
     r.p[2] = bias ? bias->dev : NULL;
@@ -203,5 +234,18 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
     r.i[3] = w->dt;
     r.i[4] = bias ? bias->dt : 0;
     r.i[5] = path;
+    if (path == PATH_BLAS && w->dt != BE_F32) {
+        size_t len = (size_t)n * k;
+        r.i[6] = c->act16_src == x && c->act16_len == len && c->act16_dt == (int)w->dt;
+        cu_submit(c, &r);
+        /* y must not overlap x for the rounded copy to stay valid */
+        const char *xb = (const char *)x, *yb = (const char *)y;
+        int overlap = yb < xb + len * 4 && xb < yb + (size_t)n * w->rows * 4;
+        c->act16_src = overlap ? NULL : x;
+        c->act16_len = len;
+        c->act16_dt = (int)w->dt;
+        return;
+    }
+    c->act16_src = NULL;
     cu_submit(c, &r);
 }
