@@ -142,6 +142,58 @@ static void test_matmul(int threads) {
     ops->ctx_free(c);
 }
 
+/* AVX-512 BF16 prefill kernel: exact up to summation order once x is
+ * rounded to bf16 (the reference sees the rounded x); and through cpu_matmul
+ * with CINFER_BF16_ACT=1 */
+static void test_gemm_bf16(void) {
+    if (!gemm_bf16_available()) { printf("# avx512bf16 not on this CPU: gemm-bf16 skipped\n"); return; }
+    static const int ns[] = { 1, 9, 31, 32, 33, 70 };
+    static const int64_t ms[] = { 1, 11, 12, 13, 37 }, ks[] = { 1, 2, 3, 31, 64, 257 };
+    double worst = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+            for (size_t d = 0; d < sizeof ks / sizeof *ks; d++) {
+                int n = ns[a];
+                int64_t m = ms[b], k = ks[d];
+                tmat w = make_mat(BE_BF16, m, k, 1.0f);
+                float *x = malloc(sizeof(float) * (size_t)(n * k)), *xr = malloc(sizeof(float) * (size_t)(n * k));
+                float *y = malloc(sizeof(float) * (size_t)(n * m)), *ref = malloc(sizeof(float) * (size_t)(n * m));
+                uint32_t *xp = malloc(4 * gemm_bf16_xp_words(n, k));
+                uint16_t *tmp = malloc(2 * (size_t)(k + 1));
+                for (int64_t i = 0; i < n * k; i++) {
+                    x[i] = frand();
+                    xr[i] = be_bf16_to_f32(be_f32_to_bf16(x[i]));
+                }
+                for (int64_t i = 0; i < n * m; i++) y[i] = NAN;
+                be_ref_matmul(xr, n, &w.m, NULL, ref);
+                gemm_bf16_pack_x(x, n, k, xp, tmp);
+                gemm_bf16_rows(xp, n, k, w.m.data, m, 0, m / 2, y);
+                gemm_bf16_rows(xp, n, k, w.m.data, m, m / 2, m, y);
+                double e = err_ratio(xr, n, &w.m, NULL, y, ref);
+                if (!(e <= worst)) worst = e;
+                free(x); free(xr); free(y); free(ref); free(xp); free(tmp); free(w.buf);
+            }
+    CHECK(worst <= 1.0, "gemm-bf16 kernel n=1..70, odd m, k: worst error %.3g of bound", worst);
+
+    const be_ops *ops = be_cpu();
+    be_ctx *c = NULL;
+    if (ops->ctx_new(&c, 2) || !c) return;
+    setenv("CINFER_BF16_ACT", "1", 1);
+    int n = 77;
+    int64_t m = 301, k = 515;
+    tmat w = make_mat(BE_BF16, m, k, 1.0f), bias = make_mat(BE_F32, 1, m, 1.0f);
+    float *x = malloc(sizeof(float) * (size_t)(n * k)), *xr = malloc(sizeof(float) * (size_t)(n * k));
+    float *y = malloc(sizeof(float) * (size_t)(n * m)), *ref = malloc(sizeof(float) * (size_t)(n * m));
+    for (int64_t i = 0; i < n * k; i++) { x[i] = frand(); xr[i] = be_bf16_to_f32(be_f32_to_bf16(x[i])); }
+    be_ref_matmul(xr, n, &w.m, &bias.m, ref);
+    ops->matmul(c, x, n, &w.m, &bias.m, y);
+    double e = err_ratio(xr, n, &w.m, &bias.m, y, ref);
+    CHECK(e <= 1.0, "cpu_matmul with CINFER_BF16_ACT=1 (bf16 x, n=77, +bias): error %.3g of bound", e);
+    unsetenv("CINFER_BF16_ACT");
+    free(x); free(xr); free(y); free(ref); free(w.buf); free(bias.buf);
+    ops->ctx_free(c);
+}
+
 /* attention through sgemm vs be_ref_attention: GQA, padding, windows, f16 cache */
 static void test_attention(int threads) {
     const be_ops *ops = be_cpu();
@@ -221,6 +273,7 @@ int main(void) {
     test_kernel_sets();
     for (int t = 1; t <= 3; t++) test_matmul(t);
     for (int t = 1; t <= 2; t++) test_attention(t);
+    test_gemm_bf16();
     for (int n = 1; n <= 4; n++) test_pool(n);
     cpu_pool_free(NULL);
     return CHECK_DONE();

@@ -43,6 +43,15 @@ const gemv_kernels *gemv_isa(const char *isa);
 
 extern const gemv_kernels gemv_scalar_kernels;
 
+/* gemm-bf16.c: prefill matmul for bf16 weights with AVX-512 BF16 dot
+ * products on bf16-rounded activations (opt-in: CINFER_BF16_ACT=1).
+ * xp holds gemm_bf16_xp_words(n, k) u32; tmp holds k+1 u16. */
+int gemm_bf16_available(void);
+size_t gemm_bf16_xp_words(int n, int64_t k);
+void gemm_bf16_pack_x(const float *x, int n, int64_t k, uint32_t *xp, uint16_t *tmp);
+void gemm_bf16_rows(const uint32_t *xp, int n, int64_t k, const uint16_t *w, int64_t m, int64_t r0,
+                    int64_t r1, float *y);
+
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
  * its workspace cannot be allocated. */

@@ -17,7 +17,10 @@
  *     independent single-threaded sgemms beat one two-threaded sgemm on this
  *     class of machine (bench/ceilings prints both).
  * Activations stay f32 throughout; results differ from be_ref_matmul only by
- * summation order (tests/test-cpu-kernels.c).
+ * summation order (tests/test-cpu-kernels.c). Opt-in exception: with
+ * CINFER_BF16_ACT=1 in the environment, prefill with bf16 weights rounds the
+ * activations to bf16 and uses AVX-512 BF16 dot products (gemm-bf16.c), as
+ * llama.cpp does for BF16 models: about twice the FLOP rate of sgemm.
  */
 #include <cblas.h>
 #include <stdlib.h>
@@ -66,6 +69,15 @@ static void gemv_task(void *arg, int ith, int nth) {
     add_bias(j, r0, r1);
 }
 
+static void bf16dot_task(void *arg, int ith, int nth) {
+    const mm_job *j = arg;
+    int64_t r0, r1;
+    split_rows(j->w->rows, 12, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    gemm_bf16_rows((const uint32_t *)j->scratch, j->n, j->w->cols, j->w->data, j->w->rows, r0, r1, j->y);
+    add_bias(j, r0, r1);
+}
+
 static void gemm_task(void *arg, int ith, int nth) {
     const mm_job *j = arg;
     int64_t m = j->w->rows, k = j->w->cols, r0, r1;
@@ -101,6 +113,20 @@ void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat 
         }
         cpu_pool_run(c->pool, gemv_task, &j);
         return;
+    }
+    if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && gemm_bf16_available()) {
+        /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products */
+        size_t words = gemm_bf16_xp_words(n, w->cols), need = words + ((size_t)w->cols + 2) / 2;
+        if (c->scratch_n < need) {
+            float *s = realloc(c->scratch, need * sizeof(float));
+            if (s) { c->scratch = s; c->scratch_n = need; }
+        }
+        if (c->scratch_n >= need) {
+            gemm_bf16_pack_x(x, n, w->cols, (uint32_t *)c->scratch, (uint16_t *)(c->scratch + words));
+            j.scratch = c->scratch;
+            cpu_pool_run(c->pool, bf16dot_task, &j);
+            return;
+        }
     }
     if (w->dt != BE_F32) {
         int nth = cpu_pool_size(c->pool);
