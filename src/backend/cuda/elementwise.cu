@@ -46,6 +46,20 @@ void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float 
 
 /* -------------------------------------------------------------- rmsnorm */
 
+/* a 16-bit copy of an f32 result for the cuBLAS matmul that follows (prefill) */
+__device__ __forceinline__ void put16(void *p, size_t i, float v, int bf16) {
+    if (bf16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else ((__half *)p)[i] = __float2half_rn(v);
+}
+
+/* eagerly (prefill), an op whose output a cuBLAS matmul will read next also
+ * writes it rounded into the context's act16 buffer; returns that buffer or NULL */
+static void *side16(be_ctx *c, size_t len) {
+    if (c->in_step || len < 8 * 256) return NULL;
+    if (!cu_ensure(c, &c->act16, &c->act16_n, len * 2)) return NULL;
+    return c->act16;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -53,7 +67,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /* one warp per row */
-__global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y) {
+__global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16, int bf16) {
     PDL_ENTRY();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
@@ -63,11 +77,15 @@ __global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, in
     ss = warp_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     float *o = y + (size_t)row * dim;
-    for (int i = lane; i < dim; i += 32) o[i] = a[i] * inv * ((w ? cu_mat_get(w, wdt, i) : 1.0f) + w_add);
+    for (int i = lane; i < dim; i += 32) {
+        float v = a[i] * inv * ((w ? cu_mat_get(w, wdt, i) : 1.0f) + w_add);
+        o[i] = v;
+        if (y16) put16(y16, (size_t)row * dim + i, v, bf16);
+    }
 }
 
 /* one block per row */
-__global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt, float w_add, float eps, float *y) {
+__global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16, int bf16) {
     PDL_ENTRY();
     __shared__ float red[32];
     const float *a = x + (size_t)blockIdx.x * dim;
@@ -84,16 +102,20 @@ __global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt,
     __syncthreads();
     float inv = 1.0f / sqrtf(red[0] / (float)dim + eps);
     float *o = y + (size_t)blockIdx.x * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = a[i] * inv * ((w ? cu_mat_get(w, wdt, i) : 1.0f) + w_add);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = a[i] * inv * ((w ? cu_mat_get(w, wdt, i) : 1.0f) + w_add);
+        o[i] = v;
+        if (y16) put16(y16, (size_t)blockIdx.x * dim + i, v, bf16);
+    }
 }
 
 static void l_rmsnorm(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], dim = (int)r->i[1];
     if (n <= 0) return;
     if (dim <= 512) cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, (const float *)r->p[0], n, dim, r->p[1], (int)r->i[2],
-                                                                          r->f[0], r->f[1], (float *)r->p[2]);
+                                                                          r->f[0], r->f[1], (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
     else cu_launch(c, k_rmsnorm_block, dim3(n), dim3(dim >= 2048 ? 512 : 256), 0, (const float *)r->p[0], dim, r->p[1], (int)r->i[2], r->f[0],
-                                                                      r->f[1], (float *)r->p[2]);
+                                                                      r->f[1], (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
     CU_LAUNCHED(c, "rmsnorm");
 }
 
@@ -109,7 +131,13 @@ void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, f
     r.i[2] = w ? w->dt : 0;
     r.f[0] = w_add;
     r.f[1] = eps;
+    size_t len = (size_t)n * dim;
+    void *y16 = dim >= 256 && n > 8 ? side16(c, len) : NULL;
+    r.p[3] = y16;
+    r.i[3] = c->act16_dt == BE_F16 ? 0 : 1;
+    int dt16 = r.i[3] ? BE_BF16 : BE_F16;
     cu_submit(c, &r);
+    if (y16) { c->act16_src = y; c->act16_len = len; c->act16_dt = dt16; }
 }
 
 /* ----------------------------------------------------------------- rope */
@@ -159,11 +187,13 @@ void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const in
 
 /* ------------------------------------------------------ swiglu, add, gather */
 
-__global__ void k_swiglu(const float *g, const float *u, float *o, size_t n) {
+__global__ void k_swiglu(const float *g, const float *u, float *o, size_t n, void *o16, int bf16) {
     PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float a = g[i];
-        o[i] = a / (1.0f + expf(-a)) * u[i];
+        float v = a / (1.0f + expf(-a)) * u[i];
+        o[i] = v;
+        if (o16) put16(o16, i, v, bf16);
     }
 }
 
@@ -180,7 +210,8 @@ static unsigned grid_for(size_t n) {
 static void l_swiglu(be_ctx *c, const cu_rec *r) {
     size_t n = (size_t)r->i[0];
     if (!n) return;
-    cu_launch(c, k_swiglu, dim3(grid_for(n)), dim3(256), 0, (const float *)r->p[0], (const float *)r->p[1], (float *)r->p[2], n);
+    cu_launch(c, k_swiglu, dim3(grid_for(n)), dim3(256), 0, (const float *)r->p[0], (const float *)r->p[1], (float *)r->p[2], n,
+              (void *)r->p[3], (int)r->i[1]);
     CU_LAUNCHED(c, "swiglu");
 }
 
@@ -192,7 +223,12 @@ void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, siz
     r.p[1] = up;
     r.p[2] = out;
     r.i[0] = (int64_t)n;
+    void *o16 = side16(c, n);
+    r.p[3] = o16;
+    r.i[1] = c->act16_dt == BE_F16 ? 0 : 1;
+    int dt16 = r.i[1] ? BE_BF16 : BE_F16;
     cu_submit(c, &r);
+    if (o16) { c->act16_src = out; c->act16_len = n; c->act16_dt = dt16; }
 }
 
 static void l_add(be_ctx *c, const cu_rec *r) {
