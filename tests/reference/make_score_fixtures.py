@@ -25,7 +25,18 @@ Also writes stories260k-fq (a 4-bit fake-quantized float16 copy of stories260k,
 the "quantized model" of the KL case) and data-rows: mlx_lm load_data on a small
 jsonl of texts (tokenizers' encode with the post-processor, EOS appended).
 
-Runs on the GPU machine's CPU in float32 (no TF32), deterministic.
+Runs on the GPU machine's CPU in float32 (no TF32), deterministic (torch 2.11, transformers 5.17,
+numpy 2.x there). tests/fixtures/score/mulberry32.json is not from here: it was written with node
+running mlx-bun's packRows shuffle (src/eval/perplexity.ts), see its "generator" key.
+
+Rerun, from the repo root here:
+  mkdir -p .carry/score/stories260k
+  cp ../shared/models/stories260k/{config.json,generation_config.json,model.safetensors,tokenizer.json,tokenizer_config.json} .carry/score/stories260k/
+then one device call (carry [".carry/score"], ~20 s):
+  set -o pipefail; export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= ; mkdir -p /tmp/score &&
+  cp tests/fixtures/score/data.jsonl /tmp/score/ && python3 tests/reference/make_score_fixtures.py
+  --shared .carry/score --out /tmp/score --tar $OUT/score.tar.gz 2>&1 | tee $OUT/log.txt
+and unpack: tar xzf <files_at>/score.tar.gz -C tests/fixtures   (the archive holds score/...)
 Usage: make_score_fixtures.py --shared DIR_WITH_stories260k [--out tests/fixtures/score] [--tar FILE]
 """
 import argparse

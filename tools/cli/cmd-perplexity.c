@@ -36,7 +36,7 @@ void score_cli_progress_init(score_progress *p, int mode, const char *what) {
 /* one data flag (long option code -> value); 0 = not a data flag, -1 = bad value */
 enum { DF_SEQ = 1000, DF_NUM, DF_SEED, DF_SHUF };
 int score_cli_data_flag(const char *cmd, int code, const char *v, cinfer_data_opts *o) {
-    int x;
+    int x = 1;
     switch (code) {
     case DF_SEQ: if (!cli_int(cmd, "--sequence-length", v, 2, 1 << 24, &o->seq_len)) return -1; return 1;
     case DF_NUM:
