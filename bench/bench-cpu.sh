@@ -6,11 +6,14 @@
 # usage: bench/bench-cpu.sh [SHAPES] [DTYPES] [THREADS] [REPS]
 #   defaults: "tinyllama-1.1b llama-3.2-1b" "bf16 f16" "1 2" 3
 #   env: CINFER_BENCH_DIR (default /tmp/cinfer-bench: models and GGUFs, never in the repo),
-#        NO_PEER=1 skips llama.cpp, PP/TG change 512/128.
+#        NO_PEER=1 skips llama.cpp, PP/TG change 512/128, ROUNDS (default 2) alternations of cinfer and
+#        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a bf16 row with CINFER_BF16_ACT=1
+#        (prefill on bf16-rounded activations, AVX-512 BF16).
 # Steps: builds build/bench/*, runs build/bench/ceilings (read bandwidth, sgemm), writes each model with
 # bench/mk-random-model.py (once), runs build/bench/bench-model (best of REPS after a warm-up) and
-# bench/peer-llama-cpp.sh (llama-bench -r REPS, its mean). The machine is shared: numbers are best-of,
-# and anything else running slows them down — look at the ceilings printed in the same run.
+# bench/peer-llama-cpp.sh (llama-bench -r REPS, its mean), alternating. The machine is a shared VM: its
+# load and even its memory bandwidth drift, so every figure is the best of its rounds; compare with the
+# ceilings printed in the same run.
 set -e
 cd "$(dirname "$0")/.."
 SHAPES=${1:-"tinyllama-1.1b llama-3.2-1b"}
@@ -19,15 +22,27 @@ THREADS=${3:-"1 2"}
 REPS=${4:-3}
 PP=${PP:-512}
 TG=${TG:-128}
+ROUNDS=${ROUNDS:-2}
 WORK=${CINFER_BENCH_DIR:-/tmp/cinfer-bench}
 mkdir -p "$WORK"
 make -s all bench >/dev/null
 OUT=$WORK/last-run
 mkdir -p "$OUT"
 ./build/bench/ceilings --mb 1024 >"$OUT/ceilings.txt" 2>/dev/null
-val() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
+./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null   # best of two
+# best (largest) value of key $1 in file $2 ("key value" lines, several rounds)
+val() { awk -v k="$1" '$1 == k { print $2 }' "$2" | sort -g | tail -1; }
+row() {  # shape dtype t pp lpp gflops sgemm tg ltg gbs bw
+  awk -v s="$1" -v d="$2" -v t="$3" -v pp="$4" -v lpp="$5" -v gf="$6" -v sg="$7" -v tg="$8" -v ltg="$9" \
+      -v gb="${10}" -v bw="${11}" 'BEGIN {
+    r1 = (lpp > 0) ? sprintf("%.2fx", pp / lpp) : "-"; r2 = (ltg > 0 && tg > 0) ? sprintf("%.2fx", tg / ltg) : "-";
+    c1 = (sg > 0) ? sprintf("%.0f (%.0f%%)", gf, 100 * gf / sg) : "-";
+    c2 = (bw > 0 && gb > 0) ? sprintf("%.1f (%.0f%%)", gb, 100 * gb / bw) : "-";
+    printf "| %s | %s | %s | %.1f | %s | %s | %s | %s | %s | %s | %s |\n", s, d, t, pp, (lpp == "" ? "-" : lpp), r1,
+      c1, (tg == "" ? "-" : tg), (ltg == "" ? "-" : ltg), r2, c2 }'
+}
 echo "# ceilings ($(date -u +%Y-%m-%dT%H:%MZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores)"
-sed 's/^/    /' "$OUT/ceilings.txt"
+for k in read_GBs_1t read_GBs_2t sgemm_GFLOPs_1t sgemm_GFLOPs_2x1t sgemm_GFLOPs_2t; do echo "    $k $(val $k "$OUT/ceilings.txt")"; done
 echo
 echo "| shape | dtype | t | cinfer pp$PP tok/s | llama.cpp pp$PP | ratio | GFLOP/s (% of sgemm) | cinfer tg$TG tok/s | llama.cpp tg$TG | ratio | GB/s (% of read bw) |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -37,22 +52,31 @@ for shape in $SHAPES; do
     /usr/bin/python3 bench/mk-random-model.py "$shape" "$dt" "$dir" >/dev/null
     for t in $THREADS; do
       f=$OUT/$shape-$dt-t$t.txt
-      ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n "$TG" -r "$REPS" >"$f"
-      if [ -z "$NO_PEER" ]; then
-        sh bench/peer-llama-cpp.sh "$shape" "$dt" "$t" "$REPS" "$PP" "$TG" >"$f.peer" 2>/dev/null || true
-      fi
+      : >"$f"; : >"$f.peer"; : >"$f.act"
+      # alternate cinfer and llama.cpp ROUNDS times (the machine's load and memory bandwidth drift)
+      r=0
+      while [ $r -lt "$ROUNDS" ]; do
+        ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n "$TG" -r "$REPS" >>"$f"
+        if [ "$dt" = bf16 ] && [ -n "$BF16_ACT" ]; then
+          CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"
+        fi
+        if [ -z "$NO_PEER" ]; then
+          sh bench/peer-llama-cpp.sh "$shape" "$dt" "$t" "$REPS" "$PP" "$TG" >>"$f.peer" 2>/dev/null || true
+        fi
+        r=$((r + 1))
+      done
       bw=$(val "read_GBs_${t}t" "$OUT/ceilings.txt"); [ -n "$bw" ] || bw=$(val read_GBs_2t "$OUT/ceilings.txt")
       if [ "$t" = 1 ]; then sg=$(val sgemm_GFLOPs_1t "$OUT/ceilings.txt"); else sg=$(val "sgemm_GFLOPs_${t}x1t" "$OUT/ceilings.txt"); fi
       [ -n "$sg" ] || sg=$(val sgemm_GFLOPs_2t "$OUT/ceilings.txt")
       pp=$(val "pp${PP}_tok_s" "$f"); gf=$(val "pp${PP}_GFLOP_s" "$f")
       tg=$(val "tg${TG}_tok_s" "$f"); gb=$(val "tg${TG}_GB_s" "$f")
-      lpp=$(awk -v k="pp$PP" '$5 == k { print $6 }' "$f.peer" 2>/dev/null)
-      ltg=$(awk -v k="tg$TG" '$5 == k { print $6 }' "$f.peer" 2>/dev/null)
-      awk -v s="$shape" -v d="$dt" -v t="$t" -v pp="$pp" -v lpp="$lpp" -v gf="$gf" -v sg="$sg" \
-          -v tg="$tg" -v ltg="$ltg" -v gb="$gb" -v bw="$bw" 'BEGIN {
-        r1 = (lpp > 0) ? sprintf("%.2fx", pp / lpp) : "-"; r2 = (ltg > 0) ? sprintf("%.2fx", tg / ltg) : "-";
-        printf "| %s | %s | %s | %.1f | %s | %s | %.0f (%.0f%%) | %.2f | %s | %s | %.1f (%.0f%%) |\n",
-          s, d, t, pp, (lpp == "" ? "-" : lpp), r1, gf, 100 * gf / sg, tg, (ltg == "" ? "-" : ltg), r2, gb, 100 * gb / bw }'
+      lpp=$(awk -v k="pp$PP" '$5 == k { print $6 }' "$f.peer" | sort -g | tail -1)
+      ltg=$(awk -v k="tg$TG" '$5 == k { print $6 }' "$f.peer" | sort -g | tail -1)
+      row "$shape" "$dt" "$t" "$pp" "$lpp" "$gf" "$sg" "$tg" "$ltg" "$gb" "$bw"
+      if [ -s "$f.act" ]; then
+        row "$shape" "bf16, bf16 activations" "$t" "$(val "pp${PP}_tok_s" "$f.act")" "$lpp" \
+            "$(val "pp${PP}_GFLOP_s" "$f.act")" "$sg" "" "" "" "$bw"
+      fi
     done
   done
 done
