@@ -21,6 +21,11 @@ for s in $SHAPES; do
   echo "== bench-cuda $s" | tee -a $O/bench.log
   $B/bench-cuda $s $W/$s 2048 128 2>&1 | tee -a $O/bench.log | grep '^{' >>$O/results.jsonl
 done
+if [ "${PDL_COMPARE:-1}" = 1 ]; then
+  s=llama-3-8b
+  echo "== bench-cuda $s with CINFER_CUDA_PDL=0 (programmatic dependent launch off, for comparison)" | tee -a $O/bench.log
+  CINFER_CUDA_PDL=0 $B/bench-cuda $s $W/$s 2048 128 2>&1 | grep -E '^(prefill|decode)' | tee -a $O/bench.log
+fi
 for mode in eager static; do
   for s in $SHAPES; do
     echo "== peer torch $mode $s" | tee -a $O/bench.log
