@@ -37,6 +37,9 @@ cinfer_status cinfer_generate(cinfer_ctx *c, const int32_t *prompt, int n_prompt
     }
     if (st) goto out;
     memcpy(hist, prompt, sizeof(int32_t) * n_prompt);
+    /* the stream sees the prompt first, so the continuation's text joins it
+     * as whole decoding would (SentencePiece drops only the text's first space) */
+    for (int i = 0; ds && i < n_prompt; i++) cinfer_detok_stream_push(ds, prompt[i]);
     int nh = n_prompt;
     double t0 = cf_now();
     st = cinfer_eval(c, prompt, n_prompt, 0, logits);
