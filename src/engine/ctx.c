@@ -117,8 +117,10 @@ static cinfer_status backend_status(cinfer_ctx *c) {
     return CINFER_OK;
 }
 
+/* logits [rows][vocab] to the host, or (argmax != NULL, a backend with an
+ * argmax op) only each row's greedy token */
 static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0_in,
-                             int mode, const int *out_rows, int n_out, float *logits) {
+                             int mode, const int *out_rows, int n_out, float *logits, int32_t *argmax) {
     cinfer_model *m = c->m;
     const model_config *cfg = &m->cfg;
     const be_ops *be = m->be;
@@ -154,7 +156,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
         if (step) be->step_end(c->bc);
         return ctx_fail(c, st, "forward: the KV cache refused the batch (%s: batch shape changed with cached tokens, or out of memory)", cinfer_status_str(st));
     }
-    if (!logits) {
+    if (!logits && !argmax) {
         if (step) be->step_end(c->bc);
         return backend_status(c);
     }
@@ -177,7 +179,8 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, 0.0f, cfg->eps, c->xo);
         be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
         if (step) { be->step_end(c->bc); step = 0; }
-        be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
+        if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
+        else be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
     }
     return backend_status(c);
 }
@@ -185,9 +188,14 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
 cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
                              const int *out_rows, int n_out, float *logits) {
     if (out_rows && n_out < 0) return ctx_fail(c, CINFER_EINVAL, "forward: n_out %d < 0", n_out);
-    return forward(c, ids, B, L, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits);
+    return forward(c, ids, B, L, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL);
 }
 
 cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits) {
-    return forward(c, ids, 1, n, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits);
+    return forward(c, ids, 1, n, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
+}
+
+cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {
+    if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
+    return forward(c, ids, 1, n, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
 }

@@ -43,4 +43,9 @@ struct cinfer_ctx {
     char err[512];
 };
 
+/* cinfer_eval of the last position reduced to its greedy token on the
+ * device (backends with an argmax op): decode copies back a token, not a
+ * vocabulary row. */
+cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok);
+
 #endif

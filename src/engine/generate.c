@@ -41,20 +41,24 @@ cinfer_status cinfer_generate(cinfer_ctx *c, const int32_t *prompt, int n_prompt
      * as whole decoding would (SentencePiece drops only the text's first space) */
     for (int i = 0; ds && i < n_prompt; i++) cinfer_detok_stream_push(ds, prompt[i]);
     int nh = n_prompt;
+    /* plain greedy on a backend with a device argmax: copy back tokens, not logits */
+    const cinfer_sampler_params *pp = sp ? sp : &dp;
+    int dev_greedy = m->be->argmax && pp->temp == 0.0f && pp->rep_penalty == 1.0f;
+    int32_t next = 0;
     double t0 = cf_now();
-    st = cinfer_eval(c, prompt, n_prompt, 0, logits);
+    st = dev_greedy ? ctx_eval_greedy(c, prompt, n_prompt, &next) : cinfer_eval(c, prompt, n_prompt, 0, logits);
     gs.prompt_tokens = n_prompt;
     gs.prompt_s = cf_now() - t0;
     double t1 = cf_now();
     while (!st && gs.gen_tokens < max_tokens) {
-        int32_t tok = cinfer_sampler_sample(s, logits, hist, nh);
+        int32_t tok = dev_greedy ? next : cinfer_sampler_sample(s, logits, hist, nh);
         hist[nh++] = tok;
         gs.gen_tokens++;
         if (is_eos(m, tok)) { gs.stopped_by_eos = 1; break; }
         const char *text = ds ? cinfer_detok_stream_push(ds, tok) : NULL;
         if (cb && cb(tok, text, user)) break;
         if (gs.gen_tokens == max_tokens) break;
-        st = cinfer_eval(c, &tok, 1, 0, logits);
+        st = dev_greedy ? ctx_eval_greedy(c, &tok, 1, &next) : cinfer_eval(c, &tok, 1, 0, logits);
     }
     if (!st && ds && cb) {
         const char *rest = cinfer_detok_stream_flush(ds);

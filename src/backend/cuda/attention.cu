@@ -7,8 +7,8 @@
  * Two kernels:
  * - split-K (flash-decoding): grid (slices of >= 32 keys, heads, queries);
  *   each block scores its slice of keys in f32, keeps its max m, sum l and
- *   unnormalised output o; a combine kernel merges the slices with
- *   exp(m_s - M) weights. The grid depends only on the cache capacity, never
+ *   unnormalised output o; the last block of each (query, head) merges the
+ *   slices with exp(m_s - M) weights. The grid depends only on the cache capacity, never
  *   on the position, so a captured decode graph stays valid while positions
  *   move (they arrive in device memory). Exact f32; any head_dim.
  * - flash (prefill, head_dim 64 or 128, L >= 16): FlashAttention-2 style, 64
@@ -29,29 +29,13 @@
 
 template <typename KT> __device__ __forceinline__ float kv_at(const KT *p, size_t i) { return cu_f<KT>(p[i]); }
 
+/* the slice's scores, softmax statistics and unnormalised output -> pp */
 template <typename KT>
-__global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, const KT *K, const KT *V, int L, int H, int n_kv, int hd,
-                                                              int cap, int window, float scale, const int *pos0, const int *len,
-                                                              int nsplit, int chunk, float *part) {
-    extern __shared__ float sm[];
-    float *qs = sm, *sc = sm + hd;   /* [hd], [chunk] */
-    __shared__ float red[SPLIT_THREADS / 32];
-    PDL_ENTRY();
-    int s = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+__device__ __forceinline__ void split_slice(const float *qq, const KT *K, const KT *V, size_t base, int hd, int j0, int j1, float scale,
+                                            float *qs, float *sc, float *red, float *pp) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float *pp = part + (((size_t)bi * H + h) * nsplit + s) * (hd + 2);
-    int p = pos0[b] + i;
-    int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
-    int j0 = max(lo, s * chunk), j1 = min(p + 1, (s + 1) * chunk);
-    if (i >= len[b] || j0 >= j1) {
-        if (tid == 0) { pp[0] = -INFINITY; pp[1] = 0.0f; }
-        return;
-    }
-    int kvh = h / (H / n_kv);
-    const float *qq = q + ((size_t)bi * H + h) * hd;
     for (int d = tid; d < hd; d += SPLIT_THREADS) qs[d] = qq[d];
     __syncthreads();
-    size_t base = ((size_t)(b * n_kv + kvh)) * cap * hd;
     /* scores: each warp takes KU keys at a time (independent loads in flight), lanes over hd */
     constexpr int KU = 8, NW = SPLIT_THREADS / 32;
     for (int jb = j0 + warp; jb < j1; jb += NW * KU) {
@@ -102,6 +86,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
         const KT *vp = V + base + (size_t)j0 * hd + d;
         float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
         int j = 0;
+#pragma unroll 2
         for (; j + 4 <= n; j += 4) {
             a0 += sc[j] * kv_at(vp, (size_t)j * hd);
             a1 += sc[j + 1] * kv_at(vp, (size_t)(j + 1) * hd);
@@ -113,31 +98,61 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
     }
 }
 
-__global__ void k_attn_combine(const float *part, int L, int H, int hd, int nsplit, const int *len, float *out) {
+/* One block per (slice, head, query). The last block of a (query, head) to
+ * finish (a self-resetting counter in cnt) merges the slices' partials, so
+ * decode runs one attention kernel per layer. */
+template <typename KT>
+__global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, const KT *K, const KT *V, int L, int H, int n_kv, int hd,
+                                                              int cap, int window, float scale, const int *pos0, const int *len,
+                                                              int nsplit, int chunk, float *part, int *cnt, float *out) {
+    extern __shared__ float sm[];
+    float *qs = sm, *sc = sm + hd;   /* [hd], [chunk] */
+    __shared__ float red[SPLIT_THREADS / 32];
+    __shared__ int last;
     PDL_ENTRY();
-    int bi = blockIdx.x / H, h = blockIdx.x % H, b = bi / L, i = bi % L;
+    int s = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+    int tid = threadIdx.x;
+    const float *prow = part + ((size_t)bi * H + h) * nsplit * (hd + 2);
+    float *pp = (float *)prow + (size_t)s * (hd + 2);
+    int p = pos0[b] + i, valid = i < len[b];
+    int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
+    int j0 = max(lo, s * chunk), j1 = min(p + 1, (s + 1) * chunk);
+    if (valid && j0 < j1) {
+        int kvh = h / (H / n_kv);
+        size_t base = ((size_t)(b * n_kv + kvh)) * cap * hd;
+        split_slice<KT>(q + ((size_t)bi * H + h) * hd, K, V, base, hd, j0, j1, scale, qs, sc, red, pp);
+    } else if (tid == 0) {
+        pp[0] = -INFINITY;
+        pp[1] = 0.0f;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&cnt[(size_t)bi * H + h], 1) == nsplit - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
     float *o = out + ((size_t)bi * H + h) * hd;
-    if (i >= len[b]) {
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
-        return;
-    }
-    const float *pp = part + ((size_t)bi * H + h) * nsplit * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, pp[(size_t)s * (hd + 2)]);
-    float tot = 0;
-    for (int s = 0; s < nsplit; s++) {
-        float m = pp[(size_t)s * (hd + 2)];
-        if (m != -INFINITY) tot += pp[(size_t)s * (hd + 2) + 1] * expf(m - M);
-    }
-    float inv = 1.0f / tot;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0;
-        for (int s = 0; s < nsplit; s++) {
-            float m = pp[(size_t)s * (hd + 2)];
-            if (m != -INFINITY) acc += pp[(size_t)s * (hd + 2) + 2 + d] * expf(m - M);
+    if (!valid) {
+        for (int d = tid; d < hd; d += SPLIT_THREADS) o[d] = 0.0f;
+    } else {
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < nsplit; s2++) M = fmaxf(M, __ldcg(prow + (size_t)s2 * (hd + 2)));
+        float tot = 0;
+        for (int s2 = 0; s2 < nsplit; s2++) {
+            float m = __ldcg(prow + (size_t)s2 * (hd + 2));
+            if (m != -INFINITY) tot += __ldcg(prow + (size_t)s2 * (hd + 2) + 1) * expf(m - M);
         }
-        o[d] = acc * inv;
+        float inv = 1.0f / tot;
+        for (int d = tid; d < hd; d += SPLIT_THREADS) {
+            float acc = 0;
+            for (int s2 = 0; s2 < nsplit; s2++) {
+                float m = __ldcg(prow + (size_t)s2 * (hd + 2));
+                if (m != -INFINITY) acc += __ldcg(prow + (size_t)s2 * (hd + 2) + 2 + d) * expf(m - M);
+            }
+            o[d] = acc * inv;
+        }
     }
+    if (tid == 0) cnt[(size_t)bi * H + h] = 0;
 }
 
 /* ------------------------------------------------------------------ flash */
@@ -385,11 +400,9 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     int chunk = (int)r->f[1];
     dim3 grid((unsigned)nsplit, (unsigned)H, (unsigned)(B * L));
     size_t smem = sizeof(float) * (size_t)(hd + chunk);
-    if (f16) cu_launch(c, k_attn_split<__half>, grid, dim3(SPLIT_THREADS), smem, q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part);
-    else cu_launch(c, k_attn_split<float>, grid, dim3(SPLIT_THREADS), smem, q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part);
-    if (CU_LAUNCHED(c, "attention (split)")) return;
-    cu_launch(c, k_attn_combine, dim3((unsigned)(B * L * H)), dim3(hd >= 128 ? 128 : 32 * ((hd + 31) / 32)), 0, (const float *)c->part, L, H, hd, nsplit, len, out);
-    CU_LAUNCHED(c, "attention (combine)");
+    if (f16) cu_launch(c, k_attn_split<__half>, grid, dim3(SPLIT_THREADS), smem, q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
+    else cu_launch(c, k_attn_split<float>, grid, dim3(SPLIT_THREADS), smem, q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
+    CU_LAUNCHED(c, "attention (split-K)");
 }
 
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
@@ -405,6 +418,9 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     if (!flash) {
         size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
         if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
+        size_t ncnt = (size_t)a->B * a->L * a->n_head * sizeof(int), had = c->cnt_n;
+        if (!cu_ensure(c, (void **)&c->cnt, &c->cnt_n, ncnt)) return;
+        if (c->cnt_n != had) cu_check(c, cudaMemsetAsync(c->cnt, 0, c->cnt_n, c->stream), "counter reset");
     }
     cu_rec r;
     memset(&r, 0, sizeof r);

@@ -136,6 +136,7 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->act16);
     cudaFree(c->part);
+    cudaFree(c->cnt);
     cudaFree(c->arena_d);
     if (c->arena_h) cudaFreeHost(c->arena_h);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -156,6 +157,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->pdl = !(pdl && !strcmp(pdl, "0"));
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
+    bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");
     bad = bad || cu_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
     bad = bad || cu_check_blas(c, cublasCreate(&c->blas), "cublasCreate");
     bad = bad || cu_check(c, cudaMalloc(&c->blas_ws, BLAS_WS_BYTES), "cuBLAS workspace");

@@ -47,6 +47,7 @@ enum { CU_EAGER = 0, CU_CAPTURE = 1, CU_REPLAY = 2 };
 
 struct be_ctx {
     int device;
+    int n_sm;                /* multiprocessors */
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;           /* [32 MiB] cuBLAS workspace (fixed: graph capture needs it) */
@@ -65,6 +66,8 @@ struct be_ctx {
     int act16_dt;
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
+    int *cnt;                /* [cnt_n] bytes: split-K arrival counters, zero between launches */
+    size_t cnt_n;
     /* graph state */
     int mode;                /* CU_EAGER / CU_CAPTURE / CU_REPLAY */
     int in_step;

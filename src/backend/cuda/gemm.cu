@@ -2,8 +2,8 @@
  * gemm.cu — y[n][m] = x[n][k] . w[m][k]^T (+ bias) on the device.
  *
  * Decode (n <= 8): a memory-bound GEMV that streams each weight row once:
- * one warp per output row (or 2-8 warps per row, each a slice, when the
- * matrix has too few rows to fill the GPU), 16-byte non-allocating loads of the stored dtype
+ * a persistent grid, 1-8 warps per output row (each a slice), 16-byte
+ * non-allocating loads of the stored dtype
  * (8 bf16/f16 or 4 f32 per load), four loads in flight per lane, x (f32, few
  * rows, L1-resident) read alongside, all n rows accumulated per weight load
  * in f32, a warp-shuffle sum at the end. Rows whose length or alignment does
@@ -74,56 +74,65 @@ template <int N> struct dot16<float, N> {
     }
 };
 
-/* ks warps share a row (ks | GEMV_WARPS), each streaming one slice of it, so
- * that matrices with few rows (k/v projections) still keep every SM busy */
+/* A persistent grid (a few blocks per SM) walks groups of rows; ks warps
+ * share a row (ks | GEMV_WARPS), each streaming one slice of it, so the work
+ * comes in small pieces: no half-empty last wave, and matrices with few rows
+ * (k/v projections) still keep every SM busy. Slice partial sums meet in
+ * shared memory (double-buffered: one barrier per group). */
+template <typename WT, int N> constexpr int gemv_blocks_per_sm() { return N == 1 && sizeof(WT) == 2 ? 4 : 2; }
+
 template <typename WT, int N>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const WT *w, const float *x, const void *bias, int bdt, float *y, int m, int k,
-                                                          int ks) {
-    __shared__ float part[GEMV_WARPS][N];
+__global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) k_gemv(const WT *w, const float *x, const void *bias, int bdt, float *y, int m,
+                                                             int k, int ks) {
+    __shared__ float part[2][GEMV_WARPS][N];
     PDL_ENTRY();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int row = blockIdx.x * (GEMV_WARPS / ks) + warp / ks, seg = warp % ks;
+    int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = (m + rpg - 1) / rpg;
     constexpr int V = 16 / sizeof(WT), U = 4;
     int nv = k / V, slice = (nv + ks - 1) / ks;
-    int j = seg * slice + lane, jend = min(nv, (seg + 1) * slice);
-    float acc[N];
+    int jbeg = seg * slice, jend = min(nv, jbeg + slice);
+    int buf = 0;
+    for (int grp = blockIdx.x; grp < ngroups; grp += gridDim.x, buf ^= 1) {
+        int row = grp * rpg + warp / ks;
+        float acc[N];
 #pragma unroll
-    for (int t = 0; t < N; t++) acc[t] = 0.0f;
-    if (row < m) {
-        const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
-        for (; j + 32 * (U - 1) < jend; j += 32 * U) {
-            uint4 q[U];
+        for (int t = 0; t < N; t++) acc[t] = 0.0f;
+        if (row < m) {
+            const uint4 *wr = (const uint4 *)(w + (size_t)row * k);
+            int j = jbeg + lane;
+            for (; j + 32 * (U - 1) < jend; j += 32 * U) {
+                uint4 q[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) q[u] = ld_stream(wr + j + 32 * u);
+                for (int u = 0; u < U; u++) q[u] = ld_stream(wr + j + 32 * u);
 #pragma unroll
-            for (int u = 0; u < U; u++) dot16<WT, N>::run(q[u], x, (size_t)k, (j + 32 * u) * V, acc);
-        }
-        for (; j < jend; j += 32) dot16<WT, N>::run(ld_stream(wr + j), x, (size_t)k, j * V, acc);
-    }
-#pragma unroll
-    for (int t = 0; t < N; t++) {
-        float s = acc[t];
-#pragma unroll
-        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        acc[t] = s;
-    }
-    if (ks > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < N; t++) part[warp][t] = acc[t];
-        }
-        __syncthreads();
-        if (seg == 0 && lane == 0) {
-            for (int s2 = 1; s2 < ks; s2++) {
-#pragma unroll
-                for (int t = 0; t < N; t++) acc[t] += part[warp + s2][t];
+                for (int u = 0; u < U; u++) dot16<WT, N>::run(q[u], x, (size_t)k, (j + 32 * u) * V, acc);
             }
+            for (; j < jend; j += 32) dot16<WT, N>::run(ld_stream(wr + j), x, (size_t)k, j * V, acc);
         }
-    }
-    if (row < m && seg == 0 && lane == 0) {
-        float b = bias ? cu_mat_get(bias, bdt, row) : 0.0f;
 #pragma unroll
-        for (int t = 0; t < N; t++) y[(size_t)t * m + row] = acc[t] + b;
+        for (int t = 0; t < N; t++) {
+            float s = acc[t];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            acc[t] = s;
+        }
+        if (ks > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int t = 0; t < N; t++) part[buf][warp][t] = acc[t];
+            }
+            __syncthreads();
+            if (seg == 0 && lane == 0)
+                for (int s2 = 1; s2 < ks; s2++) {
+#pragma unroll
+                    for (int t = 0; t < N; t++) acc[t] += part[buf][warp + s2][t];
+                }
+        }
+        if (row < m && seg == 0 && lane == 0) {
+            float b = bias ? cu_mat_get(bias, bdt, row) : 0.0f;
+#pragma unroll
+            for (int t = 0; t < N; t++) y[(size_t)t * m + row] = acc[t] + b;
+        }
     }
 }
 
@@ -145,13 +154,18 @@ __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const v
 
 template <typename WT>
 static void gemv_n(be_ctx *c, int n, const void *w, const float *x, const void *bias, int bdt, float *y, int m, int k) {
-    /* warps per row: enough warps in flight for the whole chip (~8k) */
-    int ks = 1;
-    while (ks < GEMV_WARPS && (long)m * ks < 8192 && k / (int)(16 / sizeof(WT)) >= 64 * ks * 2) ks *= 2;
-    unsigned g = cu_blocks(m, GEMV_WARPS / ks);
+    /* warps per row: slices of at least 128 16-byte loads (4 per lane) */
+    int ks = 1, nv = k / (int)(16 / sizeof(WT));
+    while (ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
+    unsigned groups = cu_blocks(m, GEMV_WARPS / ks);
     const WT *ww = (const WT *)w;
     switch (n) {
-#define CASE(N) case N: cu_launch(c, k_gemv<WT, N>, dim3(g), dim3(GEMV_WARPS * 32), 0, ww, x, bias, bdt, y, m, k, ks); break;
+#define CASE(N)                                                                                      \
+    case N: {                                                                                        \
+        unsigned most = (unsigned)c->n_sm * gemv_blocks_per_sm<WT, N>();                             \
+        cu_launch(c, k_gemv<WT, N>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), 0, ww, x, bias, bdt, y, m, k, ks); \
+        break;                                                                                       \
+    }
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
