@@ -21,6 +21,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
@@ -175,6 +176,84 @@ static void ceilings(double *copy_gbs, double *gemm_tflops) {
     cudaEventDestroy(e1);
 }
 
+/* Where a decode step's time goes: each op of one layer run alone (eager,
+ * one token, rotating over all layers so no matrix sits in L2), timed with
+ * device synchronisation around n_layer calls; GB/s of weights for matmuls. */
+static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
+    const be_ops *be = m->be;
+    be_ctx *bc = ctx->bc;
+    const model_config *c = &m->cfg;
+    size_t big = (size_t)(c->ffn > c->n_vocab ? c->ffn : c->n_vocab);
+    float *x = be->alloc(bc, sizeof(float) * big), *y = be->alloc(bc, sizeof(float) * big), *z = be->alloc(bc, sizeof(float) * big);
+    if (!x || !y || !z) return;
+    cuda_fill_random(x, BE_F32, big, 5, 0, 1);
+    cuda_fill_random(z, BE_F32, big, 6, 0, 1);
+    const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    size_t offs[] = {offsetof(layer_weights, wq), offsetof(layer_weights, wk), offsetof(layer_weights, wv), offsetof(layer_weights, wo),
+                     offsetof(layer_weights, w_gate), offsetof(layer_weights, w_up), offsetof(layer_weights, w_down)};
+    double per_layer = 0;
+    printf("decode step breakdown (each op alone, eager, 1 token; a step is %.3f ms):\n", step_s * 1e3);
+    for (int rep = 0; rep < 2; rep++)
+        for (int o = 0; o < 7; o++) {
+            cudaDeviceSynchronize();
+            double a = cf_now();
+            size_t bytes = 0;
+            for (int l = 0; l < c->n_layer; l++) {
+                const be_mat *w = (const be_mat *)((const char *)&m->w.layers[l] + offs[o]);
+                be->matmul(bc, x, 1, w, NULL, y);
+                bytes += (size_t)w->rows * w->cols * 2;
+            }
+            cudaDeviceSynchronize();
+            double t = (cf_now() - a) / c->n_layer;
+            if (rep) {
+                if (o == 3 || o == 6) per_layer += t;   /* o_proj, down_proj run alone in a step */
+                printf("  %-10s %7.1f us  %6.0f GB/s\n", names[o], t * 1e6, bytes / (double)c->n_layer / t / 1e9);
+            }
+        }
+    /* the fused launches a step really runs: q/k/v and gate/up as one pass each */
+    for (int g = 0; g < 2; g++) {
+        cudaDeviceSynchronize();
+        double a = cf_now();
+        size_t bytes = 0;
+        for (int l = 0; l < c->n_layer; l++) {
+            const layer_weights *lw = &m->w.layers[l];
+            const be_mat *ws[3] = {g ? &lw->w_gate : &lw->wq, g ? &lw->w_up : &lw->wk, &lw->wv}, *bs[3] = {NULL, NULL, NULL};
+            float *ys[3] = {y, z, y};
+            be->matmul_multi(bc, x, 1, g ? 2 : 3, ws, bs, ys);
+            for (int i = 0; i < (g ? 2 : 3); i++) bytes += (size_t)ws[i]->rows * ws[i]->cols * 2;
+        }
+        cudaDeviceSynchronize();
+        double t = (cf_now() - a) / c->n_layer;
+        per_layer += t;
+        printf("  %-10s %7.1f us  %6.0f GB/s  (one launch)\n", g ? "gate+up" : "q+k+v", t * 1e6, bytes / (double)c->n_layer / t / 1e9);
+    }
+    cuda_fill_random(z, BE_F32, big, 6, 0, 1);
+    struct { const char *name; int kind; } small[] = {{"add+rmsnorm", 0}, {"swiglu", 1}};
+    for (int i = 0; i < 2; i++) {
+        cudaDeviceSynchronize();
+        double a = cf_now();
+        for (int l = 0; l < c->n_layer; l++) {
+            if (small[i].kind == 0) be->add_rmsnorm(bc, x, z, 1, c->hidden, &m->w.layers[l].attn_norm, 0.0f, 1e-5f, y);
+            else be->swiglu(bc, x, z, y, (size_t)c->ffn);
+        }
+        cudaDeviceSynchronize();
+        double t = (cf_now() - a) / c->n_layer;
+        per_layer += t * (i == 1 ? 1 : 2);
+        printf("  %-10s %7.1f us  (x%d per layer)\n", small[i].name, t * 1e6, i == 1 ? 1 : 2);
+    }
+    cudaDeviceSynchronize();
+    double a = cf_now();
+    for (int r = 0; r < 5; r++) be->matmul(bc, x, 1, &m->w.lm_head, NULL, y);
+    cudaDeviceSynchronize();
+    double th = (cf_now() - a) / 5;
+    printf("  %-10s %7.1f us  %6.0f GB/s\n", "lm_head", th * 1e6, (double)m->w.lm_head.rows * m->w.lm_head.cols * 2 / th / 1e9);
+    printf("  these ops x %d layers + lm_head: %.3f ms; the rest of the step (rope, kv writes, attention, embed, argmax,\n"
+           "  launch gaps): %.3f ms\n", c->n_layer, (per_layer * c->n_layer + th) * 1e3, (step_s - per_layer * c->n_layer - th) * 1e3);
+    be->free(bc, x);
+    be->free(bc, y);
+    be->free(bc, z);
+}
+
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
@@ -258,6 +337,7 @@ int main(int argc, char **argv) {
            G, NP, t_dec / G * 1e3, dec_tps, gbs, 100.0 * gbs / copy_gbs, caps, reps, (int)last);
     printf("decode with logits copied to the host each step: %.2f ms/token, %.1f tok/s (last token %d: %s)\n", t_log / G * 1e3,
            G / t_log, (int)last_l, last_l == last ? "same" : "DIFFERENT");
+    breakdown(m, ctx, t_dec / G);
     printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
            "\"decode_tok_s\":%.2f,\"decode_gbs\":%.1f,\"step_bytes\":%zu,\"copy_gbs\":%.1f,\"gemm_tflops\":%.1f,\"flops_prefill\":%.4g}\n",
            s->name, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);

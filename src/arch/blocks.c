@@ -37,12 +37,20 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
         .B = bb->B, .L = bb->L, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
         .pos0 = bb->pos0, .len = bb->len, .window = c->sliding_window, .scale = 1.0f / sqrtf((float)hd),
     };
+    /* backends may fuse (optional ops): q/k/v and gate/up as one pass over x,
+     * each residual add with the norm that follows it */
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *lw = &w->layers[l];
-        be->rmsnorm(bc, x, T, H, &lw->attn_norm, 0.0f, c->eps, xn);
-        be->matmul(bc, xn, T, &lw->wq, opt(&lw->bq), q);
-        be->matmul(bc, xn, T, &lw->wk, opt(&lw->bk), k);
-        be->matmul(bc, xn, T, &lw->wv, opt(&lw->bv), v);
+        if (l == 0 || !be->add_rmsnorm) be->rmsnorm(bc, x, T, H, &lw->attn_norm, 0.0f, c->eps, xn);
+        if (be->matmul_multi) {
+            const be_mat *ws[3] = {&lw->wq, &lw->wk, &lw->wv}, *bs[3] = {opt(&lw->bq), opt(&lw->bk), opt(&lw->bv)};
+            float *ys[3] = {q, k, v};
+            be->matmul_multi(bc, xn, T, 3, ws, bs, ys);
+        } else {
+            be->matmul(bc, xn, T, &lw->wq, opt(&lw->bq), q);
+            be->matmul(bc, xn, T, &lw->wk, opt(&lw->bk), k);
+            be->matmul(bc, xn, T, &lw->wv, opt(&lw->bv), v);
+        }
         if (c->qk_norm) {
             be->rmsnorm(bc, q, T * c->n_head, hd, &lw->q_norm, 0.0f, c->eps, q);
             be->rmsnorm(bc, k, T * c->n_kv_head, hd, &lw->k_norm, 0.0f, c->eps, k);
@@ -52,13 +60,26 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
         cinfer_status st = caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
         if (st) return st;
         be->matmul(bc, att, T, &lw->wo, opt(&lw->bo), tmp);
-        be->add(bc, x, tmp, (size_t)T * H);
-        be->rmsnorm(bc, x, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
-        be->matmul(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), gate);
-        be->matmul(bc, xn, T, &lw->w_up, opt(&lw->b_up), up);
+        if (be->add_rmsnorm) {
+            be->add_rmsnorm(bc, x, tmp, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
+        } else {
+            be->add(bc, x, tmp, (size_t)T * H);
+            be->rmsnorm(bc, x, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
+        }
+        if (be->matmul_multi) {
+            const be_mat *ws[2] = {&lw->w_gate, &lw->w_up}, *bs[2] = {opt(&lw->b_gate), opt(&lw->b_up)};
+            float *ys[2] = {gate, up};
+            be->matmul_multi(bc, xn, T, 2, ws, bs, ys);
+        } else {
+            be->matmul(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), gate);
+            be->matmul(bc, xn, T, &lw->w_up, opt(&lw->b_up), up);
+        }
         be->swiglu(bc, gate, up, gate, (size_t)T * c->ffn);
         be->matmul(bc, gate, T, &lw->w_down, opt(&lw->b_down), tmp);
-        be->add(bc, x, tmp, (size_t)T * H);
+        if (be->add_rmsnorm && l + 1 < c->n_layer)   /* with the next layer's input norm */
+            be->add_rmsnorm(bc, x, tmp, T, H, &w->layers[l + 1].attn_norm, 0.0f, c->eps, xn);
+        else
+            be->add(bc, x, tmp, (size_t)T * H);
     }
     return CINFER_OK;
 }

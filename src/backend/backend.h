@@ -98,6 +98,12 @@ typedef struct be_ops {
     void (*step_end)(be_ctx *c);
     /* out[i] = index of the largest of x[i][0..dim) (first on ties), host array */
     void (*argmax)(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+    /* matmul of one input by count (1..3) matrices of the same cols in one pass:
+     * y[i] = x . w[i]^T (+ bias[i], which may be NULL) — q/k/v, gate/up */
+    void (*matmul_multi)(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
+                         float *const *y);
+    /* x += t, then y = rmsnorm(x) as the rmsnorm op: the residual add fused with the next norm */
+    void (*add_rmsnorm)(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 } be_ops;
 
 const be_ops *be_cpu(void);

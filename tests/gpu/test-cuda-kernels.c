@@ -123,6 +123,75 @@ static void test_matmul(void) {
             }
 }
 
+/* q/k/v-style: one input, three matrices, one launch (decode) or three cuBLAS calls */
+static void test_matmul_multi(void) {
+    const int ns[] = {1, 3, 9};
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni], k = 512, ms[3] = {300, 64, 72};
+            be_mat w[3], b[3];
+            const be_mat *wp[3], *bp[3];
+            float *y[3];
+            gbuf gy[3];
+            float *x = rnd((size_t)n * k, 1.0f);
+            gbuf gx = gb_new((size_t)n * k);
+            gb_put(&gx, x);
+            for (int i = 0; i < 3; i++) {
+                w[i] = mk_mat((be_dtype)dt, ms[i], k, 1.0f);
+                wp[i] = &w[i];
+                bp[i] = NULL;
+                if (i == 1) { b[i] = mk_mat(BE_F32, 1, ms[i], 1.0f); bp[i] = &b[i]; }
+                gy[i] = gb_new((size_t)n * ms[i]);
+                y[i] = gy[i].p;
+            }
+            be->matmul_multi(bc, gx.p, n, 3, wp, bp, y);
+            double worst = 0;
+            int guards = 1;
+            for (int i = 0; i < 3; i++) {
+                float *got = malloc(sizeof(float) * n * ms[i]), *ref = malloc(sizeof(float) * n * ms[i]);
+                guards &= gb_get(&gy[i], got);
+                be_ref_matmul(x, n, &w[i], bp[i], ref);
+                double e = relerr(got, ref, (size_t)n * ms[i]);
+                if (!(e <= worst)) worst = e;
+                free(got); free(ref);
+                gb_free(&gy[i]);
+                free_mat(&w[i]);
+                if (bp[i]) free_mat(&b[i]);
+            }
+            double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+            CHECK(guards && worst <= tol, "matmul_multi %s n=%d (3 matrices, one with bias): err %.2e (tol %.0e), guards %s",
+                  be_dtype_name((be_dtype)dt), n, worst, tol, guards ? "intact" : "WRITTEN");
+            gb_free(&gx);
+            free(x);
+        }
+}
+
+/* x += t, then the norm, in one op: x holds the sum afterwards */
+static void test_add_rmsnorm(void) {
+    const int dims[] = {64, 4096};
+    for (size_t di = 0; di < 2; di++)
+        for (int n = 1; n <= 12; n += 11) {
+            int dim = dims[di];
+            be_mat w = mk_mat(BE_BF16, 1, dim, 1.0f);
+            float *x = rnd((size_t)n * dim, 2.0f), *t = rnd((size_t)n * dim, 2.0f);
+            float *sum = malloc(sizeof(float) * n * dim), *ref = malloc(sizeof(float) * n * dim);
+            float *gotx = malloc(sizeof(float) * n * dim), *goty = malloc(sizeof(float) * n * dim);
+            for (int i = 0; i < n * dim; i++) sum[i] = x[i] + t[i];
+            gbuf gx = gb_new((size_t)n * dim), gt = gb_new((size_t)n * dim), gy = gb_new((size_t)n * dim);
+            gb_put(&gx, x);
+            gb_put(&gt, t);
+            be->add_rmsnorm(bc, gx.p, gt.p, n, dim, &w, 0.0f, 1e-5f, gy.p);
+            int guards = gb_get(&gx, gotx) & gb_get(&gy, goty);
+            be_ref_rmsnorm(sum, n, dim, &w, 0.0f, 1e-5f, ref);
+            double ex = relerr(gotx, sum, (size_t)n * dim), ey = relerr(goty, ref, (size_t)n * dim);
+            CHECK(guards && ex == 0 && ey <= 1e-5, "add_rmsnorm n=%d dim=%d: x += t exact (%.1e), norm err %.2e, guards %s", n, dim, ex, ey,
+                  guards ? "intact" : "WRITTEN");
+            gb_free(&gx); gb_free(&gt); gb_free(&gy);
+            free(x); free(t); free(sum); free(ref); free(gotx); free(goty);
+            free_mat(&w);
+        }
+}
+
 static void test_rmsnorm(void) {
     const int dims[] = {16, 64, 300, 2048, 5000};
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
@@ -368,7 +437,9 @@ int main(void) {
     CHECK(be->ctx_new(&bc, 1) == 0, "CUDA context");
     if (!bc) return CHECK_DONE();
     test_matmul();
+    test_matmul_multi();
     test_rmsnorm();
+    test_add_rmsnorm();
     test_rope();
     test_elementwise();
     test_kv_write();

@@ -307,6 +307,8 @@ static be_ops make_ops(void) {
     o.step_begin = cuda_step_begin;
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
+    o.matmul_multi = cu_op_matmul_multi;
+    o.add_rmsnorm = cu_op_add_rmsnorm;
     return o;
 }
 

@@ -34,7 +34,7 @@ typedef void (*cu_launch_fn)(be_ctx *c, const struct cu_rec *r);
 
 typedef struct cu_rec {
     cu_launch_fn fn;
-    const void *p[6];   /* device pointers */
+    const void *p[10];  /* device pointers */
     int64_t i[10];      /* sizes, dtypes, flags */
     float f[2];
 } cu_rec;
@@ -98,6 +98,8 @@ int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need);
 void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y);
+void cu_op_add_rmsnorm(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);
 void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n);

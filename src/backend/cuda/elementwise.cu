@@ -1,6 +1,7 @@
 /*
  * elementwise.cu — the CUDA backend's row and element ops: embedding lookup,
- * RMSNorm (one warp per short row, one block per long row, f32 sums), RoPE
+ * RMSNorm (one warp per short row, one block per long row, f32 sums;
+ * optionally after the residual add, x += t, in the same pass), RoPE
  * (angle float(pos) * inv_freq in f32 and accurate cosf/sinf, as the CPU and
  * transformers do), SwiGLU, residual add, row gather, KV-cache writes (f32 or
  * f16, round to nearest even), a device argmax, and the random fill used by
@@ -67,13 +68,19 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /* one warp per row */
-__global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16, int bf16) {
+__global__ void k_rmsnorm_warp(float *x, const float *t, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
+                               int bf16) {
     PDL_ENTRY();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
-    const float *a = x + (size_t)row * dim;
+    float *a = x + (size_t)row * dim;
     float ss = 0;
-    for (int i = lane; i < dim; i += 32) ss += a[i] * a[i];
+    if (t) {   /* x += t first (the residual add fused with the norm); each thread rereads only its own */
+        const float *tr = t + (size_t)row * dim;
+        for (int i = lane; i < dim; i += 32) { float v = a[i] + tr[i]; a[i] = v; ss += v * v; }
+    } else {
+        for (int i = lane; i < dim; i += 32) ss += a[i] * a[i];
+    }
     ss = warp_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     float *o = y + (size_t)row * dim;
@@ -85,12 +92,18 @@ __global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, in
 }
 
 /* one block per row */
-__global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16, int bf16) {
+__global__ void k_rmsnorm_block(float *x, const float *t, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
+                                int bf16) {
     PDL_ENTRY();
     __shared__ float red[32];
-    const float *a = x + (size_t)blockIdx.x * dim;
+    float *a = x + (size_t)blockIdx.x * dim;
     float ss = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += a[i] * a[i];
+    if (t) {
+        const float *tr = t + (size_t)blockIdx.x * dim;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) { float v = a[i] + tr[i]; a[i] = v; ss += v * v; }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += a[i] * a[i];
+    }
     ss = warp_sum(ss);
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
     __syncthreads();
@@ -112,20 +125,26 @@ __global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt,
 static void l_rmsnorm(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], dim = (int)r->i[1];
     if (n <= 0) return;
-    if (dim <= 512) cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, (const float *)r->p[0], n, dim, r->p[1], (int)r->i[2],
-                                                                          r->f[0], r->f[1], (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
-    else cu_launch(c, k_rmsnorm_block, dim3(n), dim3(dim >= 2048 ? 512 : 256), 0, (const float *)r->p[0], dim, r->p[1], (int)r->i[2], r->f[0],
-                                                                      r->f[1], (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
+    float *x = (float *)r->p[0];
+    const float *t = (const float *)r->p[4];
+    if (dim <= 512)
+        cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, x, t, n, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
+                  (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
+    else
+        cu_launch(c, k_rmsnorm_block, dim3(n), dim3(dim >= 2048 ? 512 : 256), 0, x, t, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
+                  (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
     CU_LAUNCHED(c, "rmsnorm");
 }
 
-void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
+/* t != NULL: x += t, then the norm (x is written) */
+static void rmsnorm_op(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
     cu_rec r;
     memset(&r, 0, sizeof r);
     r.fn = l_rmsnorm;
     r.p[0] = x;
     r.p[1] = w ? w->dev : NULL;
     r.p[2] = y;
+    r.p[4] = t;
     r.i[0] = n;
     r.i[1] = dim;
     r.i[2] = w ? w->dt : 0;
@@ -138,6 +157,14 @@ void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, f
     int dt16 = r.i[3] ? BE_BF16 : BE_F16;
     cu_submit(c, &r);
     if (y16) { c->act16_src = y; c->act16_len = len; c->act16_dt = dt16; }
+}
+
+void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
+    rmsnorm_op(c, (float *)x, NULL, n, dim, w, w_add, eps, y);   /* x is only read when t is NULL */
+}
+
+void cu_op_add_rmsnorm(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
+    rmsnorm_op(c, x, t, n, dim, w, w_add, eps, y);
 }
 
 /* ----------------------------------------------------------------- rope */

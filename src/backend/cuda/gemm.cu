@@ -81,19 +81,30 @@ template <int N> struct dot16<float, N> {
  * shared memory (double-buffered: one barrier per group). */
 template <typename WT, int N> constexpr int gemv_blocks_per_sm() { return N == 1 && sizeof(WT) == 2 ? 4 : 2; }
 
+/* up to three matrices of one input (q/k/v, gate/up) in one launch; their
+ * row groups are numbered one after another (gend: cumulative group ends) */
+typedef struct gemv_set {
+    const void *w[3], *bias[3];
+    float *y[3];
+    int m[3], bdt[3], gend[3];
+} gemv_set;
+
 template <typename WT, int N>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) k_gemv(const WT *w, const float *x, const void *bias, int bdt, float *y, int m,
-                                                             int k, int ks) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) k_gemv(gemv_set st, const float *x, int k, int ks) {
     __shared__ float part[2][GEMV_WARPS][N];
     PDL_ENTRY();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = (m + rpg - 1) / rpg;
+    int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = st.gend[2];
     constexpr int V = 16 / sizeof(WT), U = 4;
     int nv = k / V, slice = (nv + ks - 1) / ks;
     int jbeg = seg * slice, jend = min(nv, jbeg + slice);
     int buf = 0;
     for (int grp = blockIdx.x; grp < ngroups; grp += gridDim.x, buf ^= 1) {
-        int row = grp * rpg + warp / ks;
+        int mi = grp < st.gend[0] ? 0 : grp < st.gend[1] ? 1 : 2;
+        int g0 = mi == 0 ? 0 : mi == 1 ? st.gend[0] : st.gend[1];
+        int m = mi == 0 ? st.m[0] : mi == 1 ? st.m[1] : st.m[2];
+        const WT *w = (const WT *)(mi == 0 ? st.w[0] : mi == 1 ? st.w[1] : st.w[2]);
+        int row = (grp - g0) * rpg + warp / ks;
         float acc[N];
 #pragma unroll
         for (int t = 0; t < N; t++) acc[t] = 0.0f;
@@ -129,7 +140,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) 
                 }
         }
         if (row < m && seg == 0 && lane == 0) {
-            float b = bias ? cu_mat_get(bias, bdt, row) : 0.0f;
+            const void *bias = mi == 0 ? st.bias[0] : mi == 1 ? st.bias[1] : st.bias[2];
+            float *y = mi == 0 ? st.y[0] : mi == 1 ? st.y[1] : st.y[2];
+            float b = bias ? cu_mat_get(bias, mi == 0 ? st.bdt[0] : mi == 1 ? st.bdt[1] : st.bdt[2], row) : 0.0f;
 #pragma unroll
             for (int t = 0; t < N; t++) y[(size_t)t * m + row] = acc[t] + b;
         }
@@ -152,23 +165,34 @@ __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const v
     }
 }
 
+/* launches the GEMV over the set's count matrices (all with k columns) */
 template <typename WT>
-static void gemv_n(be_ctx *c, int n, const void *w, const float *x, const void *bias, int bdt, float *y, int m, int k) {
+static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
     /* warps per row: slices of at least 128 16-byte loads (4 per lane) */
     int ks = 1, nv = k / (int)(16 / sizeof(WT));
     while (ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
-    unsigned groups = cu_blocks(m, GEMV_WARPS / ks);
-    const WT *ww = (const WT *)w;
+    int rpg = GEMV_WARPS / ks, end = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i < count) end += (st.m[i] + rpg - 1) / rpg;
+        st.gend[i] = end;
+    }
+    unsigned groups = (unsigned)end;
     switch (n) {
 #define CASE(N)                                                                                      \
     case N: {                                                                                        \
         unsigned most = (unsigned)c->n_sm * gemv_blocks_per_sm<WT, N>();                             \
-        cu_launch(c, k_gemv<WT, N>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), 0, ww, x, bias, bdt, y, m, k, ks); \
+        cu_launch(c, k_gemv<WT, N>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), 0, st, x, k, ks); \
         break;                                                                                       \
     }
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
+}
+
+static void gemv_launch(be_ctx *c, int n, int dt, gemv_set st, int count, const float *x, int k) {
+    if (dt == BE_BF16) gemv_n<__nv_bfloat16>(c, n, st, count, x, k);
+    else if (dt == BE_F16) gemv_n<__half>(c, n, st, count, x, k);
+    else gemv_n<float>(c, n, st, count, x, k);
 }
 
 __global__ void k_round16(const float *x, void *out, int bf16, size_t n) {
@@ -194,9 +218,14 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], m = (int)r->i[1], k = (int)r->i[2], dt = (int)r->i[3], bdt = (int)r->i[4], path = (int)r->i[5];
     if (n <= 0 || m <= 0) return;
     if (path == PATH_GEMV) {
-        if (dt == BE_BF16) gemv_n<__nv_bfloat16>(c, n, w, x, bias, bdt, y, m, k);
-        else if (dt == BE_F16) gemv_n<__half>(c, n, w, x, bias, bdt, y, m, k);
-        else gemv_n<float>(c, n, w, x, bias, bdt, y, m, k);
+        gemv_set st;
+        memset(&st, 0, sizeof st);
+        st.w[0] = w;
+        st.bias[0] = bias;
+        st.y[0] = y;
+        st.m[0] = m;
+        st.bdt[0] = bdt;
+        gemv_launch(c, n, dt, st, 1, x, k);
         CU_LAUNCHED(c, "gemv");
         return;
     }
@@ -261,5 +290,48 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
         return;
     }
     c->act16_src = NULL;
+    cu_submit(c, &r);
+}
+
+/* ---------------------------------------------------- several matrices */
+
+static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
+    gemv_set st;
+    memset(&st, 0, sizeof st);
+    int count = (int)r->i[3];
+    for (int i = 0; i < count; i++) {
+        st.w[i] = r->p[1 + i];
+        st.bias[i] = r->p[4 + i];
+        st.y[i] = (float *)r->p[7 + i];
+        st.m[i] = (int)r->i[4 + i];
+        st.bdt[i] = (int)r->i[7 + i];
+    }
+    gemv_launch(c, (int)r->i[0], (int)r->i[2], st, count, (const float *)r->p[0], (int)r->i[1]);
+    CU_LAUNCHED(c, "gemv (several matrices)");
+}
+
+void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
+    int k = (int)w[0]->cols, vec = 16 / (int)be_dtype_size(w[0]->dt);
+    int one = count < 1 || count > 3 || n > GEMV_MAX_N || k % vec || k % 4 || ((uintptr_t)x & 15);
+    for (int i = 1; i < count && !one; i++) one = w[i]->cols != k || w[i]->dt != w[0]->dt;
+    if (one) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
+        for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
+        return;
+    }
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_matmul_multi;
+    r.p[0] = x;
+    r.i[0] = n;
+    r.i[1] = k;
+    r.i[2] = w[0]->dt;
+    r.i[3] = count;
+    for (int i = 0; i < count; i++) {
+        r.p[1 + i] = w[i]->dev;
+        r.p[4 + i] = bias[i] ? bias[i]->dev : NULL;
+        r.p[7 + i] = y[i];
+        r.i[4 + i] = w[i]->rows;
+        r.i[7 + i] = bias[i] ? bias[i]->dt : 0;
+    }
     cu_submit(c, &r);
 }
