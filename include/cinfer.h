@@ -88,6 +88,10 @@ const char *cinfer_ctx_error(const cinfer_ctx *c);  /* message of the last failu
 
 /* Drops every cached token of every row. */
 void cinfer_ctx_reset(cinfer_ctx *c);
+/* Keeps the first n cached tokens of every row and drops the rest (prefix
+ * reuse: a new prompt that shares n tokens with the cached ones feeds only
+ * its tail). n >= the cached length changes nothing. */
+void cinfer_ctx_trim(cinfer_ctx *c, int n);
 /* Tokens held in the cache for row 0 (its next position). */
 int cinfer_ctx_pos(const cinfer_ctx *c);
 /* Bytes held by the KV cache. */

@@ -82,6 +82,40 @@ int main(int argc, char **argv) {
     rc = run(args, out, sizeof out);
     CHECK(rc == 1, "a token id outside the vocabulary fails cleanly (exit %d)", rc);
 
+    /* chat and generate --chat through a chat template added to a copy of stories260k */
+    char mdir[128], cmd[1200];
+    snprintf(mdir, sizeof mdir, "%s/chatm", tmp);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/models/stories260k/* %s/ && chmod -R u+w %s", mdir, sh, mdir, mdir);
+    int copied = system(cmd) == 0;
+    snprintf(cmd, sizeof cmd, "%s/tokenizer_config.json", mdir);
+    json_t *tc = json_load_file(cmd, 0, NULL);
+    if (tc) {
+        json_object_set_new(tc, "chat_template", json_string(
+            "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}"
+            "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"));
+        json_dump_file(tc, cmd, 0);
+        json_decref(tc);
+    }
+    snprintf(args, sizeof args, "generate --chat -m %s -p 'Once upon a time' -n 8", mdir);
+    rc = run(args, out, sizeof out);
+    CHECK(copied && tc && rc == 0 && !strncmp(out, ", there was a little girl", 25), "generate --chat renders the template (rc %d): %.40s", rc, out);
+    snprintf(args, sizeof args, "chat -m %s -n 12 < /dev/null", mdir);
+    rc = run(args, out, sizeof out);
+    CHECK(rc == 0, "chat ends cleanly at end of input (rc %d)", rc);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nLily and Ben\\n' | %s chat -m %s -n 12 > %s/chat.out 2>&1", bin, mdir, tmp);
+    rc = system(cmd);
+    snprintf(cmd, sizeof cmd, "%s/chat.out", tmp);
+    FILE *cf = fopen(cmd, "r");
+    size_t got = cf ? fread(out, 1, sizeof out - 1, cf) : 0;
+    out[got] = 0;
+    if (cf) fclose(cf);
+    int turns = 0;
+    for (char *q = out; (q = strstr(q, "tok/s]")); q++) turns++;
+    CHECK(rc == 0 && turns == 2 && strstr(out, ", there was a little girl"), "chat answers two turns (%d turns)", turns);
+    snprintf(args, sizeof args, "generate --chat -m %s/models/stories260k -p hi -n 2", sh);
+    rc = run(args, out, sizeof out);
+    CHECK(rc == 1, "generate --chat on a model without a chat template fails cleanly (rc %d)", rc);
+
     snprintf(args, sizeof args, "rm -rf %s", tmp);
     if (system(args)) printf("# could not remove %s\n", tmp);
     return CHECK_DONE();

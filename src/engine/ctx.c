@@ -70,6 +70,10 @@ void cinfer_ctx_reset(cinfer_ctx *c) {
     for (int l = 0; l < c->m->cfg.n_layer; l++) c->caches[l]->vt->trim(c->caches[l], -1, 0);
 }
 
+void cinfer_ctx_trim(cinfer_ctx *c, int n) {
+    for (int l = 0; l < c->m->cfg.n_layer; l++) c->caches[l]->vt->trim(c->caches[l], -1, n < 0 ? 0 : n);
+}
+
 int cinfer_ctx_pos(const cinfer_ctx *c) { return c->caches[0]->vt->row_len(c->caches[0], 0); }
 
 size_t cinfer_ctx_cache_bytes(const cinfer_ctx *c) {

@@ -2,7 +2,8 @@
  * cmd-generate.c — `cinfer generate` (one prompt, streamed) and `cinfer
  * chat` (interactive, through the chat template). Text streams to stdout;
  * statistics go to stderr in mlx_lm.generate's form, or as one JSON object on
- * stdout with --json.
+ * stdout with --json. chat keeps the KV cache between turns and feeds only
+ * the part of each new rendering that differs from the tokens already cached.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -217,11 +218,21 @@ int cmd_generate(int argc, char **argv) {
     return rc;
 }
 
-typedef struct chat_acc { char *buf; size_t n, cap; } chat_acc;
+/* the assistant's text of this turn, and every token id fed to the cache */
+typedef struct chat_acc { char *buf; size_t n, cap; int32_t *fed; int n_fed, cap_fed; } chat_acc;
 
 static int chat_cb(int32_t tok, const char *text, void *user) {
-    (void)tok;
     chat_acc *a = user;
+    if (tok >= 0) {
+        if (a->n_fed == a->cap_fed) {
+            int nc = a->cap_fed ? a->cap_fed * 2 : 256;
+            int32_t *nf = realloc(a->fed, sizeof *nf * nc);
+            if (!nf) return 1;
+            a->fed = nf;
+            a->cap_fed = nc;
+        }
+        a->fed[a->n_fed++] = tok;
+    }
     if (!text) return 0;
     fputs(text, stdout);
     fflush(stdout);
@@ -251,6 +262,7 @@ int cmd_chat(int argc, char **argv) {
     if (!t) { fprintf(stderr, "cinfer chat: %s has no tokenizer.json\n", o.model); rc = 1; }
     else if (cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer chat: %s\n", err); rc = 1; }
     json_t *msgs = json_array();
+    chat_acc acc = {0};
     if (o.system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", o.system));
     while (!rc) {
         fprintf(stderr, "\n> ");
@@ -263,18 +275,25 @@ int cmd_chat(int argc, char **argv) {
         int n = 0;
         if (!text || cinfer_tokenize(t, text, strlen(text), 0, 1, &ids, &n) || n < 1) { free(text); free(ids); rc = 1; break; }
         free(text);
-        cinfer_ctx_reset(c);   /* the whole conversation is re-read each turn */
-        chat_acc acc = {0};
+        /* reuse the cached prefix the new rendering shares with what was fed */
+        int keep = 0, have = cinfer_ctx_pos(c);
+        while (keep < have && keep < n - 1 && keep < acc.n_fed && acc.fed[keep] == ids[keep]) keep++;
+        cinfer_ctx_trim(c, keep);
+        acc.n_fed = keep;
+        for (int i = keep; i < n; i++) chat_cb(ids[i], NULL, &acc);
+        acc.n = 0;
+        if (acc.buf) acc.buf[0] = 0;
         cinfer_gen_stats s;
         o.max_tokens = o.max_tokens ? o.max_tokens : 512;
-        cinfer_status st = cinfer_generate(c, ids, n, &o.sp, o.max_tokens, chat_cb, &acc, &s);
+        cinfer_status st = cinfer_generate(c, ids + keep, n - keep, &o.sp, o.max_tokens, chat_cb, &acc, &s);
         free(ids);
-        if (st) { fprintf(stderr, "\ncinfer chat: %s\n", cinfer_ctx_error(c)); free(acc.buf); rc = 1; break; }
+        if (st) { fprintf(stderr, "\ncinfer chat: %s\n", cinfer_ctx_error(c)); rc = 1; break; }
         json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", acc.buf ? acc.buf : ""));
-        free(acc.buf);
         fprintf(stderr, "\n[%d tokens, %.1f tok/s]", s.gen_tokens, s.gen_s > 0 ? s.gen_tokens / s.gen_s : 0.0);
     }
     json_decref(msgs);
+    free(acc.buf);
+    free(acc.fed);
     cinfer_ctx_free(c);
     cinfer_model_free(m);
     return rc;
