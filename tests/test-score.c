@@ -421,6 +421,32 @@ static void test_bad_input(void) {
     CHECK(st == CINFER_EINVAL && strstr(err, "different vocabularies"), "KL against a base file of another vocabulary: '%s'", err);
     cinfer_kl_base_free(f);
     f = NULL;
+    /* every header byte flipped: refused or still consistent, never a crash (ASan run) */
+    FILE *fp = fopen(path, "rb");
+    unsigned char *img = NULL;
+    long fsz = 0;
+    if (fp && !fseek(fp, 0, SEEK_END) && (fsz = ftell(fp)) > 0 && !fseek(fp, 0, SEEK_SET) && (img = malloc(fsz)) &&
+        fread(img, 1, fsz, fp) != (size_t)fsz) fsz = 0;
+    if (fp) fclose(fp);
+    int flips = 0, crashes = 0;
+    for (long i = 0; img && fsz > 64 && i < 64; i++) {
+        img[i] ^= 0x5a;
+        fp = fopen(path, "wb");
+        if (fp) { fwrite(img, 1, fsz, fp); fclose(fp); }
+        cinfer_kl_base *g = NULL;
+        if (!cinfer_kl_base_open(path, &g, err, sizeof err)) {
+            int nr, L2, V2;
+            cinfer_kl_base_rows(g, &nr, &L2, &V2);
+            if (V2 == 256 && !cinfer_kl(ca, NULL, g, NULL, 0, 0, 1, NULL, NULL, NULL, &s, err, sizeof err) && !(s.tokens > 0)) crashes++;
+        } else flips++;
+        cinfer_kl_base_free(g);
+        img[i] ^= 0x5a;
+    }
+    CHECK(flips == 64 && !crashes, "base file with a corrupted header byte: %d of 64 refused, the rest read consistently", flips);
+    fp = fopen(path, "wb");
+    if (fp && img) fwrite(img, 1, fsz, fp);
+    if (fp) fclose(fp);
+    free(img);
     if (truncate(path, 200) == 0) {
         err[0] = 0;
         st = cinfer_kl_base_open(path, &f, err, sizeof err);

@@ -214,6 +214,7 @@ cinfer_status cinfer_kl_base_open(const char *path, cinfer_kl_base **out, char *
     const char *why = NULL;
     if (memcmp(h, KLB_MAGIC, 8)) why = "bad magic (not written by cinfer kl --save-base)";
     else if (ver != 1 || hb != KLB_HDR) why = "unknown version";
+    else if (memcmp(h + 40, (const unsigned char[KLB_HDR - 40]){0}, KLB_HDR - 40)) why = "reserved header bytes are not zero";
     else if (V < 2 || L < 2 || nr < 1 || V > (1 << 24) || L > (1 << 24)) why = "bad vocabulary, length or row count";
     else if (rb != rec_bytes_of(V) || nrec != (uint64_t)nr * (L - 1)) why = "record size or count disagrees with the header";
     else {
