@@ -216,10 +216,11 @@ typedef struct cinfer_data_opts {
     cinfer_shuffle shuffle;  /* default CINFER_SHUFFLE_NUMPY */
 } cinfer_data_opts;
 
+/* mlx_lm's defaults: seq_len 512, num_samples 256, seed 123, numpy shuffle. */
 cinfer_data_opts cinfer_data_defaults(void);
 
-/* mlx_lm's load_data on tokenized samples: visits samples[perm[k]] (lens[k]
- * tokens each) in the shuffle's order, appending to one stream until it
+/* mlx_lm's load_data on tokenized samples: visits samples[perm[k]]
+ * (lens[perm[k]] tokens) in the shuffle's order, appending to one stream until it
  * holds seq_len * num_samples tokens (or the samples run out), then cuts it
  * into min(len / seq_len, num_samples) non-overlapping rows. *rows is
  * malloc'd [n_rows][seq_len]. Fewer tokens than one row is an error. */

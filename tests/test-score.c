@@ -91,6 +91,16 @@ static void test_shuffles(json_t *ref) {
         free(perm);
     }
     CHECK(mb && n_cases >= 20 && !bad, "mulberry32 shuffle == mlx-bun's (%d cases, %d differ)", n_cases, bad);
+    /* packing: np.random.seed(1); np.random.permutation(3) = [0, 2, 1] -> stream a c b = 1 2 6 7 8 9 (enough for 2
+     * rows of 3, so b is never visited) */
+    int32_t a[] = {1, 2}, b[] = {3, 4, 5}, cc[] = {6, 7, 8, 9};
+    const int32_t *sm[] = {a, b, cc};
+    int lens[] = {2, 3, 4}, nr = 0;
+    cinfer_data_opts o = {3, 2, 1, CINFER_SHUFFLE_NUMPY};
+    int32_t *rows = NULL, want[6] = {1, 2, 6, 7, 8, 9};
+    cinfer_status st = cinfer_pack_rows(sm, lens, 3, &o, &rows, &nr, NULL, 0);
+    CHECK(!st && nr == 2 && !memcmp(rows, want, sizeof want), "pack_rows: samples in permutation order, cut into 2 rows of 3");
+    free(rows);
     json_decref(mb);
 }
 
