@@ -87,7 +87,7 @@ static void check_decode(const char *name, cinfer_model *m, const int32_t *ids, 
     }
     long caps = 0, reps = 0;
     if (c) cuda_graph_stats(c->bc, &caps, &reps);
-    CHECK(ok && worst <= tol && reps >= n - 2, "%s: token-by-token decode == prefill (max error %.2e of range, tol %.0e; graph captured %ld, replayed %ld)",
+    CHECK(ok && worst <= tol && reps >= n - 2, "%s: token-by-token decode == prefill (max error %.2e of range, tol %.3g; graph captured %ld, replayed %ld)",
           name, worst, tol, caps, reps);
     free(one);
     cinfer_ctx_free(c);
@@ -136,9 +136,9 @@ static void tiny_case(const char *name) {
         if (g && c && hf) {
             double tol = f32 ? 1e-3 : 1.5e-2;
             double eh = rel_err(g, hf, (size_t)n * V), ec = rel_err(g, c, (size_t)n * V), ecpu = rel_err(c, hf, (size_t)n * V);
-            CHECK(eh <= tol, "%s: cuda vs transformers %s: %.2e of range (tol %.0e; cpu's own: %.2e)", name,
+            CHECK(eh <= tol, "%s: cuda vs transformers %s: %.2e of range (tol %.3g; cpu's own: %.2e)", name,
                   f32 ? "f32 logits" : "native 16-bit logits", eh, tol, ecpu);
-            CHECK(ec <= tol, "%s: cuda vs cpu backend: %.2e of range (tol %.0e)", name, ec, tol);
+            CHECK(ec <= tol, "%s: cuda vs cpu backend: %.2e of range (tol %.3g)", name, ec, tol);
             /* decode runs the GEMV on f32 activations; prefill of 16-bit weights rounds them for cuBLAS */
             check_decode(name, mg, ids, n, V, g, f32 ? 1e-4 : 1.5e-2);
             check_padded(name, mg, ids, n, V, g, f32 ? 1e-4 : 1.5e-2);
