@@ -82,6 +82,10 @@ INL __m512 ldm_bf16(const void *w, int64_t i, __mmask16 m) {
 #define GEMV(NAME)                                                                            \
     KERNEL void gemv_##NAME##_avx512(const float *x, int n, int64_t k, const void *w,         \
                                      int64_t r0, int64_t r1, float *y, int64_t ldy) {         \
+        if (n == 1) { /* decode: its own loop, nothing per row but the dot */                 \
+            for (int64_t r = r0; r < r1; r++) blk_##NAME(x, k, w, r, 1, y, ldy);              \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t r = r0; r < r1; r++)                                                     \
             for (int t = 0; t < n; t += 4) {                                                  \
                 const float *xt = x + (int64_t)t * k;                                         \
