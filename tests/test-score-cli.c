@@ -1,0 +1,154 @@
+/*
+ * test-score-cli.c — the scoring commands end to end: `cinfer perplexity`,
+ * `kl` and `logprobs` from the same build folder as this test (argv[0]'s
+ * ../cinfer), checked for their JSON fields, agreement with the library's
+ * numbers, the save-base / base-logprobs round trip, and clear errors with
+ * exit status 1 or 2 (never a crash) on bad input.
+ */
+#include <jansson.h>
+#include <libgen.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "check.h"
+#include "cinfer.h"
+
+static char cli[512];
+
+/* runs `cinfer ARGS`, stdout into out[cap], stderr into er[cap]; returns the exit status (-1: killed) */
+static int run(const char *args, char *out, char *er, size_t cap) {
+    char cmd[2048], fo[64], fe[64];
+    snprintf(fo, sizeof fo, "/tmp/cinfer-cli-%d.out", (int)getpid());
+    snprintf(fe, sizeof fe, "/tmp/cinfer-cli-%d.err", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", cli, args, fo, fe);
+    int st = system(cmd);
+    const char *files[2] = {fo, fe};
+    char *bufs[2] = {out, er};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(files[i], "r");
+        size_t n = f ? fread(bufs[i], 1, cap - 1, f) : 0;
+        bufs[i][n] = 0;
+        if (f) fclose(f);
+        unlink(files[i]);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    char self[512];
+    snprintf(self, sizeof self, "%s", argv[0]);
+    snprintf(cli, sizeof cli, "%s/../cinfer", dirname(self));
+    if (access(cli, X_OK)) { CHECK(0, "the CLI %s exists (build it: make all)", cli); return CHECK_DONE(); }
+    static char out[1 << 16], er[1 << 16];
+    char args[1024], s260[300];
+    snprintf(s260, sizeof s260, "%s/models/stories260k", shared_dir());
+    const char *data = "tests/fixtures/score/data.jsonl";
+
+    /* perplexity --json == the library on the same rows */
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length 64 --num-samples 6 --batch-size 4 --json -t 1", s260, data);
+    int rc = run(args, out, er, sizeof out);
+    json_t *j = json_loads(out, 0, NULL);
+    CHECK(rc == 0 && j && json_object_get(j, "perplexity") && json_object_get(j, "standard_error") && json_object_get(j, "mean_loss") &&
+          json_integer_value(json_object_get(j, "tokens")) == 6 * 63 && json_integer_value(json_object_get(j, "rows")) == 6,
+          "perplexity --json: perplexity, standard_error, mean_loss, tokens 378, rows 6 (rc %d) %s", rc, er);
+    cinfer_model *m = NULL;
+    char err[512];
+    cinfer_ctx *c = NULL;
+    int32_t *rows = NULL;
+    int nr = 0;
+    cinfer_data_opts o = cinfer_data_defaults();
+    o.seq_len = 64;
+    o.num_samples = 6;
+    cinfer_ppl_result r;
+    int ok = !cinfer_model_load(s260, NULL, &m, err, sizeof err) && !cinfer_ctx_new(m, NULL, &c, err, sizeof err) &&
+             !cinfer_load_rows(cinfer_model_tokenizer(m), -1, data, &o, &rows, &nr, err, sizeof err) &&
+             !cinfer_perplexity(c, rows, nr, 64, 4, NULL, NULL, NULL, &r, err, sizeof err);
+    CHECK(ok && j && fabs(json_number_value(json_object_get(j, "perplexity")) / r.perplexity - 1) < 1e-6,
+          "perplexity CLI == library (%.6f vs %.6f)", j ? json_number_value(json_object_get(j, "perplexity")) : 0, ok ? r.perplexity : 0);
+    json_decref(j);
+    free(rows);
+    cinfer_ctx_free(c);
+    cinfer_model_free(m);
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length 64 --num-samples 2", s260, data);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 0 && strstr(out, "Perplexity: ") && strstr(out, "\xc2\xb1") && strstr(out, "Tokens per second") && strstr(out, "Peak memory"),
+          "perplexity text: 'Perplexity: X \xc2\xb1 SE', tokens/s, peak memory");
+
+    /* kl: live base, then --save-base / --base-logprobs give the same report */
+    char klb[64], fq[] = "tests/fixtures/score/stories260k-fq";
+    snprintf(klb, sizeof klb, "/tmp/cinfer-cli-%d.klb", (int)getpid());
+    snprintf(args, sizeof args, "kl --base %s --model %s --data %s --sequence-length 64 --num-samples 6 --json", s260, fq, data);
+    rc = run(args, out, er, sizeof out);
+    json_t *a = json_loads(out, 0, NULL);
+    CHECK(rc == 0 && a && json_object_get(a, "mean_kld") && json_object_get(a, "same_top") && json_object_get(a, "ppl_base") &&
+          json_object_get(a, "ppl_model") && json_integer_value(json_object_get(a, "tokens")) == 6 * 63,
+          "kl --json: mean_kld, same_top, ppl_base, ppl_model, tokens (rc %d) %s", rc, er);
+    snprintf(args, sizeof args, "kl --base %s --data %s --sequence-length 64 --num-samples 6 --save-base %s", s260, data, klb);
+    int rc1 = run(args, out, er, sizeof out);
+    snprintf(args, sizeof args, "kl --model %s --base-logprobs %s --json", fq, klb);
+    rc = run(args, out, er, sizeof out);
+    json_t *b = json_loads(out, 0, NULL);
+    double dk = a && b ? fabs(json_number_value(json_object_get(a, "mean_kld")) - json_number_value(json_object_get(b, "mean_kld"))) : 1;
+    CHECK(rc1 == 0 && rc == 0 && b && dk <= 1.22e-4 &&
+          json_number_value(json_object_get(a, "same_top")) == json_number_value(json_object_get(b, "same_top")),
+          "kl --save-base then --base-logprobs == both models in memory (|mean KLD diff| %.1e)", dk);
+    json_decref(a);
+    json_decref(b);
+    snprintf(args, sizeof args, "kl --model %s --base-logprobs %s", fq, klb);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 0 && strstr(out, "Mean    KLD") && strstr(out, "Same top p") && strstr(out, "Mean PPL(Q)/PPL(base)") && strstr(out, "RMS \xce\x94p"),
+          "kl text report: KLD, PPL ratio, RMS dp, same top");
+    snprintf(args, sizeof args, "kl --model tests/fixtures/models/llama-f32 --base-logprobs %s", klb);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 1 && strstr(er, "different vocabularies"), "kl with another vocabulary: exit 1, '%.100s'", er);
+    snprintf(args, sizeof args, "kl --base %s --model tests/fixtures/models/llama-f32 --data %s", s260, data);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 1 && strstr(er, "different vocabularies"), "kl of two models with different vocabularies: exit 1");
+    unlink(klb);
+
+    /* logprobs */
+    char pj[64];
+    snprintf(pj, sizeof pj, "/tmp/cinfer-cli-%d.jsonl", (int)getpid());
+    write_file(pj, "{\"prompt\": \"Once upon a time\", \"response\": \" there was a girl.\"}\n"
+                   "{\"prompt\": \"Lily and Ben\", \"chosen\": \" were friends.\", \"rejected\": \" zq xv.\"}\n");
+    snprintf(args, sizeof args, "logprobs -m %s --data %s --json", s260, pj);
+    rc = run(args, out, er, sizeof out);
+    char *nl = strchr(out, '\n');
+    if (nl) *nl = 0;
+    json_t *l1 = json_loads(out, 0, NULL), *l2 = nl ? json_loads(nl + 1, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    double mg = l2 ? json_number_value(json_object_get(l2, "margin")) : 0;
+    CHECK(rc == 0 && l1 && json_number_value(json_object_get(l1, "logprob")) < 0 && json_integer_value(json_object_get(l1, "tokens")) > 0 &&
+          l2 && fabs(mg - (json_number_value(json_object_get(l2, "chosen_logprob")) - json_number_value(json_object_get(l2, "rejected_logprob")))) < 1e-6,
+          "logprobs --json: response logprob and tokens; DPO pair margin = chosen - rejected (%.3f)", mg);
+    json_decref(l1);
+    json_decref(l2);
+
+    /* bad input: exit 1 or 2 with a message, never a crash */
+    write_file(pj, "");
+    snprintf(args, sizeof args, "perplexity -m %s --data %s", s260, pj);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 1 && strstr(er, "empty"), "perplexity on an empty file: exit 1, '%.100s'", er);
+    write_file(pj, "{\"text\": \"a\"}\n{\"text\": oops}\n");
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 1 && strstr(er, ":2:"), "perplexity on malformed JSONL names line 2: '%.120s'", er);
+    snprintf(args, sizeof args, "logprobs -m %s --data %s", s260, pj);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 1 && strstr(er, ":1:"), "logprobs on a line without prompt names line 1: '%.120s'", er);
+    write_file(pj, "{\"text\": \"Once upon a time.\"}\n");
+    snprintf(args, sizeof args, "perplexity -m %s --data %s", s260, pj);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 1 && strstr(er, "fewer than one row"), "perplexity on data shorter than a row: exit 1, '%.100s'", er);
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --num-samples -1 --sequence-length 2 --json", s260, pj);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 0 && strstr(out, "\"rows\": 3"), "--num-samples -1: every full row (7 tokens, 3 rows of 2: %.60s)", out);
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --num-samples 0", s260, pj);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 2, "--num-samples 0: usage error (exit %d)", rc);
+    unlink(pj);
+    return CHECK_DONE();
+}
