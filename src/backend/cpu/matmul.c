@@ -23,6 +23,7 @@
  * llama.cpp does for BF16 models: about twice the FLOP rate of sgemm.
  */
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu.h"
@@ -43,6 +44,8 @@ typedef struct mm_job {
     const gemv_kernels *g;
     float *scratch;          /* [nth][blk][k] (GEMM path, f16/bf16 weights) */
     int64_t blk;             /* weight rows per sgemm call */
+    int64_t chunk;           /* GEMV: rows per claimed chunk */
+    atomic_llong next;       /* GEMV: first row not yet claimed */
 } mm_job;
 
 /* rows [*r0, *r1) of m for worker ith of nth, in units of `unit` rows */
@@ -60,13 +63,22 @@ static void add_bias(const mm_job *j, int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; r++) j->y[(int64_t)t * m + r] += be_mat_get(j->bias, 0, r);
 }
 
+/* GEMV rows are claimed in chunks from a shared counter rather than split in
+ * fixed halves: decode is bound by memory bandwidth, and a thread that is
+ * slowed down (an interrupt, another process on its core) would otherwise
+ * leave the bandwidth half used while the rest wait for it. */
 static void gemv_task(void *arg, int ith, int nth) {
-    const mm_job *j = arg;
-    int64_t r0, r1;
-    split_rows(j->w->rows, 4, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    j->g->gemv[j->w->dt](j->x, j->n, j->w->cols, j->w->data, r0, r1, j->y, j->w->rows);
-    add_bias(j, r0, r1);
+    mm_job *j = arg;
+    int64_t m = j->w->rows;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t r0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (r0 >= m) return;
+        int64_t r1 = r0 + j->chunk < m ? r0 + j->chunk : m;
+        j->g->gemv[j->w->dt](j->x, j->n, j->w->cols, j->w->data, r0, r1, j->y, m);
+        add_bias(j, r0, r1);
+    }
 }
 
 static void bf16dot_task(void *arg, int ith, int nth) {
@@ -99,7 +111,12 @@ static void gemm_task(void *arg, int ith, int nth) {
 }
 
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    mm_job j = { x, n, w, bias, y, gemv_pick(), NULL, 0 };
+    mm_job j = { x, n, w, bias, y, gemv_pick(), NULL, 0, 0, 0 };
+    {   /* GEMV chunks: ~8 per thread, at least 16 rows (a few KiB of weights) */
+        int64_t ch = w->rows / ((int64_t)cpu_pool_size(c->pool) * 8);
+        j.chunk = ch < 16 ? 16 : (ch + 3) / 4 * 4;
+        atomic_init(&j.next, 0);
+    }
     if (n <= GEMV_MAX_N) {
         prep_x_fn prep = j.g->prep_x[w->dt];
         if (prep) {   /* the kernel wants x rearranged: a copy in the scratch (n*k floats) */

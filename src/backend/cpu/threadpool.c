@@ -44,7 +44,7 @@
 
 /* how long an idle thread spins before it sleeps */
 #ifndef SPIN_NS
-#define SPIN_NS 30000LL
+#define SPIN_NS 2000000LL
 #endif
 #ifndef YIELD_AFTER
 #define YIELD_AFTER 256
