@@ -8,9 +8,12 @@
  * of any large file, as model weights are: 4 KiB page-cache pages, no THP).
  *
  * usage: bench-matmul [-t THREADS] [--dtype bf16|f16|f32] [-m 2048] [-k 2048]
- *                     [--mb 1024] [-n 1] [-r 5] [--file PATH]
+ *                     [--mb 1024] [-n 1] [-r 5] [--file PATH] [--tinyllama]
  *   -n 1..8: GEMV over ~--mb MiB of [m][k] matrices, reports GB/s
  *   -n > 8:  GEMM x[n][k] . W[m][k]^T, reports GFLOP/s
+ *   --tinyllama: instead, one decode step's matmuls of the TinyLlama-1.1B shape
+ *     in order (22 x q,k,v,o,gate,up,down, then the LM head; -n tokens), the
+ *     model's decode minus everything that is not a matmul: GB/s and tok/s.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -28,12 +31,56 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static int tinyllama_stack(int threads, int n, int reps, be_dtype dt) {
+    static const int64_t sh[7][2] = { { 2048, 2048 }, { 256, 2048 }, { 256, 2048 }, { 2048, 2048 },
+                                      { 5632, 2048 }, { 5632, 2048 }, { 2048, 5632 } };
+    enum { LAYERS = 22, NMAT = LAYERS * 7 + 1 };
+    size_t es = be_dtype_size(dt), off[NMAT + 1];
+    be_mat mats[NMAT];
+    off[0] = 0;
+    for (int i = 0; i < NMAT; i++) {
+        int64_t r = i < NMAT - 1 ? sh[i % 7][0] : 32000, c = i < NMAT - 1 ? sh[i % 7][1] : 2048;
+        mats[i] = (be_mat){ NULL, NULL, dt, r, c };
+        off[i + 1] = off[i] + (size_t)(r * c) * es;
+    }
+    uint8_t *b = aligned_alloc(4096, off[NMAT] + 64);
+    if (!b) return 1;
+    for (size_t i = 0; i < off[NMAT] / 2; i++) ((uint16_t *)b)[i] = (uint16_t)(0x3c00 + (i % 97));
+    if (dt == BE_F32) for (size_t i = 0; i < off[NMAT] / 4; i++) ((float *)b)[i] = 0.01f * (float)(i % 97);
+    for (int i = 0; i < NMAT; i++) mats[i].data = b + off[i];
+    float *x = calloc((size_t)n * 5632, sizeof(float)), *y = calloc((size_t)n * 32000, sizeof(float));
+    for (int i = 0; i < n * 5632; i++) x[i] = 0.001f * (float)(i % 113);
+    const be_ops *ops = be_cpu();
+    be_ctx *c;
+    if (!x || !y || ops->ctx_new(&c, threads)) return 1;
+    double best = 1e30;
+    for (int r = 0; r <= reps; r++) {   /* r = 0: warm-up */
+        double t0 = now_s();
+        for (int i = 0; i < NMAT; i++) ops->matmul(c, x, n, &mats[i], NULL, y);
+        double t = now_s() - t0;
+        if (r && t < best) best = t;
+    }
+    printf("tinyllama decode matmuls %s n=%d t=%d: %.1f GB/s, %.2f steps/s\n", be_dtype_name(dt), n, threads,
+           off[NMAT] / best / 1e9, 1 / best);
+    ops->ctx_free(c);
+    free(x); free(y); free(b);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int threads = 2, n = 1, reps = 5;
     int64_t m = 2048, k = 2048;
     size_t mb = 1024;
     be_dtype dt = BE_BF16;
     const char *file = NULL;
+    int tiny = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--tinyllama")) {   /* a flag: drop it, options come in pairs */
+            tiny = 1;
+            for (int j = i; j + 1 < argc; j++) argv[j] = argv[j + 1];
+            argc--;
+            break;
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "-t")) threads = atoi(v);
@@ -46,6 +93,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--dtype")) dt = !strcmp(v, "f32") ? BE_F32 : !strcmp(v, "f16") ? BE_F16 : BE_BF16;
         else { fprintf(stderr, "bench-matmul: unknown option %s\n", a); return 2; }
     }
+    if (tiny) return tinyllama_stack(threads, n, reps, dt);
     size_t es = be_dtype_size(dt), mat_bytes = (size_t)(m * k) * es;
     int nmat = n <= 8 ? (int)((mb << 20) / mat_bytes) : 1;
     if (nmat < 1) nmat = 1;
