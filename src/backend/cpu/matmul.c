@@ -13,9 +13,10 @@
  *     rows per call);
  *     f32 weights go to sgemm straight from the mmap. Bound by sgemm FLOP/s.
  *     OpenBLAS is kept at one thread here (openblas_set_num_threads(1)) so
- *     its threads and the pool never oversubscribe the cores: two
- *     independent single-threaded sgemms beat one two-threaded sgemm on this
- *     class of machine (bench/ceilings prints both).
+ *     its threads and the pool never oversubscribe the cores; two
+ *     independent single-threaded sgemms run as fast as one two-threaded
+ *     sgemm (bench/ceilings prints both: ~195 GFLOP/s on the 2-core Zen 4)
+ *     and each thread converts its own weight block in between.
  * Activations stay f32 throughout; results differ from be_ref_matmul only by
  * summation order (tests/test-cpu-kernels.c). Opt-in exception: with
  * CINFER_BF16_ACT=1 in the environment, prefill with bf16 weights rounds the
