@@ -104,6 +104,9 @@ int main(void) {
     test_attention(be, c, 4, 7, 6, 2, 24, 4, BE_F32);
     test_attention(be, c, 4, 7, 6, 3, 64, 0, BE_F16);
     test_attention(be, c, 2, 5, 4, 1, 128, 3, BE_F16);
+    /* large enough to take the sgemm path of the CPU attention */
+    test_attention(be, c, 3, 40, 8, 2, 64, 0, BE_F32);
+    test_attention(be, c, 4, 24, 8, 4, 64, 16, BE_F16);
     be->ctx_free(c);
     return CHECK_DONE();
 }

@@ -1,6 +1,9 @@
 /*
  * ops.c — the CPU backend's op table (be_cpu()). Buffers are plain host
  * memory; heavy ops (matmul, attention) split work (ith, nth) over the pool.
+ * Attention: tiny problems run the scalar loop on the calling thread, the
+ * rest go through sgemm (attention-gemm.c); the threaded scalar loop remains
+ * as the fallback when its workspace cannot be had.
  * Numerics follow transformers in float32: RoPE angles are float(pos) *
  * inv_freq in float32, softmax subtracts the row max.
  */
@@ -9,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemv.h"
 
 static int cpu_ctx_new(be_ctx **out, int n_threads) {
     be_ctx *c = calloc(1, sizeof *c);
@@ -152,6 +156,10 @@ static void att_task(void *arg, int ith, int nth) {
 }
 
 static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
+    /* waking the pool costs microseconds: tiny attentions (small models, short
+     * contexts) run on the calling thread */
+    double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->pos0[0] + a->L);
+    if (work >= 65536.0 && cpu_attention_gemm(c, a, q, k, v, dt, out) == 0) return;
     size_t need = (size_t)c->n_threads * a->cap;
     if (c->att_n < need) {
         float *p = realloc(c->att, need * sizeof(float));
@@ -160,9 +168,6 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
         c->att_n = need;
     }
     att_job j = {a, q, k, v, dt, out, c->att};
-    /* waking the pool costs microseconds: tiny attentions (small models, short
-     * contexts) run on the calling thread */
-    double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->pos0[0] + a->L);
     if (work < 65536.0) att_task(&j, 0, 1);
     else cpu_pool_run(c->pool, att_task, &j);
 }
