@@ -5,47 +5,13 @@
  */
 #include <jansson.h>
 #include "check.h"
+#include "golden.h"
 #include "cinfer.h"
 #include "io/npy.h"
 
-static cinfer_model *load(const char *dir) {
-    char err[1024];
-    cinfer_load_opts o = {0};
-    o.no_tokenizer = 1;
-    cinfer_model *m = NULL;
-    if (cinfer_model_load(dir, &o, &m, err, sizeof err)) printf("# load %s: %s\n", dir, err);
-    return m;
-}
 
-static int ids_of(json_t *a, int32_t *out, int cap) {
-    int n = 0;
-    size_t i;
-    json_t *v;
-    json_array_foreach(a, i, v) if (n < cap) out[n++] = (int32_t)json_integer_value(v);
-    return n;
-}
 
-/* max |a-b| over n / range of b */
-static double rel_err(const float *a, const float *b, size_t n) {
-    float lo = b[0], hi = b[0];
-    double mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        lo = b[i] < lo ? b[i] : lo;
-        hi = b[i] > hi ? b[i] : hi;
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= mx)) mx = d;   /* NaN propagates */
-    }
-    return mx / (hi - lo);
-}
 
-static float *eval_all(cinfer_model *m, const int32_t *ids, int n, int V) {
-    cinfer_ctx *c = NULL;
-    char err[256];
-    float *lg = malloc(sizeof(float) * n * V);
-    if (cinfer_ctx_new(m, NULL, &c, err, sizeof err) || cinfer_eval(c, ids, n, 1, lg)) { free(lg); lg = NULL; }
-    cinfer_ctx_free(c);
-    return lg;
-}
 
 static void compare_npy(const char *name, const char *dir, const char *file, const float *lg, int n, int V, double tol) {
     char path[512];
@@ -57,7 +23,7 @@ static void compare_npy(const char *name, const char *dir, const char *file, con
     if (npy_read_f32(path, &ref, &nd, sh, err, sizeof err)) { CHECK(0, "%s: read %s: %s", name, file, err); return; }
     CHECK(nd == 2 && sh[0] == n && sh[1] == V, "%s: %s shape [%lld, %lld] == [%d, %d]", name, file, (long long)sh[0], (long long)sh[1], n, V);
     if (nd == 2 && sh[0] == n && sh[1] == V) {
-        double e = rel_err(lg, ref, (size_t)n * V);
+        double e = golden_rel_err(lg, ref, (size_t)n * V);
         CHECK(e <= tol, "%s: logits vs %s: max error %.2e of range (tolerance %.0e)", name, file, e, tol);
     }
     free(ref);
@@ -72,7 +38,7 @@ static void check_incremental(const char *name, cinfer_model *m, const int32_t *
     int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err);
     for (int i = 0; ok && i < n; i++) {
         ok = !cinfer_eval(c, ids + i, 1, 0, one);
-        double e = rel_err(one, full + (size_t)i * V, V);
+        double e = golden_rel_err(one, full + (size_t)i * V, V);
         if (!(e <= worst)) worst = e;
     }
     CHECK(ok && worst <= 1e-5, "%s: token-by-token decode == prefill (max error %.2e of range)", name, worst);
@@ -95,7 +61,7 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
     cinfer_ctx *c = NULL;
     char err[256];
     int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && !cinfer_forward(c, batch, 2, L, lens, pos0, rows, k, lg);
-    double e0 = ok ? rel_err(lg, full, (size_t)n * V) : 1, e1 = ok ? rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
+    double e0 = ok ? golden_rel_err(lg, full, (size_t)n * V) : 1, e1 = ok ? golden_rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
     CHECK(ok && e0 <= 1e-5 && e1 <= 1e-5, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
     cinfer_ctx_free(c);
     free(lg);
@@ -110,7 +76,7 @@ static void check_kv_f16(const char *name, cinfer_model *m, const int32_t *ids, 
     char err[256];
     float *lg = malloc(sizeof(float) * n * V);
     int ok = !cinfer_ctx_new(m, &o, &c, err, sizeof err) && !cinfer_eval(c, ids, n, 1, lg);
-    double e = ok ? rel_err(lg, full, (size_t)n * V) : 1;
+    double e = ok ? golden_rel_err(lg, full, (size_t)n * V) : 1;
     CHECK(ok && e <= 2e-3, "%s: f16 KV cache within %.2e of range of the f32 cache", name, e);
     cinfer_ctx_free(c);
     free(lg);
@@ -121,14 +87,14 @@ static void tiny_case(const char *name) {
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
     snprintf(path, sizeof path, "%s/reference.json", dir);
     json_t *ref = json_load_file(path, 0, NULL);
-    cinfer_model *m = load(dir);
+    cinfer_model *m = golden_load(dir, NULL, 1);
     CHECK(ref && m, "%s: fixture and model load", name);
     if (ref && m) {
         cinfer_model_info info;
         cinfer_model_get_info(m, &info);
         int32_t ids[64];
-        int n = ids_of(json_object_get(ref, "tokens"), ids, 64);
-        float *lg = eval_all(m, ids, n, info.n_vocab);
+        int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
+        float *lg = golden_eval_all(m, ids, n, info.n_vocab);
         const char *dt = json_string_value(json_object_get(ref, "weights_dtype"));
         int f32 = dt && !strcmp(dt, "float32");
         CHECK(lg != NULL, "%s: eval %d tokens", name, n);
@@ -152,25 +118,25 @@ static void real_case(const char *name, const char *model, double tol) {
     snprintf(refdir, sizeof refdir, "tests/fixtures/models/%s", name);
     snprintf(path, sizeof path, "%s/reference.json", refdir);
     json_t *ref = json_load_file(path, 0, NULL);
-    cinfer_model *m = load(dir);
+    cinfer_model *m = golden_load(dir, NULL, 1);
     CHECK(ref && m, "%s: reference and %s load", name, dir);
     if (ref && m) {
         cinfer_model_info info;
         cinfer_model_get_info(m, &info);
         int V = info.n_vocab;
         int32_t ids[128], want[128];
-        int n = ids_of(json_object_get(ref, "tokens"), ids, 64);
-        float *lg = eval_all(m, ids, n, V);
+        int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
+        float *lg = golden_eval_all(m, ids, n, V);
         if (lg) compare_npy(name, refdir, "logits.npy", lg, n, V, tol);
         if (lg && !strcmp(info.weight_dtype, "bf16")) compare_npy(name, refdir, "logits_native.npy", lg, n, V, 1.5e-2);
         free(lg);
-        n = ids_of(json_object_get(ref, "tokens2"), ids, 128);
-        lg = eval_all(m, ids, n, V);
+        n = golden_ids(json_object_get(ref, "tokens2"), ids, 128);
+        lg = golden_eval_all(m, ids, n, V);
         if (lg) compare_npy(name, refdir, "logits2.npy", lg, n, V, tol);
         free(lg);
         /* greedy after the prompt, as transformers generate(do_sample=False) */
-        n = ids_of(json_object_get(ref, "tokens"), ids, 64);
-        int nw = ids_of(json_object_get(ref, "greedy_after_prompt"), want, 128);
+        n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
+        int nw = golden_ids(json_object_get(ref, "greedy_after_prompt"), want, 128);
         cinfer_ctx *c = NULL;
         char err[256];
         float *row = malloc(sizeof(float) * V);

@@ -11,53 +11,15 @@
  */
 #include <jansson.h>
 #include "../check.h"
+#include "../golden.h"
 #include "cinfer.h"
 #include "engine/engine.h"
 #include "io/npy.h"
 #include "backend/cuda/cuda-api.h"
 
-static cinfer_model *load(const char *dir, const char *dev) {
-    char err[1024];
-    cinfer_load_opts o = {0};
-    o.device = dev;
-    cinfer_model *m = NULL;
-    if (cinfer_model_load(dir, &o, &m, err, sizeof err)) printf("# load %s on %s: %s\n", dir, dev, err);
-    return m;
-}
 
-static int ids_of(json_t *a, int32_t *out, int cap) {
-    int n = 0;
-    size_t i;
-    json_t *v;
-    json_array_foreach(a, i, v) if (n < cap) out[n++] = (int32_t)json_integer_value(v);
-    return n;
-}
 
-/* max |a-b| / range of b; NaN -> infinity */
-static double rel_err(const float *a, const float *b, size_t n) {
-    float lo = b[0], hi = b[0];
-    double mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        lo = b[i] < lo ? b[i] : lo;
-        hi = b[i] > hi ? b[i] : hi;
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= mx)) mx = d;
-    }
-    return mx != mx ? INFINITY : mx / (hi - lo);
-}
 
-static float *eval_all(cinfer_model *m, const int32_t *ids, int n, int V) {
-    cinfer_ctx *c = NULL;
-    char err[256];
-    float *lg = malloc(sizeof(float) * n * V);
-    if (cinfer_ctx_new(m, NULL, &c, err, sizeof err) || cinfer_eval(c, ids, n, 1, lg)) {
-        printf("# eval: %s\n", c ? cinfer_ctx_error(c) : err);
-        free(lg);
-        lg = NULL;
-    }
-    cinfer_ctx_free(c);
-    return lg;
-}
 
 static float *read_npy(const char *dir, const char *file, int n, int V) {
     char path[512], err[256];
@@ -82,7 +44,7 @@ static void check_decode(const char *name, cinfer_model *m, const int32_t *ids, 
     int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err);
     for (int i = 0; ok && i < n; i++) {
         ok = !cinfer_eval(c, ids + i, 1, 0, one);
-        double e = rel_err(one, full + (size_t)i * V, V);
+        double e = golden_rel_err(one, full + (size_t)i * V, V);
         if (!(e <= worst)) worst = e;
     }
     long caps = 0, reps = 0;
@@ -107,7 +69,7 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
     cinfer_ctx *c = NULL;
     char err[256];
     int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && !cinfer_forward(c, batch, 2, L, lens, pos0, rows, k, lg);
-    double e0 = ok ? rel_err(lg, full, (size_t)n * V) : 1, e1 = ok ? rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
+    double e0 = ok ? golden_rel_err(lg, full, (size_t)n * V) : 1, e1 = ok ? golden_rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
     CHECK(ok && e0 <= tol && e1 <= tol, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
     cinfer_ctx_free(c);
     free(lg);
@@ -120,22 +82,22 @@ static void tiny_case(const char *name) {
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
     snprintf(path, sizeof path, "%s/reference.json", dir);
     json_t *ref = json_load_file(path, 0, NULL);
-    cinfer_model *mg = load(dir, "cuda"), *mc = load(dir, "cpu");
+    cinfer_model *mg = golden_load(dir, "cuda", 0), *mc = golden_load(dir, "cpu", 0);
     CHECK(ref && mg && mc, "%s: fixture and model load on cuda and cpu", name);
     if (ref && mg && mc) {
         cinfer_model_info info;
         cinfer_model_get_info(mg, &info);
         int V = info.n_vocab;
         int32_t ids[64];
-        int n = ids_of(json_object_get(ref, "tokens"), ids, 64);
+        int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
         const char *dt = json_string_value(json_object_get(ref, "weights_dtype"));
         int f32 = dt && !strcmp(dt, "float32");
-        float *g = eval_all(mg, ids, n, V), *c = eval_all(mc, ids, n, V);
+        float *g = golden_eval_all(mg, ids, n, V), *c = golden_eval_all(mc, ids, n, V);
         float *hf = read_npy(dir, f32 ? "logits.npy" : "logits_native.npy", n, V);
         CHECK(g && c && hf, "%s: eval %d tokens on both backends", name, n);
         if (g && c && hf) {
             double tol = f32 ? 1e-3 : 1.5e-2;
-            double eh = rel_err(g, hf, (size_t)n * V), ec = rel_err(g, c, (size_t)n * V), ecpu = rel_err(c, hf, (size_t)n * V);
+            double eh = golden_rel_err(g, hf, (size_t)n * V), ec = golden_rel_err(g, c, (size_t)n * V), ecpu = golden_rel_err(c, hf, (size_t)n * V);
             CHECK(eh <= tol, "%s: cuda vs transformers %s: %.2e of range (tol %.3g; cpu's own: %.2e)", name,
                   f32 ? "f32 logits" : "native 16-bit logits", eh, tol, ecpu);
             CHECK(ec <= tol, "%s: cuda vs cpu backend: %.2e of range (tol %.3g)", name, ec, tol);
@@ -165,17 +127,17 @@ static void stories(const char *models) {
     char path[512];
     snprintf(path, sizeof path, "%s/reference.json", refdir);
     json_t *ref = json_load_file(path, 0, NULL);
-    cinfer_model *mg = load(dir, "cuda"), *mc = load(dir, "cpu");
+    cinfer_model *mg = golden_load(dir, "cuda", 0), *mc = golden_load(dir, "cpu", 0);
     CHECK(ref && mg && mc, "stories260k: reference and model load from %s", dir);
     if (!(ref && mg && mc)) goto out;
     cinfer_model_info info;
     cinfer_model_get_info(mg, &info);
     int V = info.n_vocab;
     int32_t ids[128];
-    int n = ids_of(json_object_get(ref, "tokens"), ids, 64);
-    float *g = eval_all(mg, ids, n, V), *hf = read_npy(refdir, "logits.npy", n, V);
+    int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
+    float *g = golden_eval_all(mg, ids, n, V), *hf = read_npy(refdir, "logits.npy", n, V);
     if (g && hf) {
-        double e = rel_err(g, hf, (size_t)n * V);
+        double e = golden_rel_err(g, hf, (size_t)n * V);
         CHECK(e <= 1e-3, "stories260k: cuda logits vs transformers: %.2e of range (tol 1e-3)", e);
     } else CHECK(0, "stories260k: logits");
     free(g); free(hf);
