@@ -33,6 +33,30 @@ int cli_float(const char *cmd, const char *flag, const char *v, float *out) {
     return 1;
 }
 
+int cli_parse_ids(const char *s, int32_t **ids, int *n) {
+    int cap = 16, ok = 1;
+    *n = 0;
+    *ids = malloc(sizeof(int32_t) * cap);
+    while (*ids && *s && ok) {
+        char *e;
+        long v = strtol(s, &e, 10);
+        ok = e != s && v >= 0 && v <= 2147483647 && (!*e || *e == ',');
+        if (ok && *n == cap) {
+            int32_t *p = realloc(*ids, sizeof(int32_t) * (cap *= 2));
+            if (!p) { ok = 0; break; }
+            *ids = p;
+        }
+        if (ok) (*ids)[(*n)++] = (int32_t)v;
+        s = *e ? e + 1 : e;
+    }
+    if (!*ids || !ok || *n == 0) {
+        free(*ids);
+        *ids = NULL;
+        return 0;
+    }
+    return 1;
+}
+
 char *cli_read_file(const char *path, size_t *len) {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return NULL;

@@ -27,6 +27,8 @@ int cmd_logprobs(int argc, char **argv);
 /* parses an int/float flag value; prints "cinfer CMD: bad value for FLAG" */
 int cli_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out);
 int cli_float(const char *cmd, const char *flag, const char *v, float *out);
+/* "1,2,3" -> malloc'd ids[n]; 0 (and *ids NULL) when empty or malformed */
+int cli_parse_ids(const char *s, int32_t **ids, int *n);
 /* reads a whole file ("-" = stdin) into a NUL-terminated buffer */
 char *cli_read_file(const char *path, size_t *len);
 /* loads a model dir, printing the error; NULL on failure */

@@ -128,34 +128,13 @@ static char *render_chat(const cinfer_tokenizer *t, json_t *msgs, const char *cm
     return out;
 }
 
-static int parse_ids(const char *s, int32_t **ids, int *n) {
-    int cap = 16;
-    *n = 0;
-    *ids = malloc(sizeof(int32_t) * cap);
-    while (*ids && *s) {
-        char *e;
-        long v = strtol(s, &e, 10);
-        if (e == s || v < 0 || v > 2147483647) return 0;
-        if (*n == cap) {
-            int32_t *p = realloc(*ids, sizeof(int32_t) * (cap *= 2));
-            if (!p) return 0;
-            *ids = p;
-        }
-        (*ids)[(*n)++] = (int32_t)v;
-        s = e;
-        if (*s == ',') s++;
-        else if (*s) return 0;
-    }
-    return *ids && *n > 0;
-}
-
 /* prompt -> ids: --tokens, chat template, plain text with BOS, or just BOS */
 static int prompt_ids(const char *cmd, const gen_opts *o, cinfer_model *m, const char *text, int32_t **ids, int *n) {
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
     if (o->tokens) {
-        if (!parse_ids(o->tokens, ids, n)) { fprintf(stderr, "cinfer %s: --tokens wants ids like 1,2,3\n", cmd); return 2; }
+        if (!cli_parse_ids(o->tokens, ids, n)) { fprintf(stderr, "cinfer %s: --tokens wants ids like 1,2,3\n", cmd); return 2; }
         return 0;
     }
     if (!t && (text || o->chat)) { fprintf(stderr, "cinfer %s: %s has no tokenizer.json; pass --tokens\n", cmd, o->model); return 1; }
@@ -264,6 +243,7 @@ int cmd_chat(int argc, char **argv) {
     json_t *msgs = json_array();
     chat_acc acc = {0};
     if (o.system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", o.system));
+    if (!o.max_tokens) o.max_tokens = 512;
     while (!rc) {
         fprintf(stderr, "\n> ");
         if (!fgets(line, sizeof line, stdin)) break;
@@ -284,7 +264,6 @@ int cmd_chat(int argc, char **argv) {
         acc.n = 0;
         if (acc.buf) acc.buf[0] = 0;
         cinfer_gen_stats s;
-        o.max_tokens = o.max_tokens ? o.max_tokens : 512;
         cinfer_status st = cinfer_generate(c, ids + keep, n - keep, &o.sp, o.max_tokens, chat_cb, &acc, &s);
         free(ids);
         if (st) { fprintf(stderr, "\ncinfer chat: %s\n", cinfer_ctx_error(c)); rc = 1; break; }

@@ -67,19 +67,8 @@ int cmd_logits(int argc, char **argv) {
     }
     int32_t *ids = NULL;
     int n = 0;
-    if (tokens) {
-        int cap = 16;
-        ids = malloc(sizeof *ids * cap);
-        for (const char *s = tokens; ids && *s;) {
-            char *e;
-            long v = strtol(s, &e, 10);
-            if (e == s || v < 0 || v > 2147483647 || (*e && *e != ',')) { fprintf(stderr, "cinfer logits: --tokens wants ids like 1,2,3\n"); free(ids); return 2; }
-            if (n == cap) { int32_t *p = realloc(ids, sizeof *ids * (cap *= 2)); if (!p) break; ids = p; }
-            ids[n++] = (int32_t)v;
-            s = *e ? e + 1 : e;
-        }
-        if (!ids || !n) { fprintf(stderr, "cinfer logits: --tokens is empty\n"); free(ids); return 2; }
-    }
+    if (tokens && !*tokens) { fprintf(stderr, "cinfer logits: --tokens is empty\n"); return 2; }
+    if (tokens && !cli_parse_ids(tokens, &ids, &n)) { fprintf(stderr, "cinfer logits: --tokens wants ids like 1,2,3\n"); return 2; }
     cinfer_model *m = cli_load_model("logits", model, device, threads);
     if (!m) { free(ids); return 1; }
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
@@ -114,14 +103,15 @@ int cmd_logits(int argc, char **argv) {
             double sum = 0;
             for (int v = 0; v < V; v++) sum += exp((double)r[v] - mx);
             float lse = mx + (float)log(sum);
-            for (int k = 0; k < top; k++) {   /* partial selection of the top K */
-                int b = -1;
-                for (int v = 0; v < V; v++) {
-                    int used = 0;
-                    for (int q = 0; q < k && !used; q++) used = best[q] == v;
-                    if (!used && (b < 0 || r[v] > r[b])) b = v;
-                }
-                best[k] = b;
+            /* top K by insertion into a sorted list, ties to the lower id: O(V) for small K */
+            int cnt = 0;
+            for (int v = 0; v < V && top > 0; v++) {
+                int j = cnt;
+                while (j > 0 && r[v] > r[best[j - 1]]) j--;
+                if (j == top) continue;
+                if (cnt < top) cnt++;
+                memmove(best + j + 1, best + j, sizeof *best * (size_t)(cnt - 1 - j));
+                best[j] = v;
             }
             const char *piece = t ? cinfer_token_piece(t, ids[i]) : NULL;
             if (json) {
