@@ -58,4 +58,30 @@ static inline float *golden_eval_all(cinfer_model *m, const int32_t *ids, int n,
     cinfer_ctx_free(c);
     return lg;
 }
+/* ids scored as row 0 of a right-padded batch of 2 rows (row 1 = the first
+ * n-3 tokens): the largest error of each row against `full`, the logits of
+ * the sequence alone. Returns 0 when the forward fails. */
+static inline int golden_padded_err(cinfer_model *m, const int32_t *ids, int n, int V, const float *full,
+                                    double *e0, double *e1) {
+    int L = n, l1 = n > 3 ? n - 3 : 1;
+    int32_t *batch = calloc((size_t)2 * L, sizeof *batch);
+    int *rows = malloc(sizeof(int) * 2 * (n + l1));
+    float *lg = malloc(sizeof(float) * (size_t)(n + l1) * V);
+    int lens[2] = {n, l1}, pos0[2] = {0, 0}, k = 0;
+    cinfer_ctx *c = NULL;
+    char err[256];
+    int ok = batch && rows && lg;
+    for (int i = 0; ok && i < L; i++) batch[i] = ids[i];
+    for (int i = 0; ok && i < l1; i++) batch[L + i] = ids[i];
+    for (int i = 0; ok && i < n; i++) { rows[2 * k] = 0; rows[2 * k + 1] = i; k++; }
+    for (int i = 0; ok && i < l1; i++) { rows[2 * k] = 1; rows[2 * k + 1] = i; k++; }
+    ok = ok && !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && !cinfer_forward(c, batch, 2, L, lens, pos0, rows, k, lg);
+    *e0 = ok ? golden_rel_err(lg, full, (size_t)n * V) : 1;
+    *e1 = ok ? golden_rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
+    cinfer_ctx_free(c);
+    free(lg);
+    free(rows);
+    free(batch);
+    return ok;
+}
 #endif

@@ -48,25 +48,9 @@ static void check_incremental(const char *name, cinfer_model *m, const int32_t *
 
 /* two rows of different lengths, right-padded, give each row's own logits */
 static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
-    int L = n, l1 = n > 3 ? n - 3 : 1;
-    int32_t *batch = calloc((size_t)2 * L, sizeof *batch);
-    for (int i = 0; i < L; i++) batch[i] = ids[i];
-    for (int i = 0; i < l1; i++) batch[L + i] = ids[i];
-    int lens[2] = {n, l1}, pos0[2] = {0, 0};
-    int *rows = malloc(sizeof(int) * 2 * (n + l1));
-    int k = 0;
-    for (int i = 0; i < n; i++) { rows[2 * k] = 0; rows[2 * k + 1] = i; k++; }
-    for (int i = 0; i < l1; i++) { rows[2 * k] = 1; rows[2 * k + 1] = i; k++; }
-    float *lg = malloc(sizeof(float) * (size_t)k * V);
-    cinfer_ctx *c = NULL;
-    char err[256];
-    int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && !cinfer_forward(c, batch, 2, L, lens, pos0, rows, k, lg);
-    double e0 = ok ? golden_rel_err(lg, full, (size_t)n * V) : 1, e1 = ok ? golden_rel_err(lg + (size_t)n * V, full, (size_t)l1 * V) : 1;
+    double e0, e1;
+    int ok = golden_padded_err(m, ids, n, V, full, &e0, &e1);
     CHECK(ok && e0 <= 1e-5 && e1 <= 1e-5, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
-    cinfer_ctx_free(c);
-    free(lg);
-    free(rows);
-    free(batch);
 }
 
 /* an f16 KV cache stays within f16 rounding of the f32 cache */
