@@ -66,13 +66,12 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
 
 const char *cinfer_ctx_error(const cinfer_ctx *c) { return c ? c->err : "NULL context"; }
 
-void cinfer_ctx_reset(cinfer_ctx *c) {
-    for (int l = 0; l < c->m->cfg.n_layer; l++) c->caches[l]->vt->trim(c->caches[l], -1, 0);
-}
 
 void cinfer_ctx_trim(cinfer_ctx *c, int n) {
     for (int l = 0; l < c->m->cfg.n_layer; l++) c->caches[l]->vt->trim(c->caches[l], -1, n < 0 ? 0 : n);
 }
+
+void cinfer_ctx_reset(cinfer_ctx *c) { cinfer_ctx_trim(c, 0); }
 
 int cinfer_ctx_pos(const cinfer_ctx *c) { return c->caches[0]->vt->row_len(c->caches[0], 0); }
 

@@ -140,7 +140,6 @@ cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n)
     c->tie_embeddings = get_bool(p.root, "tie_word_embeddings", 0);
     c->attention_bias = get_bool(p.root, "attention_bias", 0);
     c->mlp_bias = get_bool(p.root, "mlp_bias", 0);
-    c->bos = c->bos;
     read_eos(json_object_get(p.root, "eos_token_id"), c);
     if (!get_bool(p.root, "use_sliding_window", 1)) c->sliding_window = 0;
     ad->adjust(c);
