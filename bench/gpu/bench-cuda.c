@@ -219,27 +219,26 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
             const layer_weights *lw = &m->w.layers[l];
             const be_mat *ws[3] = {g ? &lw->w_gate : &lw->wq, g ? &lw->w_up : &lw->wk, &lw->wv}, *bs[3] = {NULL, NULL, NULL};
             float *ys[3] = {y, z, y};
-            be->matmul_multi(bc, x, 1, g ? 2 : 3, ws, bs, ys);
+            if (g) be->matmul_glu(bc, x, 1, ws[0], NULL, ws[1], NULL, y, z);
+            else be->matmul_multi(bc, x, 1, 3, ws, bs, ys);
             for (int i = 0; i < (g ? 2 : 3); i++) bytes += (size_t)ws[i]->rows * ws[i]->cols * 2;
         }
         cudaDeviceSynchronize();
         double t = (cf_now() - a) / c->n_layer;
         per_layer += t;
-        printf("  %-10s %7.1f us  %6.0f GB/s  (one launch)\n", g ? "gate+up" : "q+k+v", t * 1e6, bytes / (double)c->n_layer / t / 1e9);
+        printf("  %-10s %7.1f us  %6.0f GB/s  (one launch)\n", g ? "gate+up+glu" : "q+k+v", t * 1e6, bytes / (double)c->n_layer / t / 1e9);
     }
     cuda_fill_random(z, BE_F32, big, 6, 0, 1);
-    struct { const char *name; int kind; } small[] = {{"add+rmsnorm", 0}, {"swiglu", 1}};
-    for (int i = 0; i < 2; i++) {
+    {
         cudaDeviceSynchronize();
         double a = cf_now();
         for (int l = 0; l < c->n_layer; l++) {
-            if (small[i].kind == 0) be->add_rmsnorm(bc, x, z, 1, c->hidden, &m->w.layers[l].attn_norm, 0.0f, 1e-5f, y);
-            else be->swiglu(bc, x, z, y, (size_t)c->ffn);
+            be->add_rmsnorm(bc, x, z, 1, c->hidden, &m->w.layers[l].attn_norm, 0.0f, 1e-5f, y);
         }
         cudaDeviceSynchronize();
         double t = (cf_now() - a) / c->n_layer;
-        per_layer += t * (i == 1 ? 1 : 2);
-        printf("  %-10s %7.1f us  (x%d per layer)\n", small[i].name, t * 1e6, i == 1 ? 1 : 2);
+        per_layer += 2 * t;
+        printf("  %-10s %7.1f us  (x2 per layer)\n", "add+rmsnorm", t * 1e6);
     }
     cudaDeviceSynchronize();
     double a = cf_now();
@@ -247,8 +246,39 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
     cudaDeviceSynchronize();
     double th = (cf_now() - a) / 5;
     printf("  %-10s %7.1f us  %6.0f GB/s\n", "lm_head", th * 1e6, (double)m->w.lm_head.rows * m->w.lm_head.cols * 2 / th / 1e9);
-    printf("  these ops x %d layers + lm_head: %.3f ms; the rest of the step (rope, kv writes, attention, embed, argmax,\n"
-           "  launch gaps): %.3f ms\n", c->n_layer, (per_layer * c->n_layer + th) * 1e3, (step_s - per_layer * c->n_layer - th) * 1e3);
+    /* the attention ops of one decode step at position 200 of a 256-slot f16 cache */
+    {
+        int hd = c->head_dim, cap = 256, p0 = 200, one = 1;
+        size_t kvn = (size_t)c->n_kv_head * cap * hd;
+        float *q = be->alloc(bc, sizeof(float) * c->n_head * hd), *k = be->alloc(bc, sizeof(float) * c->n_kv_head * hd);
+        float *o = be->alloc(bc, sizeof(float) * c->n_head * hd);
+        void *kc = be->alloc(bc, kvn * 2), *vc = be->alloc(bc, kvn * 2);
+        be_attn at = {.B = 1, .L = 1, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd, .cap = cap, .pos0 = &p0,
+                      .len = &one, .scale = 0.088f, .pos = &p0, .inv_freq = m->w.inv_freq, .rot_dims = m->w.rot_dims, .neox = 1};
+        if (q && k && o && kc && vc) {
+            for (int op = 0; op < 2; op++) {
+                for (int rep = 0; rep < 2; rep++) {
+                    cudaDeviceSynchronize();
+                    double a0 = cf_now();
+                    for (int l = 0; l < c->n_layer; l++) {
+                        if (op) be->attention(bc, &at, q, kc, vc, BE_F16, o);
+                        else be->rope_kv_write(bc, &at, q, k, k, kc, vc, BE_F16);
+                    }
+                    cudaDeviceSynchronize();
+                    double t = (cf_now() - a0) / c->n_layer;
+                    if (rep) printf("  %-10s %7.1f us  (x1 per layer)\n", op ? "attention" : "rope+kv", t * 1e6);
+                }
+            }
+        }
+        be->free(bc, q); be->free(bc, k); be->free(bc, o); be->free(bc, kc); be->free(bc, vc);
+    }
+    int32_t am = 0;
+    be->argmax(bc, x, 1, c->n_vocab, &am);
+    a = cf_now();
+    for (int r = 0; r < 10; r++) be->argmax(bc, x, 1, c->n_vocab, &am);
+    printf("  %-10s %7.1f us  (vocabulary row, with its copy back and sync)\n", "argmax", (cf_now() - a) / 10 * 1e6);
+    printf("  these ops x %d layers + lm_head: %.3f ms; the rest of the step (rope + kv writes, attention, embed,\n"
+           "  argmax, launch gaps): %.3f ms\n", c->n_layer, (per_layer * c->n_layer + th) * 1e3, (step_s - per_layer * c->n_layer - th) * 1e3);
     be->free(bc, x);
     be->free(bc, y);
     be->free(bc, z);
@@ -299,13 +329,18 @@ int main(int argc, char **argv) {
     }
     if (bad) { fprintf(stderr, "prefill: %s\n", cinfer_ctx_error(ctx)); return 1; }
     double t_pre = median(tp, 5);
+    /* decode in a fresh context: its cache holds what a 128-token prompt and 128 new tokens
+     * need (256 slots), not the 2048-token prefill's capacity */
+    cinfer_ctx_free(ctx);
+    ctx = NULL;
+    if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
     /* FLOPs: projections and MLP 2*P*params, lm_head for one row, attention QK^T and PV over the causal half */
     double attn = 4.0 * c->n_layer * c->n_head * (double)c->head_dim * ((double)P * (P + 1) / 2);
     double flops = 2.0 * P * layer_params + 2.0 * V * c->hidden + attn;
     /* decode: 128-token prompt, then G greedy steps, timed as a whole; median of 3. First the
      * library's greedy path (argmax on the device, as cinfer generate --temp 0 runs), then the
      * logits path (every step copies the vocabulary row back; argmax on the host). */
-    double td[3], tl[3];
+    double td[3], tl[3], t_graph = 0;
     long caps = 0, reps = 0;
     int32_t last = 0, last_l = 0;
     for (int pass = 0; pass < 2 && !bad; pass++)
@@ -323,6 +358,7 @@ int main(int argc, char **argv) {
             int k = r - 1;
             if (k >= 0 && k < 3) { if (pass) tl[k] = dt; else td[k] = dt; }
             if (pass) last_l = tok; else last = tok;
+            if (pass == 0 && r == 3) cuda_graph_replay_time(ctx->bc, 20, &t_graph);
         }
     if (bad) { fprintf(stderr, "decode: %s\n", cinfer_ctx_error(ctx)); return 1; }
     cuda_graph_stats(ctx->bc, &caps, &reps);
@@ -335,6 +371,8 @@ int main(int argc, char **argv) {
     printf("decode %d tokens after %d: %.2f ms/token, %.1f tok/s, %.0f GB/s of weights (%.0f%% of copy bandwidth); "
            "graph captured %ld, replayed %ld; last token %d\n",
            G, NP, t_dec / G * 1e3, dec_tps, gbs, 100.0 * gbs / copy_gbs, caps, reps, (int)last);
+    printf("decode step graph replayed alone (no host work between steps): %.3f ms/token (%.1f tok/s, %.0f GB/s); "
+           "host-side time per step %.3f ms\n", t_graph * 1e3, 1 / t_graph, step_bytes / t_graph / 1e9, (t_dec / G - t_graph) * 1e3);
     printf("decode with logits copied to the host each step: %.2f ms/token, %.1f tok/s (last token %d: %s)\n", t_log / G * 1e3,
            G / t_log, (int)last_l, last_l == last ? "same" : "DIFFERENT");
     breakdown(m, ctx, t_dec / G);

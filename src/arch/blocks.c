@@ -6,7 +6,8 @@
  *   x = h + down(silu(gate(rms(h))) * up(rms(h)))
  *
  * Options come from model_config (biases, qk-norm, sliding window); the
- * attention and its mask belong to the layer's cache. All buffers are backend
+ * attention, its mask and the RoPE of q and k (be_attn.pos/inv_freq) belong
+ * to the layer's cache. All buffers are backend
  * memory; the scratch is sized by block_scratch_floats for n_tokens = B*L.
  * Reference: transformers models/llama/modeling_llama.py, qwen3/modeling_qwen3.py.
  */
@@ -36,6 +37,7 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
     be_attn a = {
         .B = bb->B, .L = bb->L, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
         .pos0 = bb->pos0, .len = bb->len, .window = c->sliding_window, .scale = 1.0f / sqrtf((float)hd),
+        .pos = bb->pos, .inv_freq = w->inv_freq, .rot_dims = w->rot_dims, .neox = 1,   /* the cache ropes q, k */
     };
     /* backends may fuse (optional ops): q/k/v and gate/up as one pass over x,
      * each residual add with the norm that follows it */
@@ -55,8 +57,6 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
             be->rmsnorm(bc, q, T * c->n_head, hd, &lw->q_norm, 0.0f, c->eps, q);
             be->rmsnorm(bc, k, T * c->n_kv_head, hd, &lw->k_norm, 0.0f, c->eps, k);
         }
-        be->rope(bc, q, T, c->n_head, hd, w->rot_dims, bb->pos, w->inv_freq, 1);
-        be->rope(bc, k, T, c->n_kv_head, hd, w->rot_dims, bb->pos, w->inv_freq, 1);
         cinfer_status st = caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
         if (st) return st;
         be->matmul(bc, att, T, &lw->wo, opt(&lw->bo), tmp);
@@ -66,15 +66,19 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
             be->add(bc, x, tmp, (size_t)T * H);
             be->rmsnorm(bc, x, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
         }
-        if (be->matmul_multi) {
-            const be_mat *ws[2] = {&lw->w_gate, &lw->w_up}, *bs[2] = {opt(&lw->b_gate), opt(&lw->b_up)};
-            float *ys[2] = {gate, up};
-            be->matmul_multi(bc, xn, T, 2, ws, bs, ys);
+        if (be->matmul_glu) {
+            be->matmul_glu(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), &lw->w_up, opt(&lw->b_up), gate, up);
         } else {
-            be->matmul(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), gate);
-            be->matmul(bc, xn, T, &lw->w_up, opt(&lw->b_up), up);
+            if (be->matmul_multi) {
+                const be_mat *ws[2] = {&lw->w_gate, &lw->w_up}, *bs[2] = {opt(&lw->b_gate), opt(&lw->b_up)};
+                float *ys[2] = {gate, up};
+                be->matmul_multi(bc, xn, T, 2, ws, bs, ys);
+            } else {
+                be->matmul(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), gate);
+                be->matmul(bc, xn, T, &lw->w_up, opt(&lw->b_up), up);
+            }
+            be->swiglu(bc, gate, up, gate, (size_t)T * c->ffn);
         }
-        be->swiglu(bc, gate, up, gate, (size_t)T * c->ffn);
         be->matmul(bc, gate, T, &lw->w_down, opt(&lw->b_down), tmp);
         if (be->add_rmsnorm && l + 1 < c->n_layer)   /* with the next layer's input norm */
             be->add_rmsnorm(bc, x, tmp, T, H, &w->layers[l + 1].attn_norm, 0.0f, c->eps, xn);

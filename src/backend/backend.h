@@ -42,6 +42,10 @@ typedef struct be_attn {
     const int *len;      /* [B] true query length of each row (host) */
     int window;          /* 0: full causal; W: key j visible to query p iff p-W < j <= p */
     float scale;
+    /* RoPE the cache applies to q and k before use (inv_freq NULL: q and k arrive rotated) */
+    const int *pos;          /* [B*L] position of each query token (host) */
+    const float *inv_freq;   /* [rot_dims/2] */
+    int rot_dims, neox;
 } be_attn;
 
 typedef struct be_ops {
@@ -104,6 +108,14 @@ typedef struct be_ops {
                          float *const *y);
     /* x += t, then y = rmsnorm(x) as the rmsnorm op: the residual add fused with the next norm */
     void (*add_rmsnorm)(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
+    /* out[n][m] = silu(x . w_gate^T + b_gate) * (x . w_up^T + b_up) in one pass over x
+     * (biases may be NULL); up[n][m] is scratch the op may use */
+    void (*matmul_glu)(be_ctx *c, const float *x, int n, const be_mat *w_gate, const be_mat *b_gate, const be_mat *w_up,
+                       const be_mat *b_up, float *out, float *up);
+    /* the rope op on q[B][L][n_head][hd] and k[B][L][n_kv][hd] (in place, a->pos, a->inv_freq),
+     * then kv_write of k and v: one pass */
+    void (*rope_kv_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                          be_dtype kv_dt);
 } be_ops;
 
 const be_ops *be_cpu(void);

@@ -15,10 +15,10 @@ typedef struct kv_cache kv_cache;
 
 typedef struct kv_vtab {
     const char *kind;
-    /* stores k,v [B][L][n_kv][hd] at each row's positions pos0[b]..pos0[b]+len[b]-1,
-     * then attends q [B][L][n_head][hd] -> out, same shape */
-    cinfer_status (*update_attend)(kv_cache *c, const be_attn *a, const float *k, const float *v,
-                                   const float *q, float *out);
+    /* ropes q and k in place when a->inv_freq is set, stores k,v [B][L][n_kv][hd] at
+     * each row's positions pos0[b]..pos0[b]+len[b]-1, then attends q [B][L][n_head][hd]
+     * -> out, same shape */
+    cinfer_status (*update_attend)(kv_cache *c, const be_attn *a, float *k, const float *v, float *q, float *out);
     int (*row_len)(const kv_cache *c, int row);   /* tokens held by a row */
     void (*trim)(kv_cache *c, int row, int n);    /* keep the first n tokens of a row (-1: all rows) */
     size_t (*bytes)(const kv_cache *c);

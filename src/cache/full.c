@@ -63,8 +63,7 @@ static cinfer_status grow(kv_full *c, int B, int need) {
     return CINFER_OK;
 }
 
-static cinfer_status full_update_attend(kv_cache *base, const be_attn *a, const float *k, const float *v,
-                                        const float *q, float *out) {
+static cinfer_status full_update_attend(kv_cache *base, const be_attn *a, float *k, const float *v, float *q, float *out) {
     kv_full *c = (kv_full *)base;
     int need = 1;
     for (int b = 0; b < a->B; b++) {
@@ -78,10 +77,20 @@ static cinfer_status full_update_attend(kv_cache *base, const be_attn *a, const 
     be_attn aa = *a;
     aa.cap = c->cap;
     aa.window = c->window;
-    c->be->kv_write(c->bc, &aa, k, c->k, c->dt);
-    c->be->kv_write(c->bc, &aa, v, c->v, c->dt);
+    const be_ops *be = c->be;
+    int T = a->B * a->L;
+    if (a->inv_freq && be->rope_kv_write) {
+        be->rope_kv_write(c->bc, &aa, q, k, v, c->k, c->v, c->dt);
+    } else {
+        if (a->inv_freq) {
+            be->rope(c->bc, q, T, a->n_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+            be->rope(c->bc, k, T, a->n_kv_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+        }
+        be->kv_write(c->bc, &aa, k, c->k, c->dt);
+        be->kv_write(c->bc, &aa, v, c->v, c->dt);
+    }
     for (int b = 0; b < a->B; b++) c->row_len[b] = a->pos0[b] + a->len[b];
-    c->be->attention(c->bc, &aa, q, c->k, c->v, c->dt, out);
+    be->attention(c->bc, &aa, q, c->k, c->v, c->dt, out);
     return CINFER_OK;
 }
 

@@ -166,9 +166,36 @@ static void test_matmul_multi(void) {
         }
 }
 
+/* silu(x.gate) * (x.up) in one op (decode: one GEMV launch; prefill: cuBLAS then swiglu) */
+static void test_matmul_glu(void) {
+    const int ns[] = {1, 3, 9};
+    for (int dt = 0; dt < 3; dt++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni], k = 512, m = 300;
+            be_mat wg = mk_mat((be_dtype)dt, m, k, 1.0f), wu = mk_mat((be_dtype)dt, m, k, 1.0f), bu = mk_mat(BE_F32, 1, m, 1.0f);
+            float *x = rnd((size_t)n * k, 0.2f), *g = malloc(sizeof(float) * n * m), *u = malloc(sizeof(float) * n * m);
+            float *ref = malloc(sizeof(float) * n * m), *got = malloc(sizeof(float) * n * m);
+            gbuf gx = gb_new((size_t)n * k), go = gb_new((size_t)n * m), gu = gb_new((size_t)n * m);
+            gb_put(&gx, x);
+            be->matmul_glu(bc, gx.p, n, &wg, NULL, &wu, &bu, go.p, gu.p);
+            int guards = gb_get(&go, got);
+            guards &= gb_get(&gu, u);   /* scratch: only its guards matter */
+            be_ref_matmul(x, n, &wg, NULL, g);
+            be_ref_matmul(x, n, &wu, &bu, u);
+            be_ref_swiglu(g, u, ref, (size_t)n * m);
+            double e = relerr(got, ref, (size_t)n * m);
+            double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+            CHECK(guards && e <= tol, "matmul_glu %s n=%d m=%d k=%d (bias on up): err %.2e (tol %.0e), guards %s",
+                  be_dtype_name((be_dtype)dt), n, m, k, e, tol, guards ? "intact" : "WRITTEN");
+            gb_free(&gx); gb_free(&go); gb_free(&gu);
+            free_mat(&wg); free_mat(&wu); free_mat(&bu);
+            free(x); free(g); free(u); free(ref); free(got);
+        }
+}
+
 /* x += t, then the norm, in one op: x holds the sum afterwards */
 static void test_add_rmsnorm(void) {
-    const int dims[] = {64, 4096};
+    const int dims[] = {64, 4096, 12288};
     for (size_t di = 0; di < 2; di++)
         for (int n = 1; n <= 12; n += 11) {
             int dim = dims[di];
@@ -193,7 +220,7 @@ static void test_add_rmsnorm(void) {
 }
 
 static void test_rmsnorm(void) {
-    const int dims[] = {16, 64, 300, 2048, 5000};
+    const int dims[] = {16, 64, 300, 1001, 2048, 5000, 16384};
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
         for (int wk = 0; wk < 3; wk++)
             for (int inplace = 0; inplace < 2; inplace++) {
@@ -345,6 +372,62 @@ static void test_kv_write(void) {
     }
 }
 
+/* rope of q and k, then both written to the cache, in one op: against the
+ * reference rope and the kv_write layout (slots outside each row's new
+ * positions keep their poison) */
+static void test_rope_kv_write(void) {
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int variant = 0; variant < 2; variant++) {
+            int B = 2, L = 5, H = 6, nkv = 3, hd = 64, cap = 16, pos0[2] = {0, 3}, len[2] = {5, 2};
+            int rot = variant ? hd / 2 : hd, neox = !variant, T = B * L, pos[10];
+            float *inv = malloc(sizeof(float) * (rot / 2));
+            for (int i = 0; i < rot / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rot);
+            for (int t = 0; t < T; t++) pos[t] = pos0[t / L] + t % L;
+            be_attn a = {.B = B, .L = L, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .cap = cap, .pos0 = pos0, .len = len,
+                         .pos = pos, .inv_freq = inv, .rot_dims = rot, .neox = neox};
+            size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, ncache = (size_t)B * nkv * cap * hd;
+            size_t words = f16 ? (ncache + 1) / 2 : ncache;
+            float *q = rnd(nq, 1.0f), *k = rnd(nk, 1.0f), *v = rnd(nk, 1.0f);
+            float *qr = malloc(nq * 4), *kr = malloc(nk * 4), *qg = malloc(nq * 4), *kg = malloc(nk * 4);
+            memcpy(qr, q, nq * 4);
+            memcpy(kr, k, nk * 4);
+            be_ref_rope(qr, T, H, hd, rot, pos, inv, neox);
+            be_ref_rope(kr, T, nkv, hd, rot, pos, inv, neox);
+            gbuf gq = gb_new(nq), gk = gb_new(nk), gv = gb_new(nk), gkc = gb_new(words), gvc = gb_new(words);
+            gb_put(&gq, q); gb_put(&gk, k); gb_put(&gv, v);
+            be->rope_kv_write(bc, &a, gq.p, gk.p, gv.p, gkc.p, gvc.p, f16 ? BE_F16 : BE_F32);
+            uint32_t *kc = malloc(words * 4), *vc = malloc(words * 4);
+            int guards = gb_get(&gq, qg) & gb_get(&gk, kg) & gb_get(&gkc, (float *)kc) & gb_get(&gvc, (float *)vc);
+            double eq = relerr(qg, qr, nq), ek = relerr(kg, kr, nk), ec = 0;
+            int untouched = 1;
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < nkv; h++)
+                    for (int sl = 0; sl < cap; sl++)
+                        for (int d = 0; d < hd; d++) {
+                            size_t off = (((size_t)b * nkv + h) * cap + sl) * hd + d;
+                            int i = sl - pos0[b];
+                            for (int which = 0; which < 2; which++) {
+                                const uint32_t *cc = which ? vc : kc;
+                                if (!(i >= 0 && i < len[b])) {
+                                    untouched &= f16 ? ((const uint16_t *)cc)[off] == (uint16_t)(POISON >> (off % 2 ? 16 : 0)) : cc[off] == POISON;
+                                    continue;
+                                }
+                                float want = (which ? v : kr)[(((size_t)b * L + i) * nkv + h) * hd + d];
+                                float have = f16 ? be_f16_to_f32(((const uint16_t *)cc)[off]) : ((const float *)cc)[off];
+                                double e = fabs((double)have - want);
+                                if (!(e <= ec)) ec = e;
+                            }
+                        }
+            double tc = f16 ? 2e-3 : 2e-4;
+            CHECK(guards && untouched && eq <= 2e-4 && ek <= 2e-4 && ec <= tc,
+                  "rope_kv_write %s rot=%d %s: q err %.2e, k err %.2e, cache err %.2e (tol %.0e), other slots %s, guards %s",
+                  f16 ? "f16" : "f32", rot, neox ? "neox" : "interleaved", eq, ek, ec, tc, untouched ? "untouched" : "WRITTEN",
+                  guards ? "intact" : "WRITTEN");
+            gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&gkc); gb_free(&gvc);
+            free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(kc); free(vc); free(inv);
+        }
+}
+
 typedef struct att_case { int B, L, H, nkv, hd, cap, window, f16; int pos0[2], len[2]; } att_case;
 
 static void test_attention(void) {
@@ -359,6 +442,13 @@ static void test_attention(void) {
         {1, 200, 4, 1, 128, 256, 48, 0, {0, 0}, {200, 0}},   /* sliding window */
         {1, 16, 4, 2, 64, 512, 0, 1, {400, 0}, {16, 0}},      /* chunked prefill after a cache */
         {2, 20, 6, 3, 32, 256, 0, 0, {0, 7}, {20, 11}},       /* split-K with many queries */
+        {1, 1, 32, 8, 128, 256, 0, 1, {200, 0}, {1, 0}},      /* decode kernel (f16): llama-3-8b heads */
+        {2, 3, 16, 2, 128, 256, 0, 1, {100, 250}, {3, 2}},    /* g = 8, a padded query */
+        {1, 1, 4, 4, 64, 256, 16, 1, {200, 0}, {1, 0}},       /* hd 64, g = 1, window */
+        {2, 2, 12, 4, 64, 320, 0, 1, {0, 300}, {2, 1}},       /* g = 3 */
+        {1, 1, 8, 2, 128, 16, 0, 1, {15, 0}, {1, 0}},         /* a cache smaller than a slice */
+        {1, 1, 8, 2, 128, 5000, 0, 1, {4500, 0}, {1, 0}},     /* slices of several pieces */
+        {2, 1, 8, 8, 64, 4200, 1000, 1, {4100, 3000}, {1, 1}}, /* ... and a window */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const att_case *t = &cases[ci];
@@ -438,11 +528,13 @@ int main(void) {
     if (!bc) return CHECK_DONE();
     test_matmul();
     test_matmul_multi();
+    test_matmul_glu();
     test_rmsnorm();
     test_add_rmsnorm();
     test_rope();
     test_elementwise();
     test_kv_write();
+    test_rope_kv_write();
     test_attention();
     test_graph();
     void *huge = be->alloc(bc, (size_t)1 << 50);

@@ -155,6 +155,186 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
     if (tid == 0) cnt[(size_t)bi * H + h] = 0;
 }
 
+/* ----------------------------------------------------------------- decode */
+
+#define DEC_SUB 64       /* keys in shared memory at a time */
+#define DEC_THREADS 128
+#define DEC_GMAX 8       /* q heads per kv head at most */
+#define DEC_SMAX 64      /* slices per (query, kv head) at most */
+
+/* Decode over an f16 cache: one block per (slice of keys, kv head, query),
+ * serving all g q heads of the kv head, so each key and value row is read
+ * once per step rather than g times. The slice is walked DEC_SUB keys at a
+ * time: K and V rows to shared memory in one round of 16-byte loads, scores
+ * (g x keys, one per thread), an online softmax per head (a warp per head),
+ * then P V with each thread owning one dimension for its heads. Rows written
+ * before this step (positions < pos0) of the first piece are loaded before
+ * waiting on the kernel before (the one writing this step's rows). Partials
+ * (m, l, o) per q head; the last block of a (query, kv head) merges them with
+ * every load of a pass issued together. The grid depends on the capacity
+ * only, so a captured decode graph stays valid as positions advance. */
+template <int HD>
+__global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, const __half *K, const __half *V, int L, int H, int n_kv,
+                                                              int cap, int window, float scale, const int *pos0, const int *len, int nsplit,
+                                                              int chunk, float *part, int *cnt, float *out) {
+    constexpr int C = DEC_SUB, RV = HD / 8, PAD = HD + 8;   /* PAD: rows 16 bytes apart in banks */
+    constexpr int LOADS = (C * RV + DEC_THREADS - 1) / DEC_THREADS, HSTEP = DEC_THREADS / HD > 0 ? DEC_THREADS / HD : 1;
+    __shared__ __align__(16) __half ks[C * PAD];
+    __shared__ __align__(16) __half vs[C * HD];
+    __shared__ __align__(16) float qs[DEC_GMAX * HD];
+    __shared__ float ps[DEC_GMAX][C];
+    __shared__ float mrun[DEC_GMAX], lrun[DEC_GMAX], alpha[DEC_GMAX];
+    __shared__ int last;
+    int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+    int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int first = pos0[b], p = first + i, valid = i < len[b];
+    int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
+    int j0 = max(lo, s * chunk), j1 = min(p + 1, (s + 1) * chunk);
+    const __half *kb = K + ((size_t)(b * n_kv + kvh)) * cap * HD, *vb = V + ((size_t)(b * n_kv + kvh)) * cap * HD;
+    uint4 kr[LOADS], vr[LOADS];
+#pragma unroll
+    for (int u = 0; u < LOADS; u++) {   /* rows of earlier steps: no wait needed */
+        int e = tid + u * DEC_THREADS, j = j0 + e / RV;
+        if (valid && j < j1 && j < j0 + C && j < first) {
+            kr[u] = ((const uint4 *)(kb + (size_t)j * HD))[e % RV];
+            vr[u] = ((const uint4 *)(vb + (size_t)j * HD))[e % RV];
+        }
+    }
+    PDL_ENTRY();
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
+    if (valid && j0 < j1) {
+        const float *qg = q + ((size_t)bi * H + (size_t)kvh * g) * HD;
+        for (int e = tid; e < g * HD; e += DEC_THREADS) qs[e] = qg[e] * scale;
+        if (tid < DEC_GMAX) { mrun[tid] = -INFINITY; lrun[tid] = 0.0f; }
+        float acc[DEC_GMAX];
+#pragma unroll
+        for (int h = 0; h < DEC_GMAX; h++) acc[h] = 0.0f;
+        int d = tid % HD, h0 = tid / HD;
+        for (int jb = j0; jb < j1; jb += C) {
+            int n = min(C, j1 - jb);
+#pragma unroll
+            for (int u = 0; u < LOADS; u++) {   /* this step's rows, and later pieces */
+                int e = tid + u * DEC_THREADS, j = jb + e / RV;
+                if (j < jb + n && (jb != j0 || j >= first)) {
+                    kr[u] = ((const uint4 *)(kb + (size_t)j * HD))[e % RV];
+                    vr[u] = ((const uint4 *)(vb + (size_t)j * HD))[e % RV];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < LOADS; u++) {
+                int e = tid + u * DEC_THREADS;
+                if (e < n * RV) {
+                    *(uint4 *)&ks[(e / RV) * PAD + (e % RV) * 8] = kr[u];
+                    *(uint4 *)&vs[e * 8] = vr[u];
+                }
+            }
+            __syncthreads();
+            for (int e = tid; e < g * C; e += DEC_THREADS) {
+                int h = e / C, j = e % C;
+                float sc = -INFINITY;
+                if (j < n) {
+                    sc = 0.0f;
+#pragma unroll
+                    for (int d8 = 0; d8 < RV; d8++) {
+                        uint4 kk = *(const uint4 *)&ks[j * PAD + d8 * 8];
+                        const __half2 *k2 = (const __half2 *)&kk;
+                        const float *qq = qs + h * HD + d8 * 8;
+#pragma unroll
+                        for (int t = 0; t < 4; t++) {
+                            float2 f = __half22float2(k2[t]);
+                            sc += qq[2 * t] * f.x + qq[2 * t + 1] * f.y;
+                        }
+                    }
+                }
+                ps[h][j] = sc;
+            }
+            __syncthreads();
+            for (int h = warp; h < g; h += DEC_THREADS / 32) {
+                float a = ps[h][lane], c = ps[h][lane + 32], mo = mrun[h];
+                float m = fmaxf(fmaxf(a, c), mo);
+#pragma unroll
+                for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                float ea = a == -INFINITY ? 0.0f : expf(a - m), ec = c == -INFINITY ? 0.0f : expf(c - m);
+                ps[h][lane] = ea;
+                ps[h][lane + 32] = ec;
+                float l = ea + ec;
+#pragma unroll
+                for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+                if (lane == 0) {
+                    float al = mo == -INFINITY ? 0.0f : expf(mo - m);
+                    alpha[h] = al;
+                    lrun[h] = lrun[h] * al + l;
+                    mrun[h] = m;
+                }
+            }
+            __syncthreads();
+            if (d < HD) {
+#pragma unroll
+                for (int h = 0; h < DEC_GMAX; h += HSTEP)
+                    if (h + h0 < g) acc[h] *= alpha[h + h0];
+                for (int j = 0; j < n; j++) {
+                    float vv = __half2float(vs[j * HD + d]);
+#pragma unroll
+                    for (int h = 0; h < DEC_GMAX; h += HSTEP)
+                        if (h + h0 < g) acc[h] += ps[h + h0][j] * vv;
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int h = 0; h < DEC_GMAX; h += HSTEP)
+            if (h + h0 < g) pbase[(h + h0) * pstride + 2 + d] = acc[h];
+        if (tid < g) {
+            pbase[tid * pstride] = mrun[tid];
+            pbase[tid * pstride + 1] = lrun[tid];
+        }
+    } else if (tid < g) {
+        pbase[tid * pstride] = -INFINITY;
+        pbase[tid * pstride + 1] = 0.0f;
+    }
+    __threadfence();
+    __syncthreads();
+    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
+    if (tid == 0) last = atomicAdd(ctr, 1) == nsplit - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the merge: each slice's weight exp(m_s - M) per head into shared memory, then the outputs */
+    float (*wt)[DEC_SMAX] = (float (*)[DEC_SMAX])&ps[0][0];   /* DEC_GMAX x DEC_SMAX fits in ps */
+    const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
+    for (int e = tid; e < g * nsplit; e += DEC_THREADS) wt[e / nsplit][e % nsplit] = __ldcg(prow + (e / nsplit) * pstride + (size_t)(e % nsplit) * (HD + 2));
+    __syncthreads();
+    for (int h = warp; h < g; h += DEC_THREADS / 32) {
+        float m0 = lane < nsplit ? wt[h][lane] : -INFINITY, m1 = lane + 32 < nsplit ? wt[h][lane + 32] : -INFINITY;
+        float M = fmaxf(m0, m1);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - M), w1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
+        float t = (w0 > 0 ? w0 * __ldcg(prow + h * pstride + (size_t)lane * (HD + 2) + 1) : 0.0f) +
+                  (w1 > 0 ? w1 * __ldcg(prow + h * pstride + (size_t)(lane + 32) * (HD + 2) + 1) : 0.0f);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        __syncwarp();
+        if (lane < nsplit) wt[h][lane] = w0;
+        if (lane + 32 < nsplit) wt[h][lane + 32] = w1;
+        if (lane == 0) lrun[h] = t;
+    }
+    __syncthreads();
+    for (int e = tid; e < g * HD; e += DEC_THREADS) {
+        int h = e / HD, d = e % HD;
+        const float *pr = prow + h * pstride + 2 + d;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int s2 = 0; s2 < nsplit; s2++) {
+            float w = wt[h][s2];
+            if (w > 0) acc += __ldcg(pr + (size_t)s2 * (HD + 2)) * w;
+        }
+        out[((size_t)bi * H + (size_t)kvh * g + h) * HD + d] = valid ? acc / lrun[h] : 0.0f;
+    }
+    if (tid == 0) *ctr = 0;
+}
+
 /* ------------------------------------------------------------------ flash */
 
 __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -372,7 +552,7 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 
 /* ---------------------------------------------------------------- the op */
 
-enum { ATT_SPLIT = 0, ATT_FLASH = 1 };
+enum { ATT_SPLIT = 0, ATT_FLASH = 1, ATT_DECODE = 2 };
 
 static void l_attention(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
@@ -397,6 +577,14 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
         CU_LAUNCHED(c, "flash attention");
         return;
     }
+    if (path == ATT_DECODE) {
+        dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
+        int chunk = (int)r->f[1];
+        if (hd == 64) cu_launch(c, k_attn_decode<64>, grid, dim3(DEC_THREADS), 0, q, (const __half *)K, (const __half *)V, L, H, n_kv, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
+        else cu_launch(c, k_attn_decode<128>, grid, dim3(DEC_THREADS), 0, q, (const __half *)K, (const __half *)V, L, H, n_kv, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
+        CU_LAUNCHED(c, "attention (decode)");
+        return;
+    }
     int chunk = (int)r->f[1];
     dim3 grid((unsigned)nsplit, (unsigned)H, (unsigned)(B * L));
     size_t smem = sizeof(float) * (size_t)(hd + chunk);
@@ -415,6 +603,15 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     if (nsplit < (cap + SPLIT_MAX - 1) / SPLIT_MAX) nsplit = (cap + SPLIT_MAX - 1) / SPLIT_MAX;
     int chunk = ((cap + nsplit - 1) / nsplit + 31) / 32 * 32;
     nsplit = (cap + chunk - 1) / chunk;
+    /* decode over an f16 cache: a block per kv head serves its whole group of q heads */
+    int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
+    int decode = !flash && dt == BE_F16 && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
+                 a->n_head % a->n_kv_head == 0;
+    if (decode) {   /* slices of a multiple of DEC_SUB keys, at most DEC_SMAX of them */
+        int pieces = (cap + DEC_SUB - 1) / DEC_SUB;
+        chunk = DEC_SUB * ((pieces + DEC_SMAX - 1) / DEC_SMAX);
+        nsplit = (cap + chunk - 1) / chunk;
+    }
     if (!flash) {
         size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
         if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
@@ -429,17 +626,10 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     r.p[1] = k;
     r.p[2] = v;
     r.p[3] = out;
-    r.p[4] = cu_stage(c, a->pos0, sizeof(int) * (size_t)a->B);
-    r.p[5] = cu_stage(c, a->len, sizeof(int) * (size_t)a->B);
-    r.i[0] = a->B;
-    r.i[1] = a->L;
-    r.i[2] = a->n_head;
-    r.i[3] = a->n_kv_head;
-    r.i[4] = a->head_dim;
-    r.i[5] = a->cap;
+    cu_rec_attn(c, &r, a, 4);
     r.i[6] = a->window;
     r.i[7] = dt == BE_F16;
-    r.i[8] = flash ? ATT_FLASH : ATT_SPLIT;
+    r.i[8] = flash ? ATT_FLASH : decode ? ATT_DECODE : ATT_SPLIT;
     r.i[9] = nsplit;
     r.f[0] = a->scale;
     r.f[1] = (float)chunk;

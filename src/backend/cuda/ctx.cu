@@ -98,6 +98,17 @@ const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
     return c->arena_d + off;
 }
 
+void cu_rec_attn(be_ctx *c, cu_rec *r, const be_attn *a, int slot) {
+    r->p[slot] = cu_stage(c, a->pos0, sizeof(int) * (size_t)a->B);
+    r->p[slot + 1] = cu_stage(c, a->len, sizeof(int) * (size_t)a->B);
+    r->i[0] = a->B;
+    r->i[1] = a->L;
+    r->i[2] = a->n_head;
+    r->i[3] = a->n_kv_head;
+    r->i[4] = a->head_dim;
+    r->i[5] = a->cap;
+}
+
 void cu_submit(be_ctx *c, const cu_rec *r) {
     if (c->err) return;
     if (r->fn != cu_matmul_launcher) c->act16_src = NULL;   /* the rounded copy may be stale now */
@@ -280,6 +291,23 @@ extern "C" void cuda_graph_stats(const be_ctx *c, long *captures, long *replays)
     *replays = c->n_replays;
 }
 
+extern "C" int cuda_graph_replay_time(be_ctx *c, int reps, double *seconds) {
+    *seconds = 0;
+    if (!c->exec || reps <= 0) return 1;
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess) return 1;
+    if (cudaEventCreate(&e1) != cudaSuccess) { cudaEventDestroy(e0); return 1; }
+    int bad = cudaStreamSynchronize(c->stream) != cudaSuccess || cudaEventRecord(e0, c->stream) != cudaSuccess;
+    for (int r = 0; r < reps && !bad; r++) bad = cudaGraphLaunch(c->exec, c->stream) != cudaSuccess;
+    float ms = 0;
+    bad = bad || cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+          cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    *seconds = ms * 1e-3 / reps;
+    return bad;
+}
+
 static be_ops make_ops(void) {
     be_ops o;
     memset(&o, 0, sizeof o);
@@ -309,6 +337,8 @@ static be_ops make_ops(void) {
     o.argmax = cu_op_argmax;
     o.matmul_multi = cu_op_matmul_multi;
     o.add_rmsnorm = cu_op_add_rmsnorm;
+    o.matmul_glu = cu_op_matmul_glu;
+    o.rope_kv_write = cu_op_rope_kv_write;
     return o;
 }
 

@@ -21,6 +21,11 @@ int cuda_fill_random(void *dev, be_dtype dt, size_t n, uint64_t seed, float mean
 /* Graph statistics of a CUDA backend context: steps captured and replayed. */
 void cuda_graph_stats(const be_ctx *c, long *captures, long *replays);
 
+/* Replays the context's captured decode step reps times back to back (the
+ * staged inputs as last written) and reports the device time of one replay:
+ * a step without its host-side work. */
+int cuda_graph_replay_time(be_ctx *c, int reps, double *seconds);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,7 +35,7 @@ typedef void (*cu_launch_fn)(be_ctx *c, const struct cu_rec *r);
 typedef struct cu_rec {
     cu_launch_fn fn;
     const void *p[10];  /* device pointers */
-    int64_t i[10];      /* sizes, dtypes, flags */
+    int64_t i[12];      /* sizes, dtypes, flags */
     float f[2];
 } cu_rec;
 
@@ -87,6 +87,9 @@ int cu_check_blas(be_ctx *c, cublasStatus_t s, const char *what);
 
 /* copies host bytes into the staging arena; returns their device address */
 const void *cu_stage(be_ctx *c, const void *host, size_t bytes);
+/* the attention geometry every cache op records the same way: i[0..5] = B, L,
+ * n_head, n_kv_head, head_dim, cap; p[slot], p[slot + 1] = staged pos0, len */
+void cu_rec_attn(be_ctx *c, cu_rec *r, const be_attn *a, int slot);
 /* runs or records one op */
 void cu_submit(be_ctx *c, const cu_rec *r);
 /* leaves capture/replay for the rest of the step (before an allocation, a sync) */
@@ -99,6 +102,8 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y);
+void cu_op_matmul_glu(be_ctx *c, const float *x, int n, const be_mat *w_gate, const be_mat *b_gate, const be_mat *w_up, const be_mat *b_up,
+                      float *out, float *up);
 void cu_op_add_rmsnorm(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);
@@ -106,6 +111,7 @@ void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, siz
 void cu_op_add(be_ctx *c, float *y, const float *x, size_t n);
 void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y);
 void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt);
+void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 
@@ -116,8 +122,13 @@ static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + 
  * kernel before it drains; it waits (griddepcontrol.wait) for that kernel's
  * results before touching memory, then lets its own successor be scheduled.
  * Hides most of the launch gap between the ~600 kernels of a decode step. */
-#define PDL_ENTRY() do { asm volatile("griddepcontrol.wait;" ::: "memory"); \
-                         asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); } while (0)
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define PDL_ENTRY() do { PDL_WAIT(); PDL_TRIGGER(); } while (0)
+/* A kernel may instead trigger before it waits (its successor then starts
+ * while this one waits) only when that successor reads, before its own wait,
+ * nothing but staged inputs and memory written by earlier steps: it may run
+ * while the kernel two back is still running. */
 
 template <typename... K, typename... A>
 static inline void cu_launch(be_ctx *c, void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, A... args) {

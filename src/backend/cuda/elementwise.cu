@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <stdlib.h>
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/cuda-api.h"
 
@@ -67,6 +68,20 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* the sum of v over the block (red: 32 floats of shared memory), in every thread */
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    v = warp_sum(v);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float w = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        w = warp_sum(w);
+        if (threadIdx.x == 0) red[0] = w;
+    }
+    __syncthreads();
+    return red[0];
+}
+
 /* one warp per row */
 __global__ void k_rmsnorm_warp(float *x, const float *t, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
                                int bf16) {
@@ -104,16 +119,7 @@ __global__ void k_rmsnorm_block(float *x, const float *t, int dim, const void *w
     } else {
         for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += a[i] * a[i];
     }
-    ss = warp_sum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) red[0] = v;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(red[0] / (float)dim + eps);
+    float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)dim + eps);
     float *o = y + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = a[i] * inv * ((w ? cu_mat_get(w, wdt, i) : 1.0f) + w_add);
@@ -122,12 +128,76 @@ __global__ void k_rmsnorm_block(float *x, const float *t, int dim, const void *w
     }
 }
 
+/* one block per row, VPT float4 per thread held in registers (dim % 4 == 0,
+ * dim <= 4096 * VPT): the norm weights are read before waiting on the kernel
+ * before, every load of x (and t) is issued before the first store — a
+ * decode step's norm is one short chain of memory round trips */
+template <int VPT>
+__global__ void __launch_bounds__(1024) k_rmsnorm_vec(float *x, const float *t, int dim, const void *w, int wdt, float w_add, float eps,
+                                                      float *y, void *y16, int bf16) {
+    __shared__ float red[32];
+    int nv = dim / 4;
+    float4 wv[VPT];
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int e = 4 * (threadIdx.x + u * blockDim.x);
+        wv[u] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        if (w && e < dim) wv[u] = make_float4(cu_mat_get(w, wdt, e), cu_mat_get(w, wdt, e + 1), cu_mat_get(w, wdt, e + 2), cu_mat_get(w, wdt, e + 3));
+    }
+    PDL_ENTRY();
+    float4 *xr = (float4 *)(x + (size_t)blockIdx.x * dim);
+    const float4 *tr = t ? (const float4 *)(t + (size_t)blockIdx.x * dim) : NULL;
+    float4 a[VPT];
+    float ss = 0;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int j = threadIdx.x + u * blockDim.x;
+        a[u] = make_float4(0, 0, 0, 0);
+        if (j < nv) a[u] = xr[j];
+        if (tr && j < nv) {
+            float4 b = tr[j];
+            a[u].x += b.x; a[u].y += b.y; a[u].z += b.z; a[u].w += b.w;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int j = threadIdx.x + u * blockDim.x;
+        if (tr && j < nv) xr[j] = a[u];
+        ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
+    }
+    float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)dim + eps);
+    float4 *o = (float4 *)(y + (size_t)blockIdx.x * dim);
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int j = threadIdx.x + u * blockDim.x;
+        if (j >= nv) continue;
+        float4 v = make_float4(a[u].x * inv * (wv[u].x + w_add), a[u].y * inv * (wv[u].y + w_add), a[u].z * inv * (wv[u].z + w_add),
+                               a[u].w * inv * (wv[u].w + w_add));
+        o[j] = v;
+        if (y16) {
+            size_t e = (size_t)blockIdx.x * dim + 4 * (size_t)j;
+            put16(y16, e, v.x, bf16); put16(y16, e + 1, v.y, bf16); put16(y16, e + 2, v.z, bf16); put16(y16, e + 3, v.w, bf16);
+        }
+    }
+}
+
 static void l_rmsnorm(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], dim = (int)r->i[1];
     if (n <= 0) return;
     float *x = (float *)r->p[0];
     const float *t = (const float *)r->p[4];
-    if (dim <= 512)
+    int vec = dim % 4 == 0 && dim <= 16384 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)r->p[2] & 15) == 0 && ((uintptr_t)t & 15) == 0;
+    if (vec && dim > 512) {
+        int nv = dim / 4, vpt = nv <= 1024 ? 1 : nv <= 2048 ? 2 : 4;
+        int threads = (nv + vpt - 1) / vpt;
+        threads = (threads + 31) / 32 * 32;
+#define RV(V) cu_launch(c, k_rmsnorm_vec<V>, dim3(n), dim3(threads), 0, x, t, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1], \
+                        (float *)r->p[2], (void *)r->p[3], (int)r->i[3])
+        if (vpt == 1) RV(1);
+        else if (vpt == 2) RV(2);
+        else RV(4);
+#undef RV
+    } else if (dim <= 512)
         cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, x, t, n, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
                   (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
     else
@@ -318,12 +388,11 @@ __global__ void k_kv_write(const float *src, void *cache, int f16, int L, int n_
 }
 
 static void l_kv_write(be_ctx *c, const cu_rec *r) {
-    unsigned blocks = (unsigned)(r->i[0] * r->i[1] * r->i[2]);
+    unsigned blocks = (unsigned)(r->i[0] * r->i[1] * r->i[3]);
     if (!blocks) return;
-    int hd = (int)r->i[3];
-    cu_launch(c, k_kv_write, dim3(blocks), dim3(hd >= 128 ? 128 : 32 * ((hd + 31) / 32)), 0, 
-        (const float *)r->p[0], (void *)r->p[1], (int)r->i[5], (int)r->i[1], (int)r->i[2], hd, (int)r->i[4],
-        (const int *)r->p[2], (const int *)r->p[3]);
+    int hd = (int)r->i[4];
+    cu_launch(c, k_kv_write, dim3(blocks), dim3(hd >= 128 ? 128 : 32 * ((hd + 31) / 32)), 0, (const float *)r->p[0], (void *)r->p[1],
+              (int)r->i[9], (int)r->i[1], (int)r->i[3], hd, (int)r->i[5], (const int *)r->p[2], (const int *)r->p[3]);
     CU_LAUNCHED(c, "kv_write");
 }
 
@@ -333,57 +402,157 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
     r.fn = l_kv_write;
     r.p[0] = src;
     r.p[1] = cache;
-    r.p[2] = cu_stage(c, a->pos0, sizeof(int) * (size_t)a->B);
-    r.p[3] = cu_stage(c, a->len, sizeof(int) * (size_t)a->B);
-    r.i[0] = a->B;
-    r.i[1] = a->L;
-    r.i[2] = a->n_kv_head;
-    r.i[3] = a->head_dim;
-    r.i[4] = a->cap;
-    r.i[5] = dt == BE_F16;
+    cu_rec_attn(c, &r, a, 2);
+    r.i[9] = dt == BE_F16;
+    cu_submit(c, &r);
+}
+
+/* ------------------------------------------------- rope + kv write, fused */
+
+/* one block per (token, kv head), one work item per thread: a rotation pair
+ * of one of the kv head's g q heads or of its k head (k pairs also go to the
+ * cache), a k dim past rot_dims (copied), or a v dim (copied). The angles
+ * come from staged positions and frequencies, so they are computed before
+ * waiting on the kernel before; there is no barrier. Rotation as k_rope, the
+ * cache layout as k_kv_write; decode runs one launch here instead of four. */
+__global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int f16, int L, int H, int n_kv, int hd, int rot,
+                          int cap, const int *pos, const float *inv_freq, int neox, const int *pos0, const int *len) {
+    int h = blockIdx.x % n_kv, t = blockIdx.x / n_kv, b = t / L, i = t % L;
+    int half = rot / 2, g = H / n_kv, npair = (g + 1) * half, nwork = npair + (hd - rot) + hd;
+    int w = threadIdx.x;
+    float cs = 0.0f, sn = 0.0f;
+    PDL_TRIGGER();   /* the decode attention after this only prefetches older cache rows before its wait */
+    if (w < npair) {
+        float ang = (float)pos[t] * inv_freq[w % half];
+        cs = cosf(ang);
+        sn = sinf(ang);
+    }
+    PDL_WAIT();
+    for (; w < nwork; w += blockDim.x) {
+        int store = i < len[b];
+        size_t off = (((size_t)b * n_kv + h) * cap + pos0[b] + i) * hd;
+        float *kr = k + ((size_t)t * n_kv + h) * hd;
+        if (w < npair) {
+            int hh = w / half, j = w % half;
+            if (w >= (int)blockDim.x) {   /* more pairs than threads: this pair's own angle */
+                float ang = (float)pos[t] * inv_freq[j];
+                cs = cosf(ang);
+                sn = sinf(ang);
+            }
+            float *vec = hh < g ? q + ((size_t)t * H + h * g + hh) * hd : kr;
+            int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+            float a0 = vec[i0], a1 = vec[i1];
+            float r0 = a0 * cs - a1 * sn, r1 = a1 * cs + a0 * sn;
+            vec[i0] = r0;
+            vec[i1] = r1;
+            if (hh == g && store) {
+                if (f16) { ((__half *)kc)[off + i0] = __float2half_rn(r0); ((__half *)kc)[off + i1] = __float2half_rn(r1); }
+                else { ((float *)kc)[off + i0] = r0; ((float *)kc)[off + i1] = r1; }
+            }
+        } else if (store) {
+            int d = w - npair, isv = d >= hd - rot;
+            if (isv) d -= hd - rot;
+            else d += rot;
+            float val = isv ? v[((size_t)t * n_kv + h) * hd + d] : kr[d];
+            void *cc = isv ? vc : kc;
+            if (f16) ((__half *)cc)[off + d] = __float2half_rn(val);
+            else ((float *)cc)[off + d] = val;
+        }
+    }
+}
+
+static void l_rope_kv(be_ctx *c, const cu_rec *r) {
+    unsigned blocks = (unsigned)(r->i[0] * r->i[1] * r->i[3]);
+    if (!blocks) return;
+    int g = (int)(r->i[2] / r->i[3]), hd = (int)r->i[4], rot = (int)r->i[6];
+    int work = (g + 1) * (rot / 2) + (hd - rot) + hd, threads = (work + 31) / 32 * 32;
+    cu_launch(c, k_rope_kv, dim3(blocks), dim3(threads > 1024 ? 1024 : threads), 0, (float *)r->p[0], (float *)r->p[1],
+              (const float *)r->p[2], (void *)r->p[3], (void *)r->p[4], (int)r->i[9], (int)r->i[1], (int)r->i[2], (int)r->i[3], hd, rot,
+              (int)r->i[5], (const int *)r->p[7], (const float *)r->p[8], (int)r->i[7], (const int *)r->p[5], (const int *)r->p[6]);
+    CU_LAUNCHED(c, "rope + kv_write");
+}
+
+void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt) {
+    int T = a->B * a->L;
+    if (a->n_kv_head <= 0 || a->n_head % a->n_kv_head || a->rot_dims > a->head_dim) {
+        cu_check(c, cudaErrorInvalidValue, "rope + kv_write: bad head geometry");
+        return;
+    }
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_rope_kv;
+    r.p[0] = q;
+    r.p[1] = k;
+    r.p[2] = v;
+    r.p[3] = kc;
+    r.p[4] = vc;
+    cu_rec_attn(c, &r, a, 5);
+    r.p[7] = cu_stage(c, a->pos, sizeof(int) * (size_t)T);
+    r.p[8] = cu_stage(c, a->inv_freq, sizeof(float) * (size_t)(a->rot_dims / 2));
+    r.i[6] = a->rot_dims;
+    r.i[7] = a->neox;
+    r.i[9] = dt == BE_F16;
     cu_submit(c, &r);
 }
 
 /* --------------------------------------------------------------- argmax */
 
-/* one block per row; first index on ties; NaN never wins */
-__global__ void k_argmax(const float *x, int dim, int32_t *out) {
+/* A grid of blocks per row, each folding its chunk to one 64-bit key
+ * (order-preserving bits of the value << 32 | ~index, so the larger value and
+ * then the smaller index wins) and merging it into the row's slot with
+ * atomicMax; NaN never wins; a row of NaN leaves the slot 0. */
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    unsigned u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return ((unsigned long long)u << 32) | (unsigned)~i;
+}
+
+__global__ void k_argmax(const float *x, int dim, int chunk, unsigned long long *slot) {
     PDL_ENTRY();
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    const float *a = x + (size_t)blockIdx.x * dim;
-    float best = -INFINITY;
-    int idx = dim;   /* dim = none yet */
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    __shared__ unsigned long long wk[32];
+    const float *a = x + (size_t)blockIdx.y * dim;
+    int lo = blockIdx.x * chunk, hi = min(dim, lo + chunk);
+    unsigned long long best = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         float v = a[i];
-        if (v > best || (idx == dim && v == v)) { best = v; idx = i; }
+        unsigned long long key = v == v ? argmax_key(v, i) : 0;
+        best = key > best ? key : best;
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+        unsigned long long ok = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ok > best ? ok : best;
     }
-    if (threadIdx.x % 32 == 0) { bv[threadIdx.x / 32] = best; bi[threadIdx.x / 32] = idx; }
+    if (threadIdx.x % 32 == 0) wk[threadIdx.x / 32] = best;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++)
-            if (bv[w] > best || (bv[w] == best && bi[w] < idx)) { best = bv[w]; idx = bi[w]; }
-        out[blockIdx.x] = idx == dim ? 0 : idx;
+        for (int w = 1; w < (int)blockDim.x / 32; w++) best = wk[w] > best ? wk[w] : best;
+        if (best) atomicMax(slot + blockIdx.y, best);
     }
 }
 
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
-    if (n <= 0) return;
-    int32_t *d = NULL;
-    /* the result goes through the staging arena's device side */
+    if (n <= 0 || dim <= 0) return;
     cu_go_eager(c);
-    const void *slot = cu_stage(c, out, sizeof(int32_t) * (size_t)n);   /* reserves n ints */
-    d = (int32_t *)slot;
-    cu_launch(c, k_argmax, dim3(n), dim3(1024), 0, x, dim, d);
-    if (CU_LAUNCHED(c, "argmax")) return;
-    cu_check(c, cudaMemcpyAsync(out, d, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy");
-    cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync");
+    /* the slots live in the staging arena: staging zeros clears them */
+    unsigned long long zero[64], *keys = n <= 64 ? zero : (unsigned long long *)calloc((size_t)n, sizeof *keys);
+    if (!keys) {
+        cu_check(c, cudaErrorMemoryAllocation, "argmax");
+        return;
+    }
+    memset(keys, 0, sizeof *keys * (size_t)n);
+    unsigned long long *slot = (unsigned long long *)cu_stage(c, keys, sizeof *keys * (size_t)n);
+    int chunk = 4096, blocks = (dim + chunk - 1) / chunk;
+    if (blocks > 2 * c->n_sm) {
+        blocks = 2 * c->n_sm;
+        chunk = (dim + blocks - 1) / blocks;
+    }
+    cu_launch(c, k_argmax, dim3((unsigned)blocks, (unsigned)n), dim3(256), 0, x, dim, chunk, slot);
+    if (!CU_LAUNCHED(c, "argmax") &&
+        !cu_check(c, cudaMemcpyAsync(keys, slot, sizeof *keys * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy") &&
+        !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync"))
+        for (int i = 0; i < n; i++) out[i] = keys[i] ? (int32_t)~(unsigned)(keys[i] & 0xffffffffu) : 0;
+    if (keys != zero) free(keys);
 }
 
 /* ---------------------------------------------------------- random fill */
