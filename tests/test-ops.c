@@ -23,7 +23,8 @@ static double maxdiff(const float *a, const float *b, size_t n) {
 static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, int nkv, int hd, int window, be_dtype dt) {
     int pos0[4] = {0, 5, 2, 9}, len[4] = {L, L - 2 > 0 ? L - 2 : 1, 1, L};
     int cap = 64;
-    be_attn a = {B, L, nh, nkv, hd, cap, pos0, len, window, 1.0f / sqrtf((float)hd)};
+    be_attn a = {.B = B, .L = L, .n_head = nh, .n_kv_head = nkv, .head_dim = hd, .cap = cap, .pos0 = pos0, .len = len,
+                 .window = window, .scale = 1.0f / sqrtf((float)hd)};
     size_t cache_n = (size_t)B * nkv * cap * hd, qn = (size_t)B * L * nh * hd, kn = (size_t)B * L * nkv * hd;
     void *k = calloc(cache_n, 4), *v = calloc(cache_n, 4);
     float *q = malloc(qn * 4), *kk = malloc(kn * 4), *vv = malloc(kn * 4), *o1 = malloc(qn * 4), *o2 = malloc(qn * 4);

@@ -28,6 +28,11 @@ struct be_ctx {
 
 /* y[n][m] = x[n][k] . w[m][k]^T (+ bias): GEMV kernels for small n, OpenBLAS for large n */
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+/* be_ops.matmul_multi: y[i] = x . w[i]^T (+ bias[i]); for few tokens one pool
+ * run over the rows of all the matrices (same cols and dtype), else one
+ * cpu_matmul each */
+void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
+                      float *const *y);
 /* converts row r of w (any dtype) to f32 dst[cols] */
 void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst);
 

@@ -37,14 +37,22 @@ void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst) {
     gemv_pick()->rows_f32[w->dt](w->data, w->cols, r, r + 1, dst);
 }
 
+#define MM_MAX 3     /* matrices in one matmul_multi call */
+
 typedef struct mm_job {
     const float *x;          /* [n][k] */
     int n;
-    const be_mat *w, *bias;
+    const be_mat *w, *bias;  /* GEMM path: the one matrix */
     float *y;                /* [n][m] */
     const gemv_kernels *g;
     float *scratch;          /* [nth][blk][k] (GEMM path, f16/bf16 weights) */
     int64_t blk;             /* weight rows per sgemm call */
+    /* GEMV path: `count` matrices of the same cols, their rows numbered one
+     * after another (matrix i owns rows [end[i-1], end[i])) */
+    int count;
+    const be_mat *ws[MM_MAX], *bs[MM_MAX];
+    float *ys[MM_MAX];
+    int64_t end[MM_MAX];
     int64_t chunk;           /* GEMV: rows per claimed chunk */
     atomic_llong next;       /* GEMV: first row not yet claimed */
 } mm_job;
@@ -57,28 +65,35 @@ static void split_rows(int64_t m, int64_t unit, int ith, int nth, int64_t *r0, i
     *r1 = b < m ? b : m;
 }
 
-static void add_bias(const mm_job *j, int64_t r0, int64_t r1) {
-    if (!j->bias) return;
-    int64_t m = j->w->rows;
-    for (int t = 0; t < j->n; t++)
-        for (int64_t r = r0; r < r1; r++) j->y[(int64_t)t * m + r] += be_mat_get(j->bias, 0, r);
+static void add_bias(const be_mat *bias, int n, float *y, int64_t m, int64_t r0, int64_t r1) {
+    if (!bias) return;
+    for (int t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) y[(int64_t)t * m + r] += be_mat_get(bias, 0, r);
 }
 
 /* GEMV rows are claimed in chunks from a shared counter rather than split in
  * fixed halves: decode is bound by memory bandwidth, and a thread that is
  * slowed down (an interrupt, another process on its core) would otherwise
- * leave the bandwidth half used while the rest wait for it. */
+ * leave the bandwidth half used while the rest wait for it. A chunk that
+ * straddles two matrices is cut at the boundary. */
 static void gemv_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    int64_t m = j->w->rows;
+    int64_t total = j->end[j->count - 1];
     (void)ith;
     (void)nth;
     for (;;) {
         int64_t r0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (r0 >= m) return;
-        int64_t r1 = r0 + j->chunk < m ? r0 + j->chunk : m;
-        j->g->gemv[j->w->dt](j->x, j->n, j->w->cols, j->w->data, r0, r1, j->y, m);
-        add_bias(j, r0, r1);
+        if (r0 >= total) return;
+        int64_t r1 = r0 + j->chunk < total ? r0 + j->chunk : total;
+        for (int i = 0; i < j->count && r0 < r1; i++) {
+            int64_t base = i ? j->end[i - 1] : 0;
+            if (r0 >= j->end[i]) continue;
+            int64_t e = r1 < j->end[i] ? r1 : j->end[i];
+            const be_mat *w = j->ws[i];
+            j->g->gemv[w->dt](j->x, j->n, w->cols, w->data, r0 - base, e - base, j->ys[i], w->rows);
+            add_bias(j->bs[i], j->n, j->ys[i], w->rows, r0 - base, e - base);
+            r0 = e;
+        }
     }
 }
 
@@ -88,7 +103,7 @@ static void bf16dot_task(void *arg, int ith, int nth) {
     split_rows(j->w->rows, 12, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     gemm_bf16_rows((const uint32_t *)j->scratch, j->n, j->w->cols, j->w->data, j->w->rows, r0, r1, j->y);
-    add_bias(j, r0, r1);
+    add_bias(j->bias, j->n, j->y, j->w->rows, r0, r1);
 }
 
 static void gemm_task(void *arg, int ith, int nth) {
@@ -108,30 +123,49 @@ static void gemm_task(void *arg, int ith, int nth) {
                         j->x, (int)k, s, (int)k, 0.0f, j->y + rb, (int)m);
         }
     }
-    add_bias(j, r0, r1);
+    add_bias(j->bias, j->n, j->y, m, r0, r1);
 }
 
-void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    mm_job j = { x, n, w, bias, y, gemv_pick(), NULL, 0, 0, 0 };
-    {   /* GEMV chunks: ~8 per thread, at least 16 rows (a few KiB of weights) */
-        int64_t ch = w->rows / ((int64_t)cpu_pool_size(c->pool) * 8);
+/* the GEMV path over count matrices (same cols and dtype) in one pool run */
+static void gemv_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
+                       float *const *y) {
+    mm_job j = { .x = x, .n = n, .g = gemv_pick(), .count = count };
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) {
+        j.ws[i] = w[i];
+        j.bs[i] = bias ? bias[i] : NULL;
+        j.ys[i] = y[i];
+        j.end[i] = total += w[i]->rows;
+    }
+    {   /* chunks: ~8 per thread, at least 16 rows (a few KiB of weights) */
+        int64_t ch = total / ((int64_t)cpu_pool_size(c->pool) * 8);
         j.chunk = ch < 16 ? 16 : (ch + 3) / 4 * 4;
         atomic_init(&j.next, 0);
     }
-    if (n <= GEMV_MAX_N) {
-        prep_x_fn prep = j.g->prep_x[w->dt];
-        if (prep) {   /* the kernel wants x rearranged: a copy in the scratch (n*k floats) */
-            size_t need = (size_t)n * (size_t)w->cols;
-            if (c->scratch_n < need) {
-                float *s = realloc(c->scratch, need * sizeof(float));
-                if (!s) j.g = &gemv_scalar_kernels;
-                else { c->scratch = s; c->scratch_n = need; }
-            }
-            if (j.g->prep_x[w->dt]) { prep(x, n, w->cols, c->scratch); j.x = c->scratch; }
+    prep_x_fn prep = j.g->prep_x[w[0]->dt];
+    if (prep) {   /* the kernel wants x rearranged: a copy in the scratch (n*k floats) */
+        size_t need = (size_t)n * (size_t)w[0]->cols;
+        if (c->scratch_n < need) {
+            float *s = realloc(c->scratch, need * sizeof(float));
+            if (!s) j.g = &gemv_scalar_kernels;
+            else { c->scratch = s; c->scratch_n = need; }
         }
-        cpu_pool_run(c->pool, gemv_task, &j);
-        return;
+        if (j.g->prep_x[w[0]->dt]) { prep(x, n, w[0]->cols, c->scratch); j.x = c->scratch; }
     }
+    cpu_pool_run(c->pool, gemv_task, &j);
+}
+
+void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
+                      float *const *y) {
+    int same = count <= MM_MAX && n <= GEMV_MAX_N;
+    for (int i = 1; i < count && same; i++) same = w[i]->dt == w[0]->dt && w[i]->cols == w[0]->cols;
+    if (same) { gemv_multi(c, x, n, count, w, bias, y); return; }
+    for (int i = 0; i < count; i++) cpu_matmul(c, x, n, w[i], bias ? bias[i] : NULL, y[i]);
+}
+
+void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
+    if (n <= GEMV_MAX_N) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
+    mm_job j = { .x = x, .n = n, .w = w, .bias = bias, .y = y, .g = gemv_pick() };
     if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && gemm_bf16_available()) {
         /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products */
         size_t words = gemm_bf16_xp_words(n, w->cols), need = words + ((size_t)w->cols + 2) / 2;
@@ -156,7 +190,7 @@ void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat 
         if (c->scratch_n < need) {
             float *s = realloc(c->scratch, need * sizeof(float));
             if (!s) {   /* no room for the GEMM blocks: the GEMV kernels still give the answer */
-                cpu_pool_run(c->pool, gemv_task, &j);
+                gemv_multi(c, x, n, 1, &w, &bias, &y);
                 return;
             }
             c->scratch = s;

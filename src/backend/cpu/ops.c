@@ -193,6 +193,7 @@ static const be_ops cpu_ops = {
     .gather = cpu_gather,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
+    .matmul_multi = cpu_matmul_multi,
 };
 
 const be_ops *be_cpu(void) { return &cpu_ops; }
