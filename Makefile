@@ -62,10 +62,10 @@ $(BUILD)/libcinfer.so: $(OBJ)
 	$(CC) $(CFLAGS) -shared -o $@ $^ $(LDLIBS)
 $(BUILD)/cinfer: $(CLIOBJ) $(BUILD)/libcinfer.a
 	$(CC) $(CFLAGS) -o $@ $(CLIOBJ) $(BUILD)/libcinfer.a $(LDLIBS)
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libcinfer.a $(wildcard tests/*.h)
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libcinfer.a $(wildcard tests/*.h include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libcinfer.a
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libcinfer.a $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)
 

@@ -219,26 +219,13 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
             const layer_weights *lw = &m->w.layers[l];
             const be_mat *ws[3] = {g ? &lw->w_gate : &lw->wq, g ? &lw->w_up : &lw->wk, &lw->wv}, *bs[3] = {NULL, NULL, NULL};
             float *ys[3] = {y, z, y};
-            if (g) be->matmul_glu(bc, x, 1, ws[0], NULL, ws[1], NULL, y, z);
-            else be->matmul_multi(bc, x, 1, 3, ws, bs, ys);
+            be->norm_matmul(bc, x, 1, &lw->attn_norm, 0.0f, 1e-5f, y, g ? 2 : 3, ws, bs, ys, g);
             for (int i = 0; i < (g ? 2 : 3); i++) bytes += (size_t)ws[i]->rows * ws[i]->cols * 2;
         }
         cudaDeviceSynchronize();
         double t = (cf_now() - a) / c->n_layer;
         per_layer += t;
-        printf("  %-10s %7.1f us  %6.0f GB/s  (one launch)\n", g ? "gate+up+glu" : "q+k+v", t * 1e6, bytes / (double)c->n_layer / t / 1e9);
-    }
-    cuda_fill_random(z, BE_F32, big, 6, 0, 1);
-    {
-        cudaDeviceSynchronize();
-        double a = cf_now();
-        for (int l = 0; l < c->n_layer; l++) {
-            be->add_rmsnorm(bc, x, z, 1, c->hidden, &m->w.layers[l].attn_norm, 0.0f, 1e-5f, y);
-        }
-        cudaDeviceSynchronize();
-        double t = (cf_now() - a) / c->n_layer;
-        per_layer += 2 * t;
-        printf("  %-10s %7.1f us  (x2 per layer)\n", "add+rmsnorm", t * 1e6);
+        printf("  %-10s %7.1f us  %6.0f GB/s  (one launch)\n", g ? "norm+gate+up+glu" : "norm+q+k+v", t * 1e6, bytes / (double)c->n_layer / t / 1e9);
     }
     cudaDeviceSynchronize();
     double a = cf_now();

@@ -22,6 +22,30 @@ size_t block_scratch_floats(const model_config *c, int n) {
 
 static const be_mat *opt(const be_mat *m) { return m->data ? m : NULL; }
 
+/* y[i] = rmsnorm(x) . w[i]^T (+ b[i]); glu (count 2): y[0] = silu(..) * (..), y[1] scratch.
+ * One optional op where the backend fuses it, else norm, matmul(s), swiglu. */
+static void norm_matmul(const be_ops *be, be_ctx *bc, const float *x, int T, const be_mat *norm, float eps, float *xn, int count,
+                        const be_mat *const *w, const be_mat *const *b, float *const *y, int glu) {
+    if (be->norm_matmul) {
+        be->norm_matmul(bc, x, T, norm, 0.0f, eps, xn, count, w, b, y, glu);
+        return;
+    }
+    be->rmsnorm(bc, x, T, (int)w[0]->cols, norm, 0.0f, eps, xn);
+    if (be->matmul_multi) be->matmul_multi(bc, xn, T, count, w, b, y);
+    else for (int i = 0; i < count; i++) be->matmul(bc, xn, T, w[i], b[i], y[i]);
+    if (glu) be->swiglu(bc, y[0], y[1], y[0], (size_t)T * w[0]->rows);
+}
+
+/* x += t . w^T (+ b): the residual add, in the matmul where the backend fuses it */
+static void matmul_add(const be_ops *be, be_ctx *bc, const float *t, int T, const be_mat *w, const be_mat *b, float *x, float *tmp) {
+    if (be->matmul_add) {
+        be->matmul_add(bc, t, T, w, b, x, tmp);
+        return;
+    }
+    be->matmul(bc, t, T, w, b, tmp);
+    be->add(bc, x, tmp, (size_t)T * w->rows);
+}
+
 cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c, const model_weights *w,
                             kv_cache **caches, const block_batch *bb, float *x, float *scratch) {
     int T = bb->B * bb->L, hd = c->head_dim, H = c->hidden;
@@ -39,51 +63,22 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
         .pos0 = bb->pos0, .len = bb->len, .window = c->sliding_window, .scale = 1.0f / sqrtf((float)hd),
         .pos = bb->pos, .inv_freq = w->inv_freq, .rot_dims = w->rot_dims, .neox = 1,   /* the cache ropes q, k */
     };
-    /* backends may fuse (optional ops): q/k/v and gate/up as one pass over x,
-     * each residual add with the norm that follows it */
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *lw = &w->layers[l];
-        if (l == 0 || !be->add_rmsnorm) be->rmsnorm(bc, x, T, H, &lw->attn_norm, 0.0f, c->eps, xn);
-        if (be->matmul_multi) {
-            const be_mat *ws[3] = {&lw->wq, &lw->wk, &lw->wv}, *bs[3] = {opt(&lw->bq), opt(&lw->bk), opt(&lw->bv)};
-            float *ys[3] = {q, k, v};
-            be->matmul_multi(bc, xn, T, 3, ws, bs, ys);
-        } else {
-            be->matmul(bc, xn, T, &lw->wq, opt(&lw->bq), q);
-            be->matmul(bc, xn, T, &lw->wk, opt(&lw->bk), k);
-            be->matmul(bc, xn, T, &lw->wv, opt(&lw->bv), v);
-        }
+        const be_mat *wqkv[3] = {&lw->wq, &lw->wk, &lw->wv}, *bqkv[3] = {opt(&lw->bq), opt(&lw->bk), opt(&lw->bv)};
+        float *yqkv[3] = {q, k, v};
+        norm_matmul(be, bc, x, T, &lw->attn_norm, c->eps, xn, 3, wqkv, bqkv, yqkv, 0);
         if (c->qk_norm) {
             be->rmsnorm(bc, q, T * c->n_head, hd, &lw->q_norm, 0.0f, c->eps, q);
             be->rmsnorm(bc, k, T * c->n_kv_head, hd, &lw->k_norm, 0.0f, c->eps, k);
         }
         cinfer_status st = caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
         if (st) return st;
-        be->matmul(bc, att, T, &lw->wo, opt(&lw->bo), tmp);
-        if (be->add_rmsnorm) {
-            be->add_rmsnorm(bc, x, tmp, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
-        } else {
-            be->add(bc, x, tmp, (size_t)T * H);
-            be->rmsnorm(bc, x, T, H, &lw->ffn_norm, 0.0f, c->eps, xn);
-        }
-        if (be->matmul_glu) {
-            be->matmul_glu(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), &lw->w_up, opt(&lw->b_up), gate, up);
-        } else {
-            if (be->matmul_multi) {
-                const be_mat *ws[2] = {&lw->w_gate, &lw->w_up}, *bs[2] = {opt(&lw->b_gate), opt(&lw->b_up)};
-                float *ys[2] = {gate, up};
-                be->matmul_multi(bc, xn, T, 2, ws, bs, ys);
-            } else {
-                be->matmul(bc, xn, T, &lw->w_gate, opt(&lw->b_gate), gate);
-                be->matmul(bc, xn, T, &lw->w_up, opt(&lw->b_up), up);
-            }
-            be->swiglu(bc, gate, up, gate, (size_t)T * c->ffn);
-        }
-        be->matmul(bc, gate, T, &lw->w_down, opt(&lw->b_down), tmp);
-        if (be->add_rmsnorm && l + 1 < c->n_layer)   /* with the next layer's input norm */
-            be->add_rmsnorm(bc, x, tmp, T, H, &w->layers[l + 1].attn_norm, 0.0f, c->eps, xn);
-        else
-            be->add(bc, x, tmp, (size_t)T * H);
+        matmul_add(be, bc, att, T, &lw->wo, opt(&lw->bo), x, tmp);
+        const be_mat *wgu[2] = {&lw->w_gate, &lw->w_up}, *bgu[2] = {opt(&lw->b_gate), opt(&lw->b_up)};
+        float *ygu[2] = {gate, up};
+        norm_matmul(be, bc, x, T, &lw->ffn_norm, c->eps, xn, 2, wgu, bgu, ygu, 1);
+        matmul_add(be, bc, gate, T, &lw->w_down, opt(&lw->b_down), x, tmp);
     }
     return CINFER_OK;
 }

@@ -108,10 +108,14 @@ typedef struct be_ops {
                          float *const *y);
     /* x += t, then y = rmsnorm(x) as the rmsnorm op: the residual add fused with the next norm */
     void (*add_rmsnorm)(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
-    /* out[n][m] = silu(x . w_gate^T + b_gate) * (x . w_up^T + b_up) in one pass over x
-     * (biases may be NULL); up[n][m] is scratch the op may use */
-    void (*matmul_glu)(be_ctx *c, const float *x, int n, const be_mat *w_gate, const be_mat *b_gate, const be_mat *w_up,
-                       const be_mat *b_up, float *out, float *up);
+    /* the rmsnorm op of x (weights norm, w_add, eps), then matmul_multi of the result by count
+     * matrices; glu (count 2): y[0] = silu(xn . w[0]^T + b[0]) * (xn . w[1]^T + b[1]) and y[1]
+     * is scratch. xn[n][cols] is scratch the op may use. A backend may fold the norm into the
+     * matmul and both matrices and the SwiGLU into one pass. */
+    void (*norm_matmul)(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
+                        const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);
+    /* y[n][m] += x . w^T (+ bias): the residual add folded into the matmul; tmp[n][m] scratch */
+    void (*matmul_add)(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp);
     /* the rope op on q[B][L][n_head][hd] and k[B][L][n_kv][hd] (in place, a->pos, a->inv_freq),
      * then kv_write of k and v: one pass */
     void (*rope_kv_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,

@@ -166,30 +166,75 @@ static void test_matmul_multi(void) {
         }
 }
 
-/* silu(x.gate) * (x.up) in one op (decode: one GEMV launch; prefill: cuBLAS then swiglu) */
-static void test_matmul_glu(void) {
+/* rmsnorm then q/k/v-style matmuls, or gate/up with the SwiGLU, in one op (decode: the norm
+ * in the GEMV's prologue, one launch; prefill: norm, cuBLAS, swiglu); and y += x . w^T */
+static void test_norm_matmul(void) {
     const int ns[] = {1, 3, 9};
     for (int dt = 0; dt < 3; dt++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int glu = 0; glu < 2; glu++) {
+                int n = ns[ni], k = 512, count = glu ? 2 : 3, ms[3] = {300, glu ? 300 : 64, 72};
+                be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
+                const be_mat *wp[3], *bp[3];
+                gbuf gy[3];
+                float *y[3];
+                float *x = rnd((size_t)n * k, 3.0f), *xn = malloc(sizeof(float) * n * k);
+                gbuf gx = gb_new((size_t)n * k), gxn = gb_new((size_t)n * k);
+                gb_put(&gx, x);
+                for (int i = 0; i < count; i++) {
+                    w[i] = mk_mat((be_dtype)dt, ms[i], k, 1.0f);
+                    wp[i] = &w[i];
+                    bp[i] = i == 1 ? &bias : NULL;
+                    gy[i] = gb_new((size_t)n * ms[i]);
+                    y[i] = gy[i].p;
+                }
+                be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu);
+                double worst = 0;
+                float *tmp = malloc(sizeof(float) * n * k);
+                int guards = gb_get(&gxn, tmp);   /* xn is scratch: guards only */
+                be_ref_rmsnorm(x, n, k, &nw, 1.0f, 1e-5f, xn);
+                float *ref[3];
+                for (int i = 0; i < count; i++) {
+                    ref[i] = malloc(sizeof(float) * n * ms[i]);
+                    be_ref_matmul(xn, n, &w[i], bp[i], ref[i]);
+                }
+                if (glu) be_ref_swiglu(ref[0], ref[1], ref[0], (size_t)n * ms[0]);
+                for (int i = 0; i < count; i++) {
+                    float *got = malloc(sizeof(float) * n * ms[i]);
+                    guards &= gb_get(&gy[i], got);
+                    double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
+                    if (!(e <= worst)) worst = e;
+                    free(got); free(ref[i]);
+                    gb_free(&gy[i]);
+                    free_mat(&w[i]);
+                }
+                double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+                CHECK(guards && worst <= tol, "norm_matmul %s n=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n,
+                      glu ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol, guards ? "intact" : "WRITTEN");
+                gb_free(&gx); gb_free(&gxn);
+                free_mat(&bias); free_mat(&nw);
+                free(x); free(xn); free(tmp);
+            }
+    for (int dt = 0; dt < 3; dt++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
-            int n = ns[ni], k = 512, m = 300;
-            be_mat wg = mk_mat((be_dtype)dt, m, k, 1.0f), wu = mk_mat((be_dtype)dt, m, k, 1.0f), bu = mk_mat(BE_F32, 1, m, 1.0f);
-            float *x = rnd((size_t)n * k, 0.2f), *g = malloc(sizeof(float) * n * m), *u = malloc(sizeof(float) * n * m);
-            float *ref = malloc(sizeof(float) * n * m), *got = malloc(sizeof(float) * n * m);
-            gbuf gx = gb_new((size_t)n * k), go = gb_new((size_t)n * m), gu = gb_new((size_t)n * m);
+            int n = ns[ni], k = 384, m = 200;
+            be_mat w = mk_mat((be_dtype)dt, m, k, 1.0f), bias = mk_mat(BE_F32, 1, m, 1.0f);
+            float *x = rnd((size_t)n * k, 1.0f), *y0 = rnd((size_t)n * m, 1.0f), *ref = malloc(sizeof(float) * n * m);
+            float *got = malloc(sizeof(float) * n * m);
+            gbuf gx = gb_new((size_t)n * k), gy = gb_new((size_t)n * m), gt = gb_new((size_t)n * m);
             gb_put(&gx, x);
-            be->matmul_glu(bc, gx.p, n, &wg, NULL, &wu, &bu, go.p, gu.p);
-            int guards = gb_get(&go, got);
-            guards &= gb_get(&gu, u);   /* scratch: only its guards matter */
-            be_ref_matmul(x, n, &wg, NULL, g);
-            be_ref_matmul(x, n, &wu, &bu, u);
-            be_ref_swiglu(g, u, ref, (size_t)n * m);
-            double e = relerr(got, ref, (size_t)n * m);
-            double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
-            CHECK(guards && e <= tol, "matmul_glu %s n=%d m=%d k=%d (bias on up): err %.2e (tol %.0e), guards %s",
-                  be_dtype_name((be_dtype)dt), n, m, k, e, tol, guards ? "intact" : "WRITTEN");
-            gb_free(&gx); gb_free(&go); gb_free(&gu);
-            free_mat(&wg); free_mat(&wu); free_mat(&bu);
-            free(x); free(g); free(u); free(ref); free(got);
+            gb_put(&gy, y0);
+            be->matmul_add(bc, gx.p, n, &w, &bias, gy.p, gt.p);
+            int guards = gb_get(&gy, got);
+            guards &= gb_get(&gt, ref);   /* scratch: guards only */
+            be_ref_matmul(x, n, &w, &bias, ref);
+            for (size_t i = 0; i < (size_t)n * m; i++) ref[i] += y0[i];
+            double e = relerr(got, ref, (size_t)n * m), tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+            CHECK(guards && e <= tol, "matmul_add %s n=%d m=%d k=%d: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n, m, k,
+                  e, tol, guards ? "intact" : "WRITTEN");
+            gb_free(&gx); gb_free(&gy); gb_free(&gt);
+            free_mat(&w); free_mat(&bias);
+            free(x); free(y0); free(ref); free(got);
         }
 }
 
@@ -528,7 +573,7 @@ int main(void) {
     if (!bc) return CHECK_DONE();
     test_matmul();
     test_matmul_multi();
-    test_matmul_glu();
+    test_norm_matmul();
     test_rmsnorm();
     test_add_rmsnorm();
     test_rope();

@@ -34,8 +34,8 @@ typedef void (*cu_launch_fn)(be_ctx *c, const struct cu_rec *r);
 
 typedef struct cu_rec {
     cu_launch_fn fn;
-    const void *p[10];  /* device pointers */
-    int64_t i[12];      /* sizes, dtypes, flags */
+    const void *p[12];  /* device pointers */
+    int64_t i[14];      /* sizes, dtypes, flags */
     float f[2];
 } cu_rec;
 
@@ -102,8 +102,9 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y);
-void cu_op_matmul_glu(be_ctx *c, const float *x, int n, const be_mat *w_gate, const be_mat *b_gate, const be_mat *w_up, const be_mat *b_up,
-                      float *out, float *up);
+void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
+                       const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);
+void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp);
 void cu_op_add_rmsnorm(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);

@@ -94,7 +94,52 @@ typedef struct gemv_set {
     float *y[3];
     int m[3], bdt[3], gend[3];
     int glu;
+    int acc;              /* y += the result (the residual add) */
+    const void *norm;     /* non-NULL: the input is rmsnorm(x) * (norm + norm_add), made in shared memory */
+    int norm_dt;
+    float norm_add, eps;
 } gemv_set;
+
+#define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
+
+/* xs[t][..] = x[t] / rms(x[t]) * (norm + add) for the block: x read once in
+ * 16-byte loads, all issued before the first use (k % 4 == 0, k <= 8192) */
+template <int N>
+__device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, float *xs, float *red) {
+    constexpr int PER = GEMV_NORM_MAX / 4 / (GEMV_WARPS * 32);
+    int nv = k / 4;
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        float4 v[PER];
+        float ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int j = threadIdx.x + u * GEMV_WARPS * 32;
+            v[u] = j < nv ? ((const float4 *)(x + (size_t)t * k))[j] : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < PER; u++) ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+        __syncthreads();
+        ss = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_WARPS; w++) ss += red[w];
+        float inv = 1.0f / sqrtf(ss / (float)k + st.eps);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int j = threadIdx.x + u * GEMV_WARPS * 32;
+            if (j >= nv) continue;
+            float *o = xs + (size_t)t * k + 4 * j;
+            o[0] = v[u].x * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j) + st.norm_add);
+            o[1] = v[u].y * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 1) + st.norm_add);
+            o[2] = v[u].z * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 2) + st.norm_add);
+            o[3] = v[u].w * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 3) + st.norm_add);
+        }
+        __syncthreads();   /* red is reused by the next row; xs complete */
+    }
+}
 
 /* acc[t] += w[row][jbeg..jend) . x[t][..] for one warp's slice (16-byte units) */
 template <typename WT, int N>
@@ -125,7 +170,13 @@ template <int N> __device__ __forceinline__ void warp_sum(float *acc) {
 template <typename WT, int N>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) k_gemv(gemv_set st, const float *x, int k, int ks) {
     __shared__ float part[2][GEMV_WARPS][2][N];
+    __shared__ float red[GEMV_WARPS];
+    extern __shared__ float xs[];   /* [N][k] with a norm prologue */
     PDL_ENTRY();
+    if (st.norm) {
+        gemv_norm_prologue<N>(st, x, k, xs, red);
+        x = xs;
+    }
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = st.gend[2], nm = st.glu ? 2 : 1;
     constexpr int V = 16 / sizeof(WT);
@@ -168,7 +219,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) 
 #pragma unroll
             for (int t = 0; t < N; t++) {
                 float g = acc[0][t] + b[0];
-                y[(size_t)t * m + row] = st.glu ? g / (1.0f + expf(-g)) * (acc[1][t] + b[1]) : g;
+                float v = st.glu ? g / (1.0f + expf(-g)) * (acc[1][t] + b[1]) : g;
+                y[(size_t)t * m + row] = st.acc ? y[(size_t)t * m + row] + v : v;
             }
         }
     }
@@ -203,11 +255,12 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
         st.gend[i] = end;
     }
     unsigned groups = (unsigned)end;
+    size_t smem = st.norm ? sizeof(float) * (size_t)n * k : 0;
     switch (n) {
 #define CASE(N)                                                                                      \
     case N: {                                                                                        \
         unsigned most = (unsigned)c->n_sm * gemv_blocks_per_sm<WT, N>();                             \
-        cu_launch(c, k_gemv<WT, N>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), 0, st, x, k, ks); \
+        cu_launch(c, k_gemv<WT, N>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k, ks); \
         break;                                                                                       \
     }
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -333,6 +386,11 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
         st.bdt[i] = (int)r->i[7 + i];
     }
     st.glu = (int)r->i[10];
+    st.acc = (int)r->i[11];
+    st.norm = r->p[10];
+    st.norm_dt = (int)r->i[12];
+    st.norm_add = r->f[0];
+    st.eps = r->f[1];
     gemv_launch(c, (int)r->i[0], (int)r->i[2], st, count, (const float *)r->p[0], (int)r->i[1]);
     CU_LAUNCHED(c, "gemv (several matrices)");
 }
@@ -345,8 +403,15 @@ static int multi_ok(const float *x, int n, int count, const be_mat *const *w) {
     return ok;
 }
 
+/* what a GEMV launch does around the products */
+typedef struct mm_opts {
+    int glu, acc;          /* y[0] = silu(.) * (.) of two matrices; y += result */
+    const be_mat *norm;    /* input rmsnorm(x) * (norm + norm_add) made in the prologue */
+    float norm_add, eps;
+} mm_opts;
+
 static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y,
-                         int glu) {
+                         const mm_opts *o) {
     cu_rec r;
     memset(&r, 0, sizeof r);
     r.fn = l_matmul_multi;
@@ -355,7 +420,12 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
     r.i[1] = w[0]->cols;
     r.i[2] = w[0]->dt;
     r.i[3] = count;
-    r.i[10] = glu;
+    r.i[10] = o->glu;
+    r.i[11] = o->acc;
+    r.p[10] = o->norm ? o->norm->dev : NULL;
+    r.i[12] = o->norm ? o->norm->dt : 0;
+    r.f[0] = o->norm_add;
+    r.f[1] = o->eps;
     for (int i = 0; i < count; i++) {
         r.p[1 + i] = w[i]->dev;
         r.p[4 + i] = bias[i] ? bias[i]->dev : NULL;
@@ -371,17 +441,34 @@ void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_ma
         for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
         return;
     }
-    submit_multi(c, x, n, count, w, bias, y, 0);
+    mm_opts o = {0, 0, NULL, 0.0f, 0.0f};
+    submit_multi(c, x, n, count, w, bias, y, &o);
 }
 
-void cu_op_matmul_glu(be_ctx *c, const float *x, int n, const be_mat *w_gate, const be_mat *b_gate, const be_mat *w_up, const be_mat *b_up,
-                      float *out, float *up) {
-    const be_mat *ws[2] = {w_gate, w_up}, *bs[2] = {b_gate, b_up};
-    float *ys[2] = {out, up};
-    if (multi_ok(x, n, 2, ws) && w_gate->rows == w_up->rows) {
-        submit_multi(c, x, n, 2, ws, bs, ys, 1);
+void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
+                       const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu) {
+    int k = (int)w[0]->cols, ok = multi_ok(x, n, count, w) && (!glu || (count == 2 && w[0]->rows == w[1]->rows));
+    if (ok && (size_t)n * k <= GEMV_NORM_MAX) {   /* decode: the norm in the GEMV's prologue */
+        mm_opts o = {glu, 0, norm, w_add, eps};
+        submit_multi(c, x, n, count, w, bias, y, &o);
         return;
     }
-    cu_op_matmul_multi(c, x, n, 2, ws, bs, ys);
-    cu_op_swiglu(c, out, up, out, (size_t)n * w_gate->rows);
+    cu_op_rmsnorm(c, x, n, k, norm, w_add, eps, xn);
+    if (glu && multi_ok(xn, n, 2, w) && w[0]->rows == w[1]->rows) {
+        mm_opts o = {1, 0, NULL, 0.0f, 0.0f};
+        submit_multi(c, xn, n, 2, w, bias, y, &o);
+        return;
+    }
+    cu_op_matmul_multi(c, xn, n, count, w, bias, y);
+    if (glu) cu_op_swiglu(c, y[0], y[1], y[0], (size_t)n * w[0]->rows);
+}
+
+void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {
+    if (multi_ok(x, n, 1, &w)) {   /* decode: the GEMV adds into y */
+        mm_opts o = {0, 1, NULL, 0.0f, 0.0f};
+        submit_multi(c, x, n, 1, &w, &bias, &y, &o);
+        return;
+    }
+    cu_op_matmul(c, x, n, w, bias, tmp);
+    cu_op_add(c, y, tmp, (size_t)n * w->rows);
 }
