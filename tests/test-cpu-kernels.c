@@ -7,8 +7,10 @@
  * of the vector width, rows not a multiple of the 4-row block) x n = 1..8
  * tokens; the row converters of the GEMM path (exact); the full cpu_matmul
  * through the backend table with 1, 2 and 3 threads, with and without bias,
- * for small n (GEMV) and large n (blocked GEMM); and the thread pool (every
- * (ith, nth) runs exactly once per call, many calls in a row).
+ * for small n (GEMV) and large n (blocked GEMM); matmul_multi (1..3
+ * matrices in one call, with and without bias, same and mixed dtypes); and
+ * the thread pool (every (ith, nth) runs exactly once per call, many calls in
+ * a row).
  *
  * Error bound: |y - ref| <= 1e-5 * sum_i |x_i w_i| + 1e-6 — f32 accumulation
  * over k terms in any order stays far inside this for k up to a few thousand.
@@ -63,7 +65,7 @@ static const be_dtype DTS[3] = { BE_F32, BE_F16, BE_BF16 };
 static void test_kernel_sets(void) {
     static const char *isas[] = { "scalar", "avx2", "avx512" };
     static const int64_t ks[] = { 1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 259, 2053 };
-    static const int64_t ms[] = { 1, 3, 4, 5, 9, 13 };
+    static const int64_t ms[] = { 1, 3, 4, 5, 9, 13, 38 };   /* 38: the decode streams of gemv-avx512.c, rows left over */
     for (int s = 0; s < 3; s++) {
         const gemv_kernels *g = gemv_isa(isas[s]);
         if (!g) { printf("# %s kernels: not on this CPU, skipped\n", isas[s]); continue; }
@@ -142,6 +144,52 @@ static void test_matmul(int threads) {
     ops->ctx_free(c);
 }
 
+/* matmul_multi: up to 3 matrices of the same cols in one call (one pool run
+ * over all their rows for few tokens, one cpu_matmul each otherwise, or when
+ * the dtypes differ), each output as the reference gives it */
+static void test_matmul_multi(int threads) {
+    const be_ops *ops = be_cpu();
+    be_ctx *c = NULL;
+    CHECK(ops->ctx_new(&c, threads) == 0 && c, "cpu ctx_new %d threads", threads);
+    if (!c || !ops->matmul_multi) return;
+    static const int ns[] = { 1, 2, 5, 9, 33 };
+    static const int64_t ms[3] = { 130, 21, 67 };
+    const int64_t k = 259;
+    for (int d = 0; d < 4; d++) {   /* d == 3: mixed dtypes */
+        double worst = 0;
+        tmat w[3], bias[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = make_mat(d == 3 ? DTS[i] : DTS[d], ms[i], k, 0.5f);
+            bias[i] = make_mat(BE_F32, 1, ms[i], 1.0f);
+        }
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int count = 1; count <= 3; count++) {
+                int n = ns[ni];
+                float *x = malloc(sizeof(float) * (size_t)(n * k)), *y[3], *ref = malloc(sizeof(float) * (size_t)(n * 130));
+                const be_mat *wp[3], *bp[3];
+                for (int i = 0; i < 3; i++) {
+                    y[i] = malloc(sizeof(float) * (size_t)(n * ms[i]));
+                    for (int64_t e = 0; e < n * ms[i]; e++) y[i][e] = NAN;
+                    wp[i] = &w[i].m;
+                    bp[i] = i == 1 ? NULL : &bias[i].m;   /* one without bias */
+                }
+                for (int64_t i = 0; i < n * k; i++) x[i] = frand();
+                ops->matmul_multi(c, x, n, count, wp, bp, y);
+                for (int i = 0; i < count; i++) {
+                    be_ref_matmul(x, n, wp[i], bp[i], ref);
+                    double e = err_ratio(x, n, wp[i], bp[i], y[i], ref);
+                    if (!(e <= worst)) worst = e;
+                }
+                free(x); free(ref);
+                for (int i = 0; i < 3; i++) free(y[i]);
+            }
+        for (int i = 0; i < 3; i++) { free(w[i].buf); free(bias[i].buf); }
+        CHECK(worst <= 1.0, "matmul_multi %s, %d threads, 1..3 matrices, n=1..33: worst error %.3g of bound",
+              d == 3 ? "mixed dtypes" : be_dtype_name(DTS[d]), threads, worst);
+    }
+    ops->ctx_free(c);
+}
+
 /* AVX-512 BF16 prefill kernel: exact up to summation order once x is
  * rounded to bf16 (the reference sees the rounded x); and through cpu_matmul
  * with CINFER_BF16_ACT=1 */
@@ -217,8 +265,9 @@ static void test_attention(int threads) {
             if (cs[ci].B == 1) len[0] = cs[ci].len1;
             int cap = 0;
             for (int b = 0; b < cs[ci].B; b++) if (pos0[b] + cs[ci].L > cap) cap = pos0[b] + cs[ci].L;
-            be_attn a = { .B = cs[ci].B, .L = cs[ci].L, .n_head = cs[ci].nh, .n_kv_head = cs[ci].nkv, .head_dim = cs[ci].hd,
-                          .cap = cap, .pos0 = pos0, .len = len, .window = cs[ci].win, .scale = 1.0f / sqrtf((float)cs[ci].hd) };
+            be_attn a = { .B = cs[ci].B, .L = cs[ci].L, .n_head = cs[ci].nh, .n_kv_head = cs[ci].nkv,
+                          .head_dim = cs[ci].hd, .cap = cap, .pos0 = pos0, .len = len, .window = cs[ci].win,
+                          .scale = 1.0f / sqrtf((float)cs[ci].hd) };
             size_t nq = (size_t)a.B * a.L * a.n_head * a.head_dim;
             size_t nk = (size_t)a.B * a.n_kv_head * cap * a.head_dim;
             float *q = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float));
@@ -272,6 +321,7 @@ static void test_pool(int n) {
 int main(void) {
     test_kernel_sets();
     for (int t = 1; t <= 3; t++) test_matmul(t);
+    for (int t = 1; t <= 2; t++) test_matmul_multi(t);
     for (int t = 1; t <= 2; t++) test_attention(t);
     test_gemm_bf16();
     for (int n = 1; n <= 4; n++) test_pool(n);
