@@ -1,7 +1,8 @@
 /*
  * test-ops.c — the CPU backend's ops (except matmul, see test-cpu-kernels.c)
  * against their scalar references in cpu/ref.c on random inputs: RMSNorm,
- * RoPE (rotate-half and interleaved, partial), SwiGLU, and attention over
+ * RoPE (rotate-half and interleaved, partial), SwiGLU, add (small, and large
+ * enough to run over the pool), and attention over
  * f32/f16 caches with GQA, sliding windows, several rows with their own
  * start positions and right padding. Also the f16/bf16 conversions.
  */
@@ -81,6 +82,28 @@ int main(void) {
     be->rmsnorm(c, x, N, D, NULL, 0.0f, 1e-6f, y1);
     be_ref_rmsnorm(x, N, D, NULL, 0.0f, 1e-6f, y2);
     CHECK(maxdiff(y1, y2, N * D) < 1e-5, "rmsnorm weightless");
+    {   /* long rows (weights converted in blocks, with a tail), and enough of them to go over the pool */
+        enum { LN = 70, LD = 1100 };
+        float *lx = malloc(sizeof(float) * LN * LD), *l1 = malloc(sizeof(float) * LN * LD), *l2 = malloc(sizeof(float) * LN * LD);
+        uint16_t *lw = malloc(2 * LD);
+        fill(lx, LN * LD, 2.0f);
+        for (int i = 0; i < LD; i++) lw[i] = be_f32_to_f16(frand());
+        be_mat wl = {lw, NULL, BE_F16, 1, LD};
+        for (int n = 1; n <= LN; n += LN - 1) {
+            be->rmsnorm(c, lx, n, LD, &wl, 0.5f, 1e-6f, l1);
+            be_ref_rmsnorm(lx, n, LD, &wl, 0.5f, 1e-6f, l2);
+            CHECK(maxdiff(l1, l2, (size_t)n * LD) < 1e-5, "rmsnorm f16 weights, %d rows of %d", n, LD);
+        }
+        /* swiglu and add over the pool (large), odd length */
+        size_t big = (size_t)LN * LD - 3;
+        be->swiglu(c, lx, lx + 1, l1, big);
+        be_ref_swiglu(lx, lx + 1, l2, big);
+        CHECK(maxdiff(l1, l2, big) < 1e-5, "swiglu of %zu elements", big);
+        for (size_t i = 0; i < big; i++) l2[i] = l1[i] + lx[i];
+        be->add(c, l1, lx, big);
+        CHECK(maxdiff(l1, l2, big) == 0, "add of %zu elements", big);
+        free(lx); free(l1); free(l2); free(lw);
+    }
 
     /* rope: neox and interleaved, full and partial rotation, large positions */
     float inv[48];

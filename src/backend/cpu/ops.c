@@ -45,16 +45,47 @@ static void cpu_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, f
     for (int i = 0; i < n; i++) cpu_mat_row_f32(tab, ids[i], out + (size_t)i * tab->cols);
 }
 
-static void cpu_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
-    (void)c;
-    for (int t = 0; t < n; t++) {
-        const float *a = x + (size_t)t * dim;
+/* the weight (+ w_add) of elements [i0, i0 + cnt) of a norm as f32 */
+static void norm_weights(const be_mat *w, float w_add, int64_t i0, int cnt, float *dst) {
+    if (!w) { for (int i = 0; i < cnt; i++) dst[i] = 1.0f + w_add; return; }
+    gemv_pick()->rows_f32[w->dt]((const char *)w->data + i0 * (int64_t)be_dtype_size(w->dt), cnt, 0, 1, dst);
+    if (w_add != 0.0f) for (int i = 0; i < cnt; i++) dst[i] += w_add;
+}
+
+#define NORM_BLK 512
+typedef struct norm_job {
+    const float *x;
+    int n, dim;
+    const be_mat *w;
+    float w_add, eps;
+    float *y;
+} norm_job;
+
+static void norm_task(void *arg, int ith, int nth) {
+    const norm_job *j = arg;
+    float wb[NORM_BLK];
+    for (int t = j->n * ith / nth; t < j->n * (ith + 1) / nth; t++) {
+        const float *a = j->x + (size_t)t * j->dim;
         float ss = 0;
-        for (int i = 0; i < dim; i++) ss += a[i] * a[i];
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        float *o = y + (size_t)t * dim;
-        for (int i = 0; i < dim; i++) o[i] = a[i] * inv * ((w ? be_mat_get(w, 0, i) : 1.0f) + w_add);
+        for (int i = 0; i < j->dim; i++) ss += a[i] * a[i];
+        float inv = 1.0f / sqrtf(ss / (float)j->dim + j->eps);
+        float *o = j->y + (size_t)t * j->dim;
+        for (int i0 = 0; i0 < j->dim; i0 += NORM_BLK) {   /* weights converted a block at a time */
+            int cnt = j->dim - i0 < NORM_BLK ? j->dim - i0 : NORM_BLK;
+            norm_weights(j->w, j->w_add, i0, cnt, wb);
+            for (int i = 0; i < cnt; i++) o[i0 + i] = a[i0 + i] * inv * wb[i];
+        }
     }
+}
+
+/* element-wise ops run over the pool when large (prefill), else on the
+ * caller (a pool run costs microseconds) */
+#define EW_PAR (1u << 16)
+
+static void cpu_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
+    norm_job j = { x, n, dim, w, w_add, eps, y };
+    if ((size_t)n * (size_t)dim >= EW_PAR && n > 1) cpu_pool_run(c->pool, norm_task, &j);
+    else norm_task(&j, 0, 1);
 }
 
 #define ROPE_MAX 1024
@@ -80,14 +111,36 @@ static void cpu_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, con
     }
 }
 
+typedef struct ew_job {
+    float *y;
+    const float *a, *b;   /* swiglu: y = silu(a) * b; add (b NULL): y += a */
+    size_t n;
+} ew_job;
+
+static void ew_range(const ew_job *j, size_t i0, size_t i1) {
+    if (j->b) for (size_t i = i0; i < i1; i++) j->y[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
+    else for (size_t i = i0; i < i1; i++) j->y[i] += j->a[i];
+}
+
+static void ew_task(void *arg, int ith, int nth) {
+    const ew_job *j = arg;
+    size_t blocks = (j->n + 15) / 16, i0 = blocks * ith / nth * 16, i1 = blocks * (ith + 1) / nth * 16;
+    ew_range(j, i0 < j->n ? i0 : j->n, i1 < j->n ? i1 : j->n);
+}
+
+static void ew_run(be_ctx *c, ew_job *j) {
+    if (j->n >= EW_PAR) cpu_pool_run(c->pool, ew_task, j);
+    else ew_range(j, 0, j->n);
+}
+
 static void cpu_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n) {
-    (void)c;
-    for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    ew_job j = { out, gate, up, n };
+    ew_run(c, &j);
 }
 
 static void cpu_add(be_ctx *c, float *y, const float *x, size_t n) {
-    (void)c;
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    ew_job j = { y, x, NULL, n };
+    ew_run(c, &j);
 }
 
 static void cpu_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y) {
