@@ -313,9 +313,9 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
         CU_LAUNCHED(c, "gemv (any)");
         return;
     }
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = r->i[7] ? 1.0f : 0.0f;   /* i[7]: y += (the residual add) */
     if (dt == BE_F32) {
-        cu_check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k, &zero, y, m),
+        cu_check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k, &beta, y, m),
                       "cublasSgemm");
     } else {
         size_t total = (size_t)n * k;
@@ -325,7 +325,7 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
             if (CU_LAUNCHED(c, "round to 16-bit")) return;
         }
         cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &zero, y, CUDA_R_32F,
+        cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &beta, y, CUDA_R_32F,
                                       m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                       "cublasGemmEx");
     }
@@ -337,7 +337,8 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
     }
 }
 
-void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
+/* acc: y += the product (cuBLAS path only) */
+static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
     cu_rec r;
     memset(&r, 0, sizeof r);
     int k = (int)w->cols, vec = 16 / (int)be_dtype_size(w->dt);
@@ -356,6 +357,7 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
     r.i[3] = w->dt;
     r.i[4] = bias ? bias->dt : 0;
     r.i[5] = path;
+    r.i[7] = acc;
     if (path == PATH_BLAS && w->dt != BE_F32) {
         size_t len = (size_t)n * k;
         r.i[6] = c->act16_src == x && c->act16_len == len && c->act16_dt == (int)w->dt;
@@ -371,6 +373,8 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
     c->act16_src = NULL;
     cu_submit(c, &r);
 }
+
+void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) { matmul_op(c, x, n, w, bias, y, 0); }
 
 /* ---------------------------------------------------- several matrices */
 
@@ -467,6 +471,10 @@ void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const b
     if (multi_ok(x, n, 1, &w)) {   /* decode: the GEMV adds into y */
         mm_opts o = {0, 1, NULL, 0.0f, 0.0f};
         submit_multi(c, x, n, 1, &w, &bias, &y, &o);
+        return;
+    }
+    if (n > GEMV_MAX_N) {   /* prefill: cuBLAS accumulates into y (beta = 1) */
+        matmul_op(c, x, n, w, bias, y, 1);
         return;
     }
     cu_op_matmul(c, x, n, w, bias, tmp);
