@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                 float l = ea + ec;
 #pragma unroll
                 for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+                __syncwarp();   /* every lane has read mrun[h] */
                 if (lane == 0) {
                     float al = mo == -INFINITY ? 0.0f : expf(mo - m);
                     alpha[h] = al;
