@@ -2,7 +2,8 @@
 # Runs the CUDA backend's tests on the GPU machine (binaries built here by
 # tests/gpu/build.sh and carried in build-gpu/): kernels vs scalar references,
 # whole models vs the CPU backend and transformers' fixtures, stories260k
-# greedy text vs the CPU, the CLI end to end with --device cuda, then the
+# greedy text vs the CPU, the CLI end to end with --device cuda (generate,
+# logits, perplexity), then the
 # tests again under compute-sanitizer (memcheck; racecheck and synccheck on
 # the kernel test). MODELS: directory holding stories260k (default
 # .carry/cuda/models). PART=tests|sanitize|all (default all). Logs go to
@@ -35,6 +36,21 @@ $B/cinfer logits -m "$MODELS/stories260k" -p "Once upon a time" --top 3 --device
 echo "== cinfer logits --device cuda: $(head -3 $T/logits-cuda.txt | tr '\n' ' ')" >>$O/tests.log
 if cmp -s $T/logits-cpu.txt $T/logits-cuda.txt; then echo "PASS cli logits: top-3 listing identical to cpu" >>$O/tests.log
 else echo "NOTE cli logits: listing differs from cpu (rounding of printed values?)" >>$O/tests.log; diff $T/logits-cpu.txt $T/logits-cuda.txt | head -6 >>$O/tests.log; fi
+# perplexity end to end: the CPU's greedy text above scored on both devices (two rows per forward)
+for d in cpu cuda; do
+  $B/cinfer perplexity -m "$MODELS/stories260k" --data $T/gen-cpu.txt --sequence-length 24 --num-samples -1 --batch-size 2 \
+    --json --device $d >$T/ppl-$d.json 2>$T/ppl-$d.err
+  echo "== cinfer perplexity --device $d: rc=$? $(cat $T/ppl-$d.json)" >>$O/tests.log
+done
+python3 - $T/ppl-cpu.json $T/ppl-cuda.json >>$O/tests.log 2>&1 <<'PY' || fails=$((fails + 1))
+import json, sys
+try:
+    a, b = (json.load(open(f)) for f in sys.argv[1:3])
+    ok = a["tokens"] == b["tokens"] and abs(a["perplexity"] - b["perplexity"]) <= 1e-3 * a["perplexity"]
+    print("%s cli perplexity: --device cuda %.6f vs cpu %.6f over %d tokens" % ("PASS" if ok else "FAIL", b["perplexity"], a["perplexity"], a["tokens"]))
+except Exception as e:
+    print("FAIL cli perplexity: %s" % e)
+PY
 p=$(grep -c '^PASS' $O/tests.log); f=$(grep -c '^FAIL' $O/tests.log)
 echo "tests: $p passed, $f failed, $fails programs failed"
 grep '^FAIL' $O/tests.log
