@@ -9,7 +9,8 @@
 #        NO_PEER=1 skips llama.cpp, PP/TG change 512/128, ROUNDS (default 2) alternations of cinfer and
 #        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a bf16 row with CINFER_BF16_ACT=1
 #        (prefill on bf16-rounded activations, AVX-512 BF16).
-# Steps: builds build/bench/*, runs build/bench/ceilings (read bandwidth, sgemm), writes each model with
+# Steps: builds build/bench/*, runs build/bench/ceilings (read bandwidth, sgemm; twice at the start, once more
+# before each row, the best so far kept; printed at the start and at the end), writes each model with
 # bench/mk-random-model.py (once), runs build/bench/bench-model (best of REPS after a warm-up) and
 # bench/peer-llama-cpp.sh (llama-bench -r REPS, its mean), alternating. The machine is a shared VM: its
 # load and even its memory bandwidth drift, so every figure is the best of its rounds; compare with the
@@ -52,6 +53,7 @@ for shape in $SHAPES; do
     /usr/bin/python3 bench/mk-random-model.py "$shape" "$dt" "$dir" >/dev/null
     for t in $THREADS; do
       f=$OUT/$shape-$dt-t$t.txt
+      ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null   # again per row: bandwidth drifts
       : >"$f"; : >"$f.peer"; : >"$f.act"
       # alternate cinfer and llama.cpp ROUNDS times (the machine's load and memory bandwidth drift)
       r=0
@@ -80,3 +82,6 @@ for shape in $SHAPES; do
     done
   done
 done
+echo
+echo "# ceilings, best over the whole run (the rows above use the best up to their own)"
+for k in read_GBs_1t read_GBs_2t sgemm_GFLOPs_1t sgemm_GFLOPs_2x1t sgemm_GFLOPs_2t; do echo "    $k $(val $k "$OUT/ceilings.txt")"; done
