@@ -25,11 +25,21 @@
 
 #define GEMV_MAX_N 8
 #define GEMV_WARPS 8
+#define GEMV_BLOCKS_PER_SM 2   /* persistent grid: blocks per multiprocessor */
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
+}
+
+/* acc[t] += w[0..8) . x[t][e..e+8) for the N rows of x (row stride k) */
+template <int N> __device__ __forceinline__ void dot8(const float *w, const float *x, size_t k, int e, float *acc) {
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        float4 a = *(const float4 *)(x + t * k + e), b = *(const float4 *)(x + t * k + e + 4);
+        acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+    }
 }
 
 /* the 16 bytes q hold V weights starting at element e; acc[t] += w . x[t][e..e+V) */
@@ -41,11 +51,7 @@ template <int N> struct dot16<__nv_bfloat16, N> {
         uint32_t u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            float4 a = *(const float4 *)(x + t * k + e), b = *(const float4 *)(x + t * k + e + 4);
-            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
-        }
+        dot8<N>(w, x, k, e, acc);
     }
 };
 
@@ -55,16 +61,11 @@ template <int N> struct dot16<__half, N> {
         uint32_t u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            __half2 h = *(__half2 *)&u[i];
-            float2 f = __half22float2(h);
+            float2 f = __half22float2(*(__half2 *)&u[i]);
             w[2 * i] = f.x;
             w[2 * i + 1] = f.y;
         }
-#pragma unroll
-        for (int t = 0; t < N; t++) {
-            float4 a = *(const float4 *)(x + t * k + e), b = *(const float4 *)(x + t * k + e + 4);
-            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
-        }
+        dot8<N>(w, x, k, e, acc);
     }
 };
 
@@ -83,7 +84,6 @@ template <int N> struct dot16<float, N> {
  * comes in small pieces: no half-empty last wave, and matrices with few rows
  * (k/v projections) still keep every SM busy. Slice partial sums meet in
  * shared memory (double-buffered: one barrier per group). */
-template <typename WT, int N> constexpr int gemv_blocks_per_sm() { return N == 1 && sizeof(WT) == 2 ? 2 : 2; }
 template <int N> constexpr int gemv_unroll() { return N == 1 ? 8 : 4; }
 
 /* up to three matrices of one input (q/k/v, gate/up) in one launch; their
@@ -168,7 +168,7 @@ template <int N> __device__ __forceinline__ void warp_sum(float *acc) {
 }
 
 template <typename WT, int N>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, gemv_blocks_per_sm<WT, N>()) k_gemv(gemv_set st, const float *x, int k, int ks) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(gemv_set st, const float *x, int k, int ks) {
     __shared__ float part[2][GEMV_WARPS][2][N];
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [N][k] with a norm prologue */
@@ -259,7 +259,7 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
     switch (n) {
 #define CASE(N)                                                                                      \
     case N: {                                                                                        \
-        unsigned most = (unsigned)c->n_sm * gemv_blocks_per_sm<WT, N>();                             \
+        unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;                             \
         cu_launch(c, k_gemv<WT, N>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k, ks); \
         break;                                                                                       \
     }
