@@ -255,6 +255,7 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
         st.gend[i] = end;
     }
     unsigned groups = (unsigned)end;
+    if (!groups || n <= 0) return;   /* no rows or no tokens: nothing to launch */
     size_t smem = st.norm ? sizeof(float) * (size_t)n * k : 0;
     switch (n) {
 #define CASE(N)                                                                                      \
@@ -288,7 +289,8 @@ __global__ void k_bias(float *y, const void *bias, int bdt, int m, size_t total)
         y[i] += cu_mat_get(bias, bdt, i % m);
 }
 
-enum { PATH_GEMV = 0, PATH_GEMV_ANY = 1, PATH_BLAS = 2 };
+/* one matrix: the 16-byte GEMV goes through the several-matrices record (l_matmul_multi) */
+enum { PATH_GEMV_ANY = 1, PATH_BLAS = 2 };
 
 void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
     const float *x = (const float *)r->p[0];
@@ -296,18 +298,6 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
     float *y = (float *)r->p[3];
     int n = (int)r->i[0], m = (int)r->i[1], k = (int)r->i[2], dt = (int)r->i[3], bdt = (int)r->i[4], path = (int)r->i[5];
     if (n <= 0 || m <= 0) return;
-    if (path == PATH_GEMV) {
-        gemv_set st;
-        memset(&st, 0, sizeof st);
-        st.w[0] = w;
-        st.bias[0] = bias;
-        st.y[0] = y;
-        st.m[0] = m;
-        st.bdt[0] = bdt;
-        gemv_launch(c, n, dt, st, 1, x, k);
-        CU_LAUNCHED(c, "gemv");
-        return;
-    }
     if (path == PATH_GEMV_ANY) {
         cu_launch(c, k_gemv_any, dim3(cu_blocks(m, GEMV_WARPS)), dim3(GEMV_WARPS * 32), 0, w, dt, x, n, bias, bdt, y, m, k);
         CU_LAUNCHED(c, "gemv (any)");
@@ -336,45 +326,6 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
         CU_LAUNCHED(c, "bias");
     }
 }
-
-/* acc: y += the product (cuBLAS path only) */
-static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
-    cu_rec r;
-    memset(&r, 0, sizeof r);
-    int k = (int)w->cols, vec = 16 / (int)be_dtype_size(w->dt);
-    int path = PATH_BLAS;
-    if (n <= GEMV_MAX_N) path = (k % vec == 0 && ((uintptr_t)x & 15) == 0 && (k % 4) == 0) ? PATH_GEMV : PATH_GEMV_ANY;
-    if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
-    r.fn = cu_matmul_launcher;
-    r.p[0] = x;
-    r.p[1] = w->dev;
-    r.p[2] = bias ? bias->dev : NULL;
-    r.p[3] = y;
-    r.p[4] = path == PATH_BLAS ? c->act16 : NULL;
-    r.i[0] = n;
-    r.i[1] = w->rows;
-    r.i[2] = k;
-    r.i[3] = w->dt;
-    r.i[4] = bias ? bias->dt : 0;
-    r.i[5] = path;
-    r.i[7] = acc;
-    if (path == PATH_BLAS && w->dt != BE_F32) {
-        size_t len = (size_t)n * k;
-        r.i[6] = c->act16_src == x && c->act16_len == len && c->act16_dt == (int)w->dt;
-        cu_submit(c, &r);
-        /* y must not overlap x for the rounded copy to stay valid */
-        const char *xb = (const char *)x, *yb = (const char *)y;
-        int overlap = yb < xb + len * 4 && xb < yb + (size_t)n * w->rows * 4;
-        c->act16_src = overlap ? NULL : x;
-        c->act16_len = len;
-        c->act16_dt = (int)w->dt;
-        return;
-    }
-    c->act16_src = NULL;
-    cu_submit(c, &r);
-}
-
-void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) { matmul_op(c, x, n, w, bias, y, 0); }
 
 /* ---------------------------------------------------- several matrices */
 
@@ -440,6 +391,49 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
     cu_submit(c, &r);
 }
 
+/* acc: y += the product (the 16-byte GEMV and cuBLAS; the any-shape GEMV has no accumulate) */
+static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
+    if (multi_ok(x, n, 1, &w)) {
+        mm_opts o = {0, acc, NULL, 0.0f, 0.0f};
+        submit_multi(c, x, n, 1, &w, &bias, &y, &o);
+        return;
+    }
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    int k = (int)w->cols;
+    int path = n <= GEMV_MAX_N ? PATH_GEMV_ANY : PATH_BLAS;
+    if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
+    r.fn = cu_matmul_launcher;
+    r.p[0] = x;
+    r.p[1] = w->dev;
+    r.p[2] = bias ? bias->dev : NULL;
+    r.p[3] = y;
+    r.p[4] = path == PATH_BLAS ? c->act16 : NULL;
+    r.i[0] = n;
+    r.i[1] = w->rows;
+    r.i[2] = k;
+    r.i[3] = w->dt;
+    r.i[4] = bias ? bias->dt : 0;
+    r.i[5] = path;
+    r.i[7] = acc;
+    if (path == PATH_BLAS && w->dt != BE_F32) {
+        size_t len = (size_t)n * k;
+        r.i[6] = c->act16_src == x && c->act16_len == len && c->act16_dt == (int)w->dt;
+        cu_submit(c, &r);
+        /* y must not overlap x for the rounded copy to stay valid */
+        const char *xb = (const char *)x, *yb = (const char *)y;
+        int overlap = yb < xb + len * 4 && xb < yb + (size_t)n * w->rows * 4;
+        c->act16_src = overlap ? NULL : x;
+        c->act16_len = len;
+        c->act16_dt = (int)w->dt;
+        return;
+    }
+    c->act16_src = NULL;
+    cu_submit(c, &r);
+}
+
+void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) { matmul_op(c, x, n, w, bias, y, 0); }
+
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
     if (!multi_ok(x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
         for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
@@ -468,15 +462,10 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
 }
 
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {
-    if (multi_ok(x, n, 1, &w)) {   /* decode: the GEMV adds into y */
-        mm_opts o = {0, 1, NULL, 0.0f, 0.0f};
-        submit_multi(c, x, n, 1, &w, &bias, &y, &o);
+    if (n <= GEMV_MAX_N && !multi_ok(x, n, 1, &w)) {   /* the any-shape GEMV: product, then the add */
+        cu_op_matmul(c, x, n, w, bias, tmp);
+        cu_op_add(c, y, tmp, (size_t)n * w->rows);
         return;
     }
-    if (n > GEMV_MAX_N) {   /* prefill: cuBLAS accumulates into y (beta = 1) */
-        matmul_op(c, x, n, w, bias, y, 1);
-        return;
-    }
-    cu_op_matmul(c, x, n, w, bias, tmp);
-    cu_op_add(c, y, tmp, (size_t)n * w->rows);
+    matmul_op(c, x, n, w, bias, y, 1);   /* the GEMV's epilogue or cuBLAS beta = 1 add into y */
 }
