@@ -106,8 +106,6 @@ typedef struct be_ops {
      * y[i] = x . w[i]^T (+ bias[i], which may be NULL) — q/k/v, gate/up */
     void (*matmul_multi)(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
                          float *const *y);
-    /* x += t, then y = rmsnorm(x) as the rmsnorm op: the residual add fused with the next norm */
-    void (*add_rmsnorm)(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
     /* the rmsnorm op of x (weights norm, w_add, eps), then matmul_multi of the result by count
      * matrices; glu (count 2): y[0] = silu(xn . w[0]^T + b[0]) * (xn . w[1]^T + b[1]) and y[1]
      * is scratch. xn[n][cols] is scratch the op may use. A backend may fold the norm into the

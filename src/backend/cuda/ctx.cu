@@ -336,7 +336,6 @@ static be_ops make_ops(void) {
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
     o.matmul_multi = cu_op_matmul_multi;
-    o.add_rmsnorm = cu_op_add_rmsnorm;
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;
     o.rope_kv_write = cu_op_rope_kv_write;

@@ -105,7 +105,6 @@ void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_ma
 void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                        const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp);
-void cu_op_add_rmsnorm(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);
 void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n);

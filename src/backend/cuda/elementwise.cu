@@ -83,19 +83,14 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
 }
 
 /* one warp per row */
-__global__ void k_rmsnorm_warp(float *x, const float *t, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
+__global__ void k_rmsnorm_warp(const float *x, int n, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
                                int bf16) {
     PDL_ENTRY();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
-    float *a = x + (size_t)row * dim;
+    const float *a = x + (size_t)row * dim;
     float ss = 0;
-    if (t) {   /* x += t first (the residual add fused with the norm); each thread rereads only its own */
-        const float *tr = t + (size_t)row * dim;
-        for (int i = lane; i < dim; i += 32) { float v = a[i] + tr[i]; a[i] = v; ss += v * v; }
-    } else {
-        for (int i = lane; i < dim; i += 32) ss += a[i] * a[i];
-    }
+    for (int i = lane; i < dim; i += 32) ss += a[i] * a[i];
     ss = warp_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     float *o = y + (size_t)row * dim;
@@ -107,18 +102,13 @@ __global__ void k_rmsnorm_warp(float *x, const float *t, int n, int dim, const v
 }
 
 /* one block per row */
-__global__ void k_rmsnorm_block(float *x, const float *t, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
+__global__ void k_rmsnorm_block(const float *x, int dim, const void *w, int wdt, float w_add, float eps, float *y, void *y16,
                                 int bf16) {
     PDL_ENTRY();
     __shared__ float red[32];
-    float *a = x + (size_t)blockIdx.x * dim;
+    const float *a = x + (size_t)blockIdx.x * dim;
     float ss = 0;
-    if (t) {
-        const float *tr = t + (size_t)blockIdx.x * dim;
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) { float v = a[i] + tr[i]; a[i] = v; ss += v * v; }
-    } else {
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += a[i] * a[i];
-    }
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += a[i] * a[i];
     float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)dim + eps);
     float *o = y + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -130,10 +120,10 @@ __global__ void k_rmsnorm_block(float *x, const float *t, int dim, const void *w
 
 /* one block per row, VPT float4 per thread held in registers (dim % 4 == 0,
  * dim <= 4096 * VPT): the norm weights are read before waiting on the kernel
- * before, every load of x (and t) is issued before the first store — a
+ * before, every load of x is issued before the first store — a
  * decode step's norm is one short chain of memory round trips */
 template <int VPT>
-__global__ void __launch_bounds__(1024) k_rmsnorm_vec(float *x, const float *t, int dim, const void *w, int wdt, float w_add, float eps,
+__global__ void __launch_bounds__(1024) k_rmsnorm_vec(const float *x, int dim, const void *w, int wdt, float w_add, float eps,
                                                       float *y, void *y16, int bf16) {
     __shared__ float red[32];
     int nv = dim / 4;
@@ -145,26 +135,16 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_vec(float *x, const float *t, 
         if (w && e < dim) wv[u] = make_float4(cu_mat_get(w, wdt, e), cu_mat_get(w, wdt, e + 1), cu_mat_get(w, wdt, e + 2), cu_mat_get(w, wdt, e + 3));
     }
     PDL_ENTRY();
-    float4 *xr = (float4 *)(x + (size_t)blockIdx.x * dim);
-    const float4 *tr = t ? (const float4 *)(t + (size_t)blockIdx.x * dim) : NULL;
+    const float4 *xr = (const float4 *)(x + (size_t)blockIdx.x * dim);
     float4 a[VPT];
     float ss = 0;
 #pragma unroll
     for (int u = 0; u < VPT; u++) {
         int j = threadIdx.x + u * blockDim.x;
-        a[u] = make_float4(0, 0, 0, 0);
-        if (j < nv) a[u] = xr[j];
-        if (tr && j < nv) {
-            float4 b = tr[j];
-            a[u].x += b.x; a[u].y += b.y; a[u].z += b.z; a[u].w += b.w;
-        }
+        a[u] = j < nv ? xr[j] : make_float4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < VPT; u++) {
-        int j = threadIdx.x + u * blockDim.x;
-        if (tr && j < nv) xr[j] = a[u];
-        ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
-    }
+    for (int u = 0; u < VPT; u++) ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
     float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)dim + eps);
     float4 *o = (float4 *)(y + (size_t)blockIdx.x * dim);
 #pragma unroll
@@ -184,37 +164,34 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_vec(float *x, const float *t, 
 static void l_rmsnorm(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], dim = (int)r->i[1];
     if (n <= 0) return;
-    float *x = (float *)r->p[0];
-    const float *t = (const float *)r->p[4];
-    int vec = dim % 4 == 0 && dim <= 16384 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)r->p[2] & 15) == 0 && ((uintptr_t)t & 15) == 0;
+    const float *x = (const float *)r->p[0];
+    int vec = dim % 4 == 0 && dim <= 16384 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)r->p[2] & 15) == 0;
     if (vec && dim > 512) {
         int nv = dim / 4, vpt = nv <= 1024 ? 1 : nv <= 2048 ? 2 : 4;
         int threads = (nv + vpt - 1) / vpt;
         threads = (threads + 31) / 32 * 32;
-#define RV(V) cu_launch(c, k_rmsnorm_vec<V>, dim3(n), dim3(threads), 0, x, t, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1], \
+#define RV(V) cu_launch(c, k_rmsnorm_vec<V>, dim3(n), dim3(threads), 0, x, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1], \
                         (float *)r->p[2], (void *)r->p[3], (int)r->i[3])
         if (vpt == 1) RV(1);
         else if (vpt == 2) RV(2);
         else RV(4);
 #undef RV
     } else if (dim <= 512)
-        cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, x, t, n, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
+        cu_launch(c, k_rmsnorm_warp, dim3(cu_blocks(n, 8)), dim3(256), 0, x, n, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
                   (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
     else
-        cu_launch(c, k_rmsnorm_block, dim3(n), dim3(dim >= 2048 ? 512 : 256), 0, x, t, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
+        cu_launch(c, k_rmsnorm_block, dim3(n), dim3(dim >= 2048 ? 512 : 256), 0, x, dim, r->p[1], (int)r->i[2], r->f[0], r->f[1],
                   (float *)r->p[2], (void *)r->p[3], (int)r->i[3]);
     CU_LAUNCHED(c, "rmsnorm");
 }
 
-/* t != NULL: x += t, then the norm (x is written) */
-static void rmsnorm_op(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
+void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
     cu_rec r;
     memset(&r, 0, sizeof r);
     r.fn = l_rmsnorm;
     r.p[0] = x;
     r.p[1] = w ? w->dev : NULL;
     r.p[2] = y;
-    r.p[4] = t;
     r.i[0] = n;
     r.i[1] = dim;
     r.i[2] = w ? w->dt : 0;
@@ -227,14 +204,6 @@ static void rmsnorm_op(be_ctx *c, float *x, const float *t, int n, int dim, cons
     int dt16 = r.i[3] ? BE_BF16 : BE_F16;
     cu_submit(c, &r);
     if (y16) { c->act16_src = y; c->act16_len = len; c->act16_dt = dt16; }
-}
-
-void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
-    rmsnorm_op(c, (float *)x, NULL, n, dim, w, w_add, eps, y);   /* x is only read when t is NULL */
-}
-
-void cu_op_add_rmsnorm(be_ctx *c, float *x, const float *t, int n, int dim, const be_mat *w, float w_add, float eps, float *y) {
-    rmsnorm_op(c, x, t, n, dim, w, w_add, eps, y);
 }
 
 /* ----------------------------------------------------------------- rope */
