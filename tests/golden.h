@@ -84,4 +84,19 @@ static inline int golden_padded_err(cinfer_model *m, const int32_t *ids, int n, 
     free(batch);
     return ok;
 }
+/* ids fed one token at a time through c (its cache), each step's logits against full[i][V];
+ * *worst = the largest golden_rel_err; 1 when every step evaluated */
+static inline int golden_decode_err(cinfer_ctx *c, const int32_t *ids, int n, int V, const float *full, double *worst) {
+    float *one = malloc(sizeof(float) * V);
+    int ok = c && one;
+    *worst = 0;
+    for (int i = 0; ok && i < n; i++) {
+        ok = !cinfer_eval(c, ids + i, 1, 0, one);
+        double e = golden_rel_err(one, full + (size_t)i * V, V);
+        if (!(e <= *worst)) *worst = e;
+    }
+    free(one);
+    return ok;
+}
+
 #endif
