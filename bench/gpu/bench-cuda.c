@@ -17,8 +17,12 @@
  *
  * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
  *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and one JSON line.
+ *   BENCH_AB=VAR (environment): also compares the decode step with the
+ *   backend knob VAR at 0 and 1 (ab_compare). BENCH_PROFILE: one decode
+ *   step for a profiler (profile_step).
  */
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -277,14 +281,69 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* BENCH_PROFILE (environment): a 128-token prompt, four greedy steps (the
+ * graph captured and replayed), then one step between cudaProfilerStart and
+ * Stop, for `ncu --profile-from-start off --graph-profiling node`; no
+ * ceilings, prefill or timing. */
+static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
+    for (int i = 0; i < NP; i++) ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
+    int32_t tok = 0;
+    int bad = ctx_eval_greedy(ctx, ids, NP, &tok);
+    for (int i = 0; i < 4 && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+    cudaDeviceSynchronize();
+    cudaProfilerStart();
+    if (!bad) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+    cudaDeviceSynchronize();
+    cudaProfilerStop();
+    if (bad) fprintf(stderr, "profile step: %s\n", cinfer_ctx_error(ctx));
+    return bad;
+}
+
+/* BENCH_AB=VAR: the decode step with the backend knob VAR (read when a
+ * context is made) at 0 and at 1, alternated over 8 fresh contexts in this
+ * process: 128-token prompt, G greedy steps, then the graph replayed alone.
+ * Prints each round and the medians; the last tokens must agree. */
+static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int NP, int G) {
+    double t[2][4], tg[2][4];
+    int32_t last[2] = {-1, -1};
+    for (int r = 0; r < 8; r++) {
+        int on = r % 2;
+        setenv(var, on ? "1" : "0", 1);
+        cinfer_ctx_opts co = {0, 1};
+        cinfer_ctx *ctx = NULL;
+        char err[512];
+        if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
+        int32_t tok = 0;
+        int bad = 0;
+        for (int w = 0; w < 2 && !bad; w++) {   /* the first pass captures the graph */
+            cinfer_ctx_reset(ctx);
+            bad = ctx_eval_greedy(ctx, ids, NP, &tok);
+            double a = cf_now();
+            for (int i = 0; i < G && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+            t[on][r / 2] = (cf_now() - a) / G;
+        }
+        if (!bad) bad = cuda_graph_replay_time(ctx->bc, 20, &tg[on][r / 2]);
+        if (bad) { fprintf(stderr, "decode (%s=%d): %s\n", var, on, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
+        last[on] = tok;
+        printf("  %s=%d: %.4f ms/token, graph alone %.4f ms\n", var, on, t[on][r / 2] * 1e3, tg[on][r / 2] * 1e3);
+        cinfer_ctx_free(ctx);
+    }
+    unsetenv(var);
+    for (int on = 0; on < 2; on++)
+        printf("A/B %s=%d: median %.4f ms/token (%.1f tok/s), graph alone %.4f ms (%.1f tok/s)\n", var, on, median(t[on], 4) * 1e3,
+               1 / median(t[on], 4), median(tg[on], 4) * 1e3, 1 / median(tg[on], 4));
+    printf("A/B last tokens: %d vs %d (%s)\n", (int)last[0], (int)last[1], last[0] == last[1] ? "same" : "DIFFERENT");
+    return last[0] != last[1];
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: bench-cuda SHAPE DIR [prefill_tokens] [gen_tokens]\n"); return 2; }
     const shape *s = NULL;
     for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) if (!strcmp(SHAPES[i].name, argv[1])) s = &SHAPES[i];
     if (!s) { fprintf(stderr, "unknown shape %s\n", argv[1]); return 2; }
     int P = argc > 3 ? atoi(argv[3]) : 2048, G = argc > 4 ? atoi(argv[4]) : 128, NP = 128;
-    double copy_gbs, gemm_tf;
-    ceilings(&copy_gbs, &gemm_tf);
+    double copy_gbs = 0, gemm_tf = 0;
+    if (!getenv("BENCH_PROFILE")) ceilings(&copy_gbs, &gemm_tf);
     double t0 = cf_now();
     if (write_model(s, argv[2])) { fprintf(stderr, "cannot write %s\n", argv[2]); return 1; }
     cinfer_load_opts lo = {"cuda", 0, 1};
@@ -302,6 +361,7 @@ int main(int argc, char **argv) {
     if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
     int V = c->n_vocab;
     int32_t *ids = malloc(sizeof(int32_t) * P);
+    if (getenv("BENCH_PROFILE")) return profile_step(ctx, ids, NP, V);
     float *lg = malloc(sizeof(float) * V);
     uint64_t x = 12345;
     for (int i = 0; i < P; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((x >> 33) % V); }
@@ -363,6 +423,8 @@ int main(int argc, char **argv) {
     printf("decode with logits copied to the host each step: %.2f ms/token, %.1f tok/s (last token %d: %s)\n", t_log / G * 1e3,
            G / t_log, (int)last_l, last_l == last ? "same" : "DIFFERENT");
     breakdown(m, ctx, t_dec / G);
+    const char *ab = getenv("BENCH_AB");
+    if (ab && *ab && ab_compare(m, ab, ids, NP, G)) bad = 1;
     printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
            "\"decode_tok_s\":%.2f,\"decode_gbs\":%.1f,\"step_bytes\":%zu,\"copy_gbs\":%.1f,\"gemm_tflops\":%.1f,\"flops_prefill\":%.4g}\n",
            s->name, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);
@@ -370,5 +432,5 @@ int main(int argc, char **argv) {
     free(lg);
     cinfer_ctx_free(ctx);
     cinfer_model_free(m);
-    return 0;
+    return bad;
 }

@@ -97,7 +97,7 @@ static void free_mat(be_mat *m) { be->mat_release(bc, m); free((void *)m->data);
 
 static void test_matmul(void) {
     const int ns[] = {1, 2, 3, 5, 8, 9, 33};
-    const int shapes[][2] = {{37, 64}, {64, 200}, {300, 1024}, {130, 36}, {1000, 4096}};
+    const int shapes[][2] = {{37, 64}, {64, 200}, {300, 1024}, {130, 36}, {1000, 4096}, {3000, 3000}};   /* the last: more row groups than the persistent grid */
     for (int dt = 0; dt < 3; dt++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
@@ -173,7 +173,7 @@ static void test_norm_matmul(void) {
     for (int dt = 0; dt < 3; dt++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
             for (int glu = 0; glu < 2; glu++) {
-                int n = ns[ni], k = 512, count = glu ? 2 : 3, ms[3] = {300, glu ? 300 : 64, 72};
+                int n = ns[ni], k = 1544, count = glu ? 2 : 3, ms[3] = {1200, glu ? 1200 : 64, 72};   /* more row groups than the grid */
                 be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
                 const be_mat *wp[3], *bp[3];
                 gbuf gy[3];

@@ -584,6 +584,7 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
         if (hd == 64) cu_launch(c, k_attn_decode<64>, grid, dim3(DEC_THREADS), 0, q, (const __half *)K, (const __half *)V, L, H, n_kv, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
         else cu_launch(c, k_attn_decode<128>, grid, dim3(DEC_THREADS), 0, q, (const __half *)K, (const __half *)V, L, H, n_kv, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
         CU_LAUNCHED(c, "attention (decode)");
+        c->light_prev = 1;
         return;
     }
     int chunk = (int)r->f[1];
@@ -592,6 +593,7 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     if (f16) cu_launch(c, k_attn_split<__half>, grid, dim3(SPLIT_THREADS), smem, q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
     else cu_launch(c, k_attn_split<float>, grid, dim3(SPLIT_THREADS), smem, q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
     CU_LAUNCHED(c, "attention (split-K)");
+    c->light_prev = 1;
 }
 
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {

@@ -166,6 +166,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
     const char *pdl = getenv("CINFER_CUDA_PDL");
     c->pdl = !(pdl && !strcmp(pdl, "0"));
+    const char *pf = getenv("CINFER_CUDA_PREFETCH");
+    c->prefetch = !(pf && !strcmp(pf, "0"));
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

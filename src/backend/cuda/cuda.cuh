@@ -78,6 +78,8 @@ struct be_ctx {
     int n_graph_recs;        /* records in exec */
     long n_replays, n_captures;
     int pdl;                 /* launch with programmatic dependent launch (CINFER_CUDA_PDL=0: off) */
+    int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */
+    int light_prev;          /* the last kernel launched moves little memory (decode attention) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
@@ -143,6 +145,7 @@ static inline void cu_launch(be_ctx *c, void (*kernel)(K...), dim3 grid, dim3 bl
     cfg.attrs = at;
     cfg.numAttrs = c->pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, args...);
+    c->light_prev = 0;
 }
 
 /* weight element as float */

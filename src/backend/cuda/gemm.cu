@@ -97,6 +97,7 @@ typedef struct gemv_set {
     int acc;              /* y += the result (the residual add) */
     const void *norm;     /* non-NULL: the input is rmsnorm(x) * (norm + norm_add), made in shared memory */
     int norm_dt;
+    int prefetch;         /* stream this launch's rows into L2 before waiting on the kernel before */
     float norm_add, eps;
 } gemv_set;
 
@@ -167,27 +168,69 @@ template <int N> __device__ __forceinline__ void warp_sum(float *acc) {
     }
 }
 
+/* y[t][row] (=, or += with st.acc) the row's sums plus bias, through the SwiGLU with st.glu */
+template <int N> __device__ __forceinline__ void gemv_store(const gemv_set &st, int mi, int row, int m, const float (*acc)[N]) {
+    float b[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (h && !st.glu) break;
+        int wi = st.glu ? h : mi;
+        b[h] = st.bias[wi] ? cu_mat_get(st.bias[wi], st.bdt[wi], row) : 0.0f;
+    }
+    float *y = mi == 0 ? st.y[0] : mi == 1 ? st.y[1] : st.y[2];
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        float g = acc[0][t] + b[0];
+        float v = st.glu ? g / (1.0f + expf(-g)) * (acc[1][t] + b[1]) : g;
+        y[(size_t)t * m + row] = st.acc ? y[(size_t)t * m + row] + v : v;
+    }
+}
+
+/* which of the set's matrices row group grp is in, and its first row there */
+__device__ __forceinline__ int gemv_group(const gemv_set &st, int grp, int rpg, int *row0) {
+    int mi = grp < st.gend[0] ? 0 : grp < st.gend[1] ? 1 : 2;
+    *row0 = (grp - (mi == 0 ? 0 : st.gend[mi - 1])) * rpg;
+    return mi;
+}
+
+/* The kernel before this one moves little memory (decode attention): the
+ * rows this warp will read go to L2 now (one bulk prefetch per row, before
+ * the grid-dependency wait), so HBM streams them while that kernel runs.
+ * Not done after a GEMV: there the bandwidth is already taken. */
+template <typename WT>
+__device__ void gemv_prefetch(const gemv_set &st, int rpg, int wrow, int k) {
+    unsigned bytes = (unsigned)k * sizeof(WT);
+    for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x) {
+        int row, mi = gemv_group(st, grp, rpg, &row);
+        row += wrow;
+        if (row >= st.m[mi]) continue;
+        for (int h = 0; h < (st.glu ? 2 : 1); h++) {
+            const char *p = (const char *)st.w[st.glu ? h : mi] + (size_t)row * bytes;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+        }
+    }
+}
+
 template <typename WT, int N>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(gemv_set st, const float *x, int k, int ks) {
     __shared__ float part[2][GEMV_WARPS][2][N];
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [N][k] with a norm prologue */
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = st.gend[2];
+    constexpr int V = 16 / sizeof(WT);
+    if (st.prefetch && seg == 0 && lane == 0) gemv_prefetch<WT>(st, rpg, warp / ks, k);
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<N>(st, x, k, xs, red);
         x = xs;
     }
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = st.gend[2], nm = st.glu ? 2 : 1;
-    constexpr int V = 16 / sizeof(WT);
     int nv = k / V, slice = (nv + ks - 1) / ks;
     int jbeg = seg * slice, jend = min(nv, jbeg + slice);
     int buf = 0;
     for (int grp = blockIdx.x; grp < ngroups; grp += gridDim.x, buf ^= 1) {
-        int mi = grp < st.gend[0] ? 0 : grp < st.gend[1] ? 1 : 2;
-        int g0 = mi == 0 ? 0 : mi == 1 ? st.gend[0] : st.gend[1];
-        int m = mi == 0 ? st.m[0] : mi == 1 ? st.m[1] : st.m[2];
-        int row = (grp - g0) * rpg + warp / ks;
+        int row, mi = gemv_group(st, grp, rpg, &row), m = st.m[mi];
+        row += warp / ks;
         float acc[2][N];
 #pragma unroll
         for (int t = 0; t < N; t++) acc[0][t] = acc[1][t] = 0.0f;
@@ -209,20 +252,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
                     for (int t = 0; t < N; t++) acc[0][t] += part[buf][warp + s2][0][t], acc[1][t] += part[buf][warp + s2][1][t];
                 }
         }
-        if (row < m && seg == 0 && lane == 0) {
-            float b[2];
-            for (int h = 0; h < nm; h++) {
-                int wi = st.glu ? h : mi;
-                b[h] = st.bias[wi] ? cu_mat_get(st.bias[wi], st.bdt[wi], row) : 0.0f;
-            }
-            float *y = mi == 0 ? st.y[0] : mi == 1 ? st.y[1] : st.y[2];
-#pragma unroll
-            for (int t = 0; t < N; t++) {
-                float g = acc[0][t] + b[0];
-                float v = st.glu ? g / (1.0f + expf(-g)) * (acc[1][t] + b[1]) : g;
-                y[(size_t)t * m + row] = st.acc ? y[(size_t)t * m + row] + v : v;
-            }
-        }
+        if (row < m && seg == 0 && lane == 0) gemv_store<N>(st, mi, row, m, acc);
     }
 }
 
@@ -257,6 +287,7 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
     unsigned groups = (unsigned)end;
     if (!groups || n <= 0) return;   /* no rows or no tokens: nothing to launch */
     size_t smem = st.norm ? sizeof(float) * (size_t)n * k : 0;
+    st.prefetch = c->prefetch && c->light_prev;
     switch (n) {
 #define CASE(N)                                                                                      \
     case N: {                                                                                        \
