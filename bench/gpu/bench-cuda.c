@@ -18,7 +18,7 @@
  * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
  *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and one JSON line.
  *   BENCH_AB=VAR (environment): also compares the decode step with the
- *   backend knob VAR at 0 and 1 (ab_compare). BENCH_PROFILE: one decode
+ *   backend knob VAR at 0 and 1, or at 0 and $BENCH_AB_ON (ab_compare). BENCH_PROFILE: one decode
  *   step for a profiler (profile_step).
  */
 #include <cublas_v2.h>
@@ -308,7 +308,8 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
     int32_t last[2] = {-1, -1};
     for (int r = 0; r < 8; r++) {
         int on = r % 2;
-        setenv(var, on ? "1" : "0", 1);
+        const char *onv = getenv("BENCH_AB_ON");
+        setenv(var, on ? (onv && *onv ? onv : "1") : "0", 1);
         cinfer_ctx_opts co = {0, 1};
         cinfer_ctx *ctx = NULL;
         char err[512];
