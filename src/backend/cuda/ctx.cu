@@ -168,6 +168,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->pdl = !(pdl && !strcmp(pdl, "0"));
     const char *pf = getenv("CINFER_CUDA_PREFETCH");
     c->prefetch = !(pf && !strcmp(pf, "0"));
+    const char *cls = getenv("CINFER_CUDA_CLUSTER");
+    c->cluster = !(cls && !strcmp(cls, "0"));
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

@@ -80,6 +80,7 @@ struct be_ctx {
     int pdl;                 /* launch with programmatic dependent launch (CINFER_CUDA_PDL=0: off) */
     int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
+    int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
@@ -132,20 +133,35 @@ static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + 
  * nothing but staged inputs and memory written by earlier steps: it may run
  * while the kernel two back is still running. */
 
+/* cluster_x > 0: thread block clusters of cluster_x blocks along x */
 template <typename... K, typename... A>
-static inline void cu_launch(be_ctx *c, void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+static inline void cu_launch_cluster(be_ctx *c, unsigned cluster_x, void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (c->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = cluster_x;
+        at[na].val.clusterDim.y = 1;
+        at[na++].val.clusterDim.z = 1;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = na;
     cudaLaunchKernelEx(&cfg, kernel, args...);
     c->light_prev = 0;
+}
+
+template <typename... K, typename... A>
+static inline void cu_launch(be_ctx *c, void (*kernel)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+    cu_launch_cluster(c, 0, kernel, grid, block, smem, args...);
 }
 
 /* weight element as float */
