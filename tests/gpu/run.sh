@@ -72,9 +72,10 @@ if [ -n "$CS" ] && [ "$PART" != tests ]; then
     rc=$?
     echo "== compute-sanitizer --tool $tool $*: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $T/san.tmp | tail -1) tests: $(grep -c '^PASS' $T/san.tmp) pass, $(grep -c '^FAIL' $T/san.tmp) fail" | tee -a $O/sanitizer.log
     if [ $tool = racecheck ]; then
-      k=$(grep -oE 'access at [A-Za-z_0-9]+' $T/san.tmp | awk '{print $3}' | sort -u | tr '\n' ' ')
+      k=$(grep -oE 'access at (void )?[A-Za-z_0-9]+' $T/san.tmp | awk '{print $NF}' | sort -u | tr '\n' ' ')
       ours=$(echo "$k" | tr ' ' '\n' | grep -v '^nvjet' | grep -v '^$' | tr '\n' ' ')
       echo "   racecheck: kernels with reported hazards: ${k:-none}; outside cuBLAS (nvjet*): ${ours:-none}" | tee -a $O/sanitizer.log
+      grep -vE '^(PASS|#)' $T/san.tmp | head -400 >$O/racecheck-detail.log
     fi
     [ $rc -ne 0 ] && grep -vE '^(PASS|#)' $T/san.tmp | grep -v 'Race reported\|and Write\|and Read\|^========= *$' | head -20 >>$O/sanitizer.log
   done
