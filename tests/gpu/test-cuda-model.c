@@ -1,13 +1,14 @@
 /*
  * test-cuda-model.c — the whole forward on the CUDA backend against the CPU
  * backend and against transformers' golden logits (tests/fixtures/models):
- * every tiny architecture/dtype fixture, then stories260k's logits and its
- * greedy text, which must be identical to the CPU's. Bars (issue 5): f32
+ * every tiny architecture/dtype fixture, prose-13m (real bf16 weights), then
+ * stories260k's logits and its greedy text, which must be identical to the
+ * CPU's. Bars (issue 5): f32
  * models within 1e-3 of the logit range of transformers' f32 logits; 16-bit
  * models within 1.5e-2 of the range of transformers' own bf16/f16 logits
  * (logits_native.npy). Also: token-by-token decode through the CUDA graph
  * path equals the prefill, and a padded batch equals its rows.
- * argv[1]: directory holding stories260k (default ../shared/models).
+ * argv[1]: directory holding stories260k and prose-13m (default ../shared/models).
  */
 #include <jansson.h>
 #include "../check.h"
@@ -54,10 +55,10 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
     CHECK(ok && e0 <= tol && e1 <= tol, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
 }
 
-static void tiny_case(const char *name) {
-    char dir[256], path[300];
-    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
-    snprintf(path, sizeof path, "%s/reference.json", dir);
+/* the model in dir against the transformers logits in refdir (a tiny fixture holds both) */
+static void model_case(const char *name, const char *refdir, const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/reference.json", refdir);
     json_t *ref = json_load_file(path, 0, NULL);
     cinfer_model *mg = golden_load(dir, "cuda", 0), *mc = golden_load(dir, "cpu", 0);
     CHECK(ref && mg && mc, "%s: fixture and model load on cuda and cpu", name);
@@ -70,7 +71,7 @@ static void tiny_case(const char *name) {
         const char *dt = json_string_value(json_object_get(ref, "weights_dtype"));
         int f32 = dt && !strcmp(dt, "float32");
         float *g = golden_eval_all(mg, ids, n, V), *c = golden_eval_all(mc, ids, n, V);
-        float *hf = read_npy(dir, f32 ? "logits.npy" : "logits_native.npy", n, V);
+        float *hf = read_npy(refdir, f32 ? "logits.npy" : "logits_native.npy", n, V);
         CHECK(g && c && hf, "%s: eval %d tokens on both backends", name, n);
         if (g && c && hf) {
             double tol = f32 ? 1e-3 : 1.5e-2;
@@ -152,7 +153,14 @@ out:
 int main(int argc, char **argv) {
     const char *tiny[] = {"llama-f32", "llama-tied-bf16", "llama-f16", "llama3-rope-f32", "llama-linear-f32",
                           "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16"};
-    for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) tiny_case(tiny[i]);
-    stories(argc > 1 ? argv[1] : "../shared/models");
+    char dir[512];
+    for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/models/%s", tiny[i]);
+        model_case(tiny[i], dir, dir);
+    }
+    const char *models = argc > 1 ? argv[1] : "../shared/models";
+    snprintf(dir, sizeof dir, "%s/prose-13m", models);   /* real bf16 weights in two shards */
+    model_case("prose-13m", "tests/fixtures/models/prose13m-ref", dir);
+    stories(models);
     return CHECK_DONE();
 }
