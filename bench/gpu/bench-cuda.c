@@ -306,10 +306,11 @@ static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
 static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int NP, int G) {
     double t[2][4], tg[2][4];
     int32_t last[2] = {-1, -1};
+    const char *onv = getenv("BENCH_AB_ON");
+    if (!onv || !*onv) onv = "1";
     for (int r = 0; r < 8; r++) {
         int on = r % 2;
-        const char *onv = getenv("BENCH_AB_ON");
-        setenv(var, on ? (onv && *onv ? onv : "1") : "0", 1);
+        setenv(var, on ? onv : "0", 1);
         cinfer_ctx_opts co = {0, 1};
         cinfer_ctx *ctx = NULL;
         char err[512];

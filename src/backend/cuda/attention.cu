@@ -372,6 +372,8 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 
 /* ---------------------------------------------------------------- the op */
 
+enum { ATT_SPLIT = 0, ATT_FLASH = 1, ATT_DECODE = 2 };
+
 static void l_attention(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
     const void *K = r->p[1], *V = r->p[2];

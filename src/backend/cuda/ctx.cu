@@ -156,6 +156,12 @@ static void cuda_ctx_free(be_ctx *c) {
     (void)cudaGetLastError();
 }
 
+/* a speed feature on by default; the environment variable name=0 turns it off (for comparisons) */
+static int knob_on(const char *name) {
+    const char *v = getenv(name);
+    return !(v && !strcmp(v, "0"));
+}
+
 static int cuda_ctx_new(be_ctx **out, int n_threads) {
     (void)n_threads;
     *out = NULL;
@@ -164,12 +170,9 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     be_ctx *c = (be_ctx *)calloc(1, sizeof *c);
     if (!c) return 1;
     c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
-    const char *pdl = getenv("CINFER_CUDA_PDL");
-    c->pdl = !(pdl && !strcmp(pdl, "0"));
-    const char *pf = getenv("CINFER_CUDA_PREFETCH");
-    c->prefetch = !(pf && !strcmp(pf, "0"));
-    const char *cls = getenv("CINFER_CUDA_CLUSTER");
-    c->cluster = !(cls && !strcmp(cls, "0"));
+    c->pdl = knob_on("CINFER_CUDA_PDL");
+    c->prefetch = knob_on("CINFER_CUDA_PREFETCH");
+    c->cluster = knob_on("CINFER_CUDA_CLUSTER");
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

@@ -117,7 +117,6 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
 void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape, its slices; its launch */
-enum { ATT_SPLIT = 0, ATT_FLASH = 1, ATT_DECODE = 2 };
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
