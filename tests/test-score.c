@@ -3,7 +3,10 @@
  * mlx-bun shuffle, mlx_lm's load_data rows, perplexity / KL statistics /
  * response log-probs equal to a PyTorch computation of the same definitions
  * on the same rows (tests/reference/make_score_fixtures.py ->
- * tests/fixtures/score/reference.json), relative error <= 1e-4. Also: KL of a
+ * tests/fixtures/score/reference.json), relative error <= 1e-4, and again in
+ * forced 3-position chunks (CINFER_SCORE_CHUNK); chat-format data rows equal
+ * to transformers' apply_chat_template (make_data_fixtures.py ->
+ * cli-reference.json). Also: KL of a
  * model with itself, padded batch == alone, --save-base round trip, and bad
  * input (empty/short/malformed data, different vocabularies, bad base file).
  */
@@ -13,8 +16,10 @@
 #include <unistd.h>
 #include "check.h"
 #include "cinfer.h"
+#include "golden.h"
 
 #define REF "tests/fixtures/score/reference.json"
+#define CLI_REF "tests/fixtures/score/cli-reference.json"
 
 static cinfer_model *load(const char *name) {
     char dir[512], err[1024];
@@ -135,12 +140,16 @@ static void test_data(json_t *ref) {
     cinfer_model_free(m);
 }
 
-/* {"messages"}, {"prompt","completion"} and {"tokens"} lines: rendered through the chat template,
- * tokenized without special tokens, no EOS appended (mlx_lm); ids taken as is */
+/* {"messages"}, {"prompt","completion"} and {"tokens"} lines -> the ids mlx_lm's datasets build with
+ * transformers' apply_chat_template (tests/reference/make_data_fixtures.py -> cli-reference.json
+ * "chat_data": the template, the lines, the ids of each line); {"tokens"} as is */
 static void test_chat_data(void) {
+    json_t *ref = json_load_file(CLI_REF, 0, NULL), *cd = json_object_get(ref, "chat_data");
+    CHECK(cd != NULL, "%s holds chat_data", CLI_REF);
+    if (!cd) { json_decref(ref); return; }
     char dir[64], path[128], src[512], jl[128];
     snprintf(dir, sizeof dir, "/tmp/cinfer-score-%d-chat", (int)getpid());
-    if (mkdir(dir, 0755)) { CHECK(0, "mkdir %s", dir); return; }
+    if (mkdir(dir, 0755)) { CHECK(0, "mkdir %s", dir); json_decref(ref); return; }
     const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
     /* links to the real model through absolute paths */
     for (int i = 0; i < 3; i++) {
@@ -151,46 +160,43 @@ static void test_chat_data(void) {
         free(abs);
     }
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    write_file(path, "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_bos_token\": true, \"chat_template\": "
-                     "\"{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}\"}");
+    json_dump_file(json_object_get(cd, "tokenizer_config"), path, 0);
     snprintf(jl, sizeof jl, "%s/data.jsonl", dir);
-    const char *msgs = "[{\"role\":\"user\",\"content\":\"Once upon a time\"},{\"role\":\"assistant\",\"content\":\"there was a cat.\"}]";
-    const char *pc = "[{\"role\":\"user\",\"content\":\"Lily said\"},{\"role\":\"assistant\",\"content\":\"hello!\"}]";
-    char line[1024];
-    snprintf(line, sizeof line, "{\"messages\": %s}\n{\"prompt\": \"Lily said\", \"completion\": \"hello!\"}\n{\"tokens\": [5, 6, 7]}\n", msgs);
-    write_file(jl, line);
+    FILE *f = fopen(jl, "w");
+    size_t k;
+    json_t *v;
+    json_array_foreach(json_object_get(cd, "lines"), k, v) {
+        char *line = json_dumps(v, JSON_COMPACT);
+        if (f && line) fprintf(f, "%s\n", line);
+        free(line);
+    }
+    if (f) fclose(f);
+    /* the stream: every line's ids in file order */
+    int32_t want[1024];
+    int nw = 0;
+    json_array_foreach(json_object_get(cd, "ids"), k, v) nw += golden_ids(v, want + nw, 1024 - nw);
     char err[512] = "";
     cinfer_model *m = NULL;
     cinfer_model_load(dir, NULL, &m, err, sizeof err);
     const cinfer_tokenizer *t = m ? cinfer_model_tokenizer(m) : NULL;
-    int32_t want[256];
-    int nw = 0, ok = t != NULL;
-    const char *conv[2] = {msgs, pc};
-    for (int k = 0; ok && k < 2; k++) {
-        char *text = NULL;
-        int32_t *ids = NULL;
-        int n = 0;
-        ok = !cinfer_chat_render(t, conv[k], NULL, NULL, 0, &text, err, sizeof err) &&
-             !cinfer_tokenize(t, text, strlen(text), 0, 1, &ids, &n) && nw + n < 250;
-        for (int i = 0; ok && i < n; i++) want[nw++] = ids[i];
-        free(text);
-        free(ids);
-    }
-    for (int i = 5; i <= 7; i++) want[nw++] = i;
     cinfer_data_opts o = cinfer_data_defaults();
     o.seq_len = 4;
     o.num_samples = -1;
     o.shuffle = CINFER_SHUFFLE_NONE;
     int32_t *rows = NULL;
     int n = 0;
-    cinfer_status st = ok ? cinfer_load_rows(t, -1, jl, &o, &rows, &n, err, sizeof err) : CINFER_EINVAL;
-    CHECK(!st && n == nw / 4 && !memcmp(rows, want, sizeof *rows * (size_t)n * 4),
-          "chat data: messages / prompt+completion through the template, tokens as is (%d rows of 4 from %d ids) %s", n, nw, err);
+    cinfer_status st = t ? cinfer_load_rows(t, -1, jl, &o, &rows, &n, err, sizeof err) : CINFER_EINVAL;
+    int same = !st && n == nw / 4 && nw > 100;
+    for (int i = 0; same && i < n * 4; i++)
+        if (rows[i] != want[i]) { same = 0; printf("# chat data: id %d is %d, transformers %d\n", i, rows[i], want[i]); }
+    CHECK(same, "chat data: messages / prompt+completion through transformers' apply_chat_template, tokens as is "
+          "(%d rows of 4 from %d ids) %s", n, nw, err);
     free(rows);
     cinfer_model_free(m);
     const char *rm[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data.jsonl"};
     for (int i = 0; i < 5; i++) { snprintf(path, sizeof path, "%s/%s", dir, rm[i]); unlink(path); }
     rmdir(dir);
+    json_decref(ref);
 }
 
 /* ----------------------------------------------------------- perplexity */
