@@ -49,7 +49,7 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
 /* an f16 KV cache stays within f16 rounding of the f32 cache */
 static void check_kv_f16(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
     cinfer_ctx *c = NULL;
-    cinfer_ctx_opts o = {0, 1};
+    cinfer_ctx_opts o = {.kv_f16 = 1};
     char err[256];
     float *lg = malloc(sizeof(float) * n * V);
     int ok = !cinfer_ctx_new(m, &o, &c, err, sizeof err) && !cinfer_eval(c, ids, n, 1, lg);

@@ -181,7 +181,7 @@ int cmd_generate(int argc, char **argv) {
     cinfer_ctx *c = NULL;
     char err[512];
     rc = prompt_ids("generate", &o, m, o.prompt, &ids, &n);
-    cinfer_ctx_opts co = {o.threads, o.kv_f16};
+    cinfer_ctx_opts co = {.n_threads = o.threads, .kv_f16 = o.kv_f16};
     if (!rc && cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer generate: %s\n", err); rc = 1; }
     if (!rc) {
         cinfer_gen_stats s;
@@ -237,7 +237,7 @@ int cmd_chat(int argc, char **argv) {
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
     cinfer_ctx *c = NULL;
     char err[512], line[8192];
-    cinfer_ctx_opts co = {o.threads, o.kv_f16};
+    cinfer_ctx_opts co = {.n_threads = o.threads, .kv_f16 = o.kv_f16};
     if (!t) { fprintf(stderr, "cinfer chat: %s has no tokenizer.json\n", o.model); rc = 1; }
     else if (cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer chat: %s\n", err); rc = 1; }
     json_t *msgs = json_array();
