@@ -101,6 +101,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     be_span(p1, a->window, a->keep, a->run0[b], &l[0], &l[1], &l[2]);
     int rng[4] = {f[0], l[1], f[2], p1 + 1};
     if (rng[1] < rng[0]) rng[1] = rng[0];
+    if (rng[2] > rng[3]) rng[2] = rng[3];   /* every query still among the sinks (p < keep): no run */
     int n1 = rng[1] - rng[0], T = n1 + rng[3] - rng[2];
     float *S = ws, *kf = ws + (size_t)ATT_QB * j->tmax, *vf = kf + (size_t)j->tmax * hd;
     seg *sg = (seg *)(vf + (size_t)j->tmax * hd);
