@@ -88,6 +88,8 @@ typedef struct cinfer_ctx_opts {
                            generation may then run past the model's context */
     int batch_invariant;/* 1: a row's logits never depend on the other rows of its batch
                            (CUDA then keeps activations f32 in every matmul); the CPU always is */
+    int prefill_step_size; /* cinfer_generate feeds a prompt in steps of this many tokens and
+                           its last token alone, as mlx-lm's generate_step (0 = 2048) */
 } cinfer_ctx_opts;
 
 /* A context holds many sequences (their KV state in pages from one memory

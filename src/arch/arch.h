@@ -48,6 +48,7 @@ typedef struct arch_def {
 int arch_layer_window(const arch_def *a, const model_config *cfg, int l);
 
 const arch_def *arch_find(const char *model_type);
+int arch_known(const char *model_type);
 /* comma-separated list of supported model types, for error messages */
 const char *arch_supported(void);
 

@@ -92,6 +92,8 @@ static cinfer_status kv_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *e
     c->n_seq = o && o->max_seqs ? o->max_seqs : 64;
     c->kv_page = o && o->kv_page ? o->kv_page : 128;
     c->max_kv = o ? o->max_kv_size : 0;
+    c->prefill_step = o && o->prefill_step_size ? o->prefill_step_size : 2048;
+    if (c->prefill_step < 1) return cf_err(err, n, CINFER_EINVAL, "prefill_step_size %d < 1", c->prefill_step);
     if (c->n_seq < 1 || c->n_seq > 65536) return cf_err(err, n, CINFER_EINVAL, "max_seqs %d outside [1, 65536]", c->n_seq);
     if (c->kv_page < 1 || c->kv_page > 65536 || (c->kv_page & (c->kv_page - 1)))
         return cf_err(err, n, CINFER_EINVAL, "KV page size %d is not a power of two in [1, 65536]", c->kv_page);

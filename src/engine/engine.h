@@ -36,6 +36,7 @@ struct cinfer_ctx {
     kv_cache **layer_cache;   /* [n_layer] each layer's storage (owned by its group) */
     be_dtype kv_dt;
     int kv_page, max_kv;
+    int prefill_step;         /* cinfer_generate's prompt step (mlx-lm's prefill_step_size) */
     /* backend buffers, grown on demand to the largest batch seen */
     size_t cap_tokens;      /* tokens the buffers below hold */
     float *x;               /* [cap_tokens][hidden] */

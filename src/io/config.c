@@ -91,7 +91,8 @@ static int parse_rope(cfgp *p, json_t *rs, model_config *c) {
     return 1;
 }
 
-cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n) {
+cinfer_status config_load(const char *dir, int (*known)(const char *model_type), const char *supported,
+                          model_config *c, char *err, size_t n) {
     memset(c, 0, sizeof *c);
     char *path = cf_path(dir, "config.json");
     if (!path) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
@@ -110,6 +111,11 @@ cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n)
     json_t *mt = json_object_get(p.root, "model_type");
     if (!json_is_string(mt)) { p.st = cf_err(err, n, CINFER_EFORMAT, "%s: missing \"model_type\"", path); goto out; }
     snprintf(c->model_type, sizeof c->model_type, "%s", json_string_value(mt));
+    if (known && !known(c->model_type)) {
+        p.st = cf_err(err, n, CINFER_EUNSUPPORTED, "%s: unknown model_type \"%s\" (supported: %s)", path,
+                      json_string_value(mt), supported ? supported : "");
+        goto out;
+    }
     if (!get_int(&p, "hidden_size", 0, 1, 1, &c->hidden) || !get_int(&p, "num_hidden_layers", 0, 1, 1, &c->n_layer) ||
         !get_int(&p, "num_attention_heads", 0, 1, 1, &c->n_head) ||
         !get_int(&p, "num_key_value_heads", c->n_head, 0, 1, &c->n_kv_head) ||

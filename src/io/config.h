@@ -32,6 +32,9 @@ typedef struct model_config {
     int eos[8];
 } model_config;
 
-/* config.json (+ generation_config.json) -> cfg */
-cinfer_status config_load(const char *dir, model_config *cfg, char *err, size_t n);
+/* config.json (+ generation_config.json) -> cfg. known(model_type) (may be
+ * NULL) says whether the caller handles the type; an unknown one is refused
+ * first, naming the `supported` list, before any field is read. */
+cinfer_status config_load(const char *dir, int (*known)(const char *model_type), const char *supported,
+                          model_config *cfg, char *err, size_t n);
 #endif
