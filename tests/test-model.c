@@ -62,7 +62,7 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
  * rounded to f16 after RoPE (logits_kv_f16.npy, where the fixture has one) */
 static void check_kv_f16(const char *name, const char *dir, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
     cinfer_ctx *c = NULL;
-    cinfer_ctx_opts o = {0, 1};
+    cinfer_ctx_opts o = {.kv_f16 = 1};
     char err[256], path[512];
     float *lg = malloc(sizeof(float) * n * V);
     int ok = !cinfer_ctx_new(m, &o, &c, err, sizeof err) && !cinfer_eval(c, ids, n, 1, lg);

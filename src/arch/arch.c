@@ -144,3 +144,9 @@ float *rope_inv_freq(const model_config *c, int *rot_dims) {
     }
     return f;
 }
+
+int arch_layer_window(const arch_def *a, const model_config *cfg, int l) {
+    return a->layer_window ? a->layer_window(cfg, l) : cfg->sliding_window;
+}
+
+int arch_known(const char *model_type) { return arch_find(model_type) != NULL; }

@@ -69,3 +69,14 @@ float be_mat_get(const be_mat *m, int64_t r, int64_t c) {
     }
     return 0;
 }
+
+float be_kv_get(const void *p, be_dtype dt, size_t i) {
+    if (dt == BE_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == BE_F16 ? be_f16_to_f32(h) : be_bf16_to_f32(h);
+}
+
+void be_kv_put(void *p, be_dtype dt, size_t i, float x) {
+    if (dt == BE_F32) ((float *)p)[i] = x;
+    else ((uint16_t *)p)[i] = dt == BE_F16 ? be_f32_to_f16(x) : be_f32_to_bf16(x);
+}

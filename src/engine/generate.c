@@ -15,6 +15,20 @@ static int is_eos(const cinfer_model *m, int32_t t) {
     return 0;
 }
 
+/* the prompt as mlx-lm's generate_step feeds it: all but the last token in
+ * steps of prefill_step tokens, then the last token alone, whose logits (or
+ * greedy token) start the generation. With a rotating window the step shape
+ * decides what each query sees, so this is what makes --max-kv-size match. */
+static cinfer_status prefill(cinfer_ctx *c, const int32_t *prompt, int n, int dev_greedy, float *logits, int32_t *next) {
+    for (int done = 0; done < n - 1;) {
+        int k = n - 1 - done < c->prefill_step ? n - 1 - done : c->prefill_step;
+        cinfer_status st = cinfer_eval(c, prompt + done, k, 0, NULL);
+        if (st) return st;
+        done += k;
+    }
+    return dev_greedy ? ctx_eval_greedy(c, prompt + n - 1, 1, next) : cinfer_eval(c, prompt + n - 1, 1, 0, logits);
+}
+
 cinfer_status cinfer_generate(cinfer_ctx *c, const int32_t *prompt, int n_prompt, const cinfer_sampler_params *sp,
                               int max_tokens, cinfer_token_cb cb, void *user, cinfer_gen_stats *stats) {
     cinfer_model *m = c->m;
@@ -46,7 +60,7 @@ cinfer_status cinfer_generate(cinfer_ctx *c, const int32_t *prompt, int n_prompt
     int dev_greedy = m->be->argmax && pp->temp == 0.0f && pp->rep_penalty == 1.0f;
     int32_t next = 0;
     double t0 = cf_now();
-    st = dev_greedy ? ctx_eval_greedy(c, prompt, n_prompt, &next) : cinfer_eval(c, prompt, n_prompt, 0, logits);
+    st = prefill(c, prompt, n_prompt, dev_greedy, logits, &next);
     gs.prompt_tokens = n_prompt;
     gs.prompt_s = cf_now() - t0;
     double t1 = cf_now();

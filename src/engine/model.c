@@ -53,9 +53,10 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
         return cf_err(err, n, CINFER_EIO, "%s: not a directory (expected a model directory with config.json)", dir);
     cinfer_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) { free(m); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
-    cinfer_status st = config_load(dir, &m->cfg, err, n);
+    cinfer_status st = config_load(dir, arch_known, arch_supported(), &m->cfg, err, n);
     if (!st) {
         m->arch = arch_find(m->cfg.model_type);
+        m->arch->adjust(&m->cfg);
         st = st_open_dir(dir, &m->st, err, n);
     }
     if (!st) st = weights_bind(&m->cfg, &m->st, dir, &m->w, err, n);

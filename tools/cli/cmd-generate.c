@@ -16,6 +16,7 @@ typedef struct gen_opts {
     const char *model, *prompt, *device, *system, *tokens;
     int max_tokens, threads, chat, json, kv_f16, quiet;
     cinfer_sampler_params sp;
+    cinfer_ctx_opts co;
 } gen_opts;
 
 static void gen_help(FILE *f, const char *cmd) {
@@ -36,6 +37,7 @@ static void gen_help(FILE *f, const char *cmd) {
         "  -t, --threads N            CPU threads (default: all cores)\n"
         "      --device cpu|cuda      backend (default cpu)\n"
         "      --kv-f16               keep the KV cache in f16\n"
+        CLI_KV_HELP
         "      --json                 print the statistics as one JSON object on stdout\n"
         "  -h, --help                 this help\n",
         cmd,
@@ -55,7 +57,7 @@ static int parse_gen(const char *cmd, int argc, char **argv, gen_opts *o) {
         {"top-k", 1, 0, 2}, {"top-p", 1, 0, 3}, {"min-p", 1, 0, 4}, {"repetition-penalty", 1, 0, 5},
         {"repetition-context-size", 1, 0, 6}, {"seed", 1, 0, 7}, {"threads", 1, 0, 't'}, {"device", 1, 0, 8},
         {"chat", 0, 0, 9}, {"system", 1, 0, 10}, {"json", 0, 0, 11}, {"kv-f16", 0, 0, 12}, {"tokens", 1, 0, 13},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 100;
     o->sp = cinfer_sampler_defaults();
@@ -65,6 +67,9 @@ static int parse_gen(const char *cmd, int argc, char **argv, gen_opts *o) {
     opterr = 0;
     int c, seed;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", lo, NULL)) != -1) {
+        int kv = cli_kv_flag(cmd, c, optarg, &o->co);
+        if (kv < 0) return 2;
+        if (kv) continue;
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;
@@ -181,7 +186,9 @@ int cmd_generate(int argc, char **argv) {
     cinfer_ctx *c = NULL;
     char err[512];
     rc = prompt_ids("generate", &o, m, o.prompt, &ids, &n);
-    cinfer_ctx_opts co = {o.threads, o.kv_f16};
+    cinfer_ctx_opts co = o.co;
+    co.n_threads = o.threads;
+    co.kv_f16 = o.kv_f16;
     if (!rc && cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer generate: %s\n", err); rc = 1; }
     if (!rc) {
         cinfer_gen_stats s;
@@ -237,7 +244,9 @@ int cmd_chat(int argc, char **argv) {
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
     cinfer_ctx *c = NULL;
     char err[512], line[8192];
-    cinfer_ctx_opts co = {o.threads, o.kv_f16};
+    cinfer_ctx_opts co = o.co;
+    co.n_threads = o.threads;
+    co.kv_f16 = o.kv_f16;
     if (!t) { fprintf(stderr, "cinfer chat: %s has no tokenizer.json\n", o.model); rc = 1; }
     else if (cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer chat: %s\n", err); rc = 1; }
     json_t *msgs = json_array();
@@ -259,6 +268,7 @@ int cmd_chat(int argc, char **argv) {
         int keep = 0, have = cinfer_ctx_pos(c);
         while (keep < have && keep < n - 1 && keep < acc.n_fed && acc.fed[keep] == ids[keep]) keep++;
         cinfer_ctx_trim(c, keep);
+        if (cinfer_ctx_pos(c) < keep) keep = cinfer_ctx_pos(c);   /* a window that dropped keys cannot go back */
         acc.n_fed = keep;
         for (int i = keep; i < n; i++) chat_cb(ids[i], NULL, &acc);
         acc.n = 0;
