@@ -42,7 +42,7 @@ static double err_rows(const float *got, const float *want, int n, const float *
 
 static cinfer_ctx *ctx_new(cinfer_model *m, int kv_f16) {
     cinfer_ctx *c = NULL;
-    cinfer_ctx_opts o = {0, kv_f16};
+    cinfer_ctx_opts o = {.kv_f16 = kv_f16};
     char err[256];
     if (cinfer_ctx_new(m, &o, &c, err, sizeof err)) printf("# ctx: %s\n", err);
     return c;
