@@ -136,6 +136,10 @@ int main(int argc, char **argv) {
     d = mkcase("nohidden");
     write_text(d, "config.json", "{\"model_type\": \"llama\", \"num_hidden_layers\": 1}");
     expect_fail("missing hidden_size", d, CINFER_EFORMAT, "config.json", "hidden_size", NULL);
+    d = mkcase("neg-theta");   /* would make every logit NaN: (-1)^(-2i/d) */
+    write_text(d, "config.json", "{\"model_type\": \"llama\", \"hidden_size\": 4, \"num_hidden_layers\": 1, "
+                                 "\"num_attention_heads\": 2, \"intermediate_size\": 6, \"vocab_size\": 8, \"rope_theta\": -1.0}");
+    expect_fail("negative rope_theta", d, CINFER_EFORMAT, "config.json", "rope_theta", NULL);
     d = mkcase("badfield");
     write_text(d, "config.json", "{\"model_type\": \"qwen3\", \"hidden_size\": \"big\"}");
     expect_fail("hidden_size of the wrong type", d, CINFER_EFORMAT, "config.json", "hidden_size", NULL);
