@@ -8,32 +8,9 @@
  * exit status 1 or 2 (never a crash) on bad input.
  */
 #include <jansson.h>
-#include <libgen.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include "check.h"
 #include "cinfer.h"
-
-static char cli[512];
-
-/* runs `cinfer ARGS`, stdout into out[cap], stderr into er[cap]; returns the exit status (-1: killed) */
-static int run(const char *args, char *out, char *er, size_t cap) {
-    char cmd[2048], fo[64], fe[64];
-    snprintf(fo, sizeof fo, "/tmp/cinfer-cli-%d.out", (int)getpid());
-    snprintf(fe, sizeof fe, "/tmp/cinfer-cli-%d.err", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", cli, args, fo, fe);
-    int st = system(cmd);
-    const char *files[2] = {fo, fe};
-    char *bufs[2] = {out, er};
-    for (int i = 0; i < 2; i++) {
-        FILE *f = fopen(files[i], "r");
-        size_t n = f ? fread(bufs[i], 1, cap - 1, f) : 0;
-        bufs[i][n] = 0;
-        if (f) fclose(f);
-        unlink(files[i]);
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#include "cli-run.h"
 
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -108,10 +85,7 @@ static void test_kl_per_token(const char *base, const char *model, const char *d
 
 int main(int argc, char **argv) {
     (void)argc;
-    char self[512];
-    snprintf(self, sizeof self, "%s", argv[0]);
-    snprintf(cli, sizeof cli, "%s/../cinfer", dirname(self));
-    if (access(cli, X_OK)) { CHECK(0, "the CLI %s exists (build it: make all)", cli); return CHECK_DONE(); }
+    if (!cli_find(argv[0])) { CHECK(0, "the CLI %s exists (build it: make all)", cli); return CHECK_DONE(); }
     static char out[1 << 16], er[1 << 16];
     char args[1024], s260[300];
     snprintf(s260, sizeof s260, "%s/models/stories260k", shared_dir());
