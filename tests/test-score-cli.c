@@ -3,7 +3,8 @@
  * `kl` and `logprobs` from the same build folder as this test (argv[0]'s
  * ../cinfer), checked for their JSON fields, agreement with the library's
  * numbers and with PyTorch (perplexity for several --seed / --shuffle /
- * --sequence-length / --num-samples / --batch-size choices, kl --per-token),
+ * --sequence-length / --num-samples / --batch-size choices, kl --per-token;
+ * --shuffle mulberry32 in mlx-bun's order),
  * the save-base / base-logprobs round trip, and clear errors with
  * exit status 1 or 2 (never a crash) on bad input.
  */
@@ -83,6 +84,55 @@ static void test_kl_per_token(const char *base, const char *model, const char *d
     json_decref(ref);
 }
 
+/* perplexity --shuffle mulberry32 --seed 123: samples visited in mlx-bun's order (mulberry32.json's
+ * permutation for n 5, seed 123, written by node running mlx-bun), through {"tokens"} samples so that the
+ * rows follow from the permutation alone; the CLI's perplexity == the library's on those rows */
+static void test_mulberry_cli(const char *model, char *out, char *er, size_t cap) {
+    json_t *mb = json_load_file("tests/fixtures/score/mulberry32.json", 0, NULL), *c, *perm = NULL;
+    size_t k;
+    json_array_foreach(json_object_get(mb, "cases"), k, c)
+        if (json_integer_value(json_object_get(c, "n")) == 5 && json_integer_value(json_object_get(c, "seed")) == 123)
+            perm = json_object_get(c, "perm");
+    const int lens[5] = {3, 5, 2, 6, 4};
+    int32_t smp[5][6], rows[20];
+    char path[64], args[1024];
+    snprintf(path, sizeof path, "/tmp/cinfer-cli-%d-mb.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 5; i++) {
+        if (f) fprintf(f, "{\"tokens\": [");
+        for (int j = 0; j < lens[i]; j++) {
+            smp[i][j] = 3 + 7 * i + j;
+            if (f) fprintf(f, "%s%d", j ? ", " : "", smp[i][j]);
+        }
+        if (f) fprintf(f, "]}\n");
+    }
+    if (f) fclose(f);
+    int n = 0;
+    for (int i = 0; perm && i < 5; i++) {
+        int s = (int)json_integer_value(json_array_get(perm, i));
+        for (int j = 0; j < lens[s]; j++) rows[n++] = smp[s][j];
+    }
+    cinfer_model *m = NULL;
+    cinfer_ctx *x = NULL;
+    cinfer_ppl_result r;
+    char err[256];
+    int ok = perm && n == 20 && !cinfer_model_load(model, NULL, &m, err, sizeof err) && !cinfer_ctx_new(m, NULL, &x, err, sizeof err) &&
+             !cinfer_perplexity(x, rows, 5, 4, 1, NULL, NULL, NULL, &r, err, sizeof err);
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length 4 --num-samples -1 --shuffle mulberry32 --seed 123 "
+             "--batch-size 2 --json", model, path);
+    int rc = run(args, out, er, cap);
+    json_t *j = json_loads(out, 0, NULL);
+    double p = json_number_value(json_object_get(j, "perplexity"));
+    CHECK(ok && rc == 0 && json_integer_value(json_object_get(j, "rows")) == 5 && rel(p, r.perplexity) <= 1e-6,
+          "perplexity --shuffle mulberry32 --seed 123: rows in mlx-bun's sample order (perplexity %.6f, on those rows %.6f) %s",
+          p, ok ? r.perplexity : 0, er);
+    json_decref(j);
+    cinfer_ctx_free(x);
+    cinfer_model_free(m);
+    unlink(path);
+    json_decref(mb);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     if (!cli_find(argv[0])) { CHECK(0, "the CLI %s exists (build it: make all)", cli); return CHECK_DONE(); }
@@ -117,6 +167,7 @@ int main(int argc, char **argv) {
     cinfer_ctx_free(c);
     cinfer_model_free(m);
     test_ppl_reference(s260, data, out, er, sizeof out);
+    test_mulberry_cli(s260, out, er, sizeof out);
     snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length 64 --num-samples 2", s260, data);
     rc = run(args, out, er, sizeof out);
     CHECK(rc == 0 && strstr(out, "Perplexity: ") && strstr(out, "\xc2\xb1") && strstr(out, "Tokens per second") && strstr(out, "Peak memory"),
