@@ -41,10 +41,7 @@ static void bind(binder *b, be_mat *m, const char *name, int64_t rows, int64_t c
         return;
     }
     const char *file = b->st->paths[t->file];
-    if (!strcmp(t->dtype, "F32")) m->dt = BE_F32;
-    else if (!strcmp(t->dtype, "F16")) m->dt = BE_F16;
-    else if (!strcmp(t->dtype, "BF16")) m->dt = BE_BF16;
-    else {
+    if (!be_dtype_from_st(t->dtype, &m->dt)) {
         b->status = cf_err(b->err, b->n, CINFER_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file, name, t->dtype);
         return;
     }

@@ -83,12 +83,8 @@ static cinfer_status build_groups(cinfer_ctx *c, char *err, size_t n) {
 static cinfer_status kv_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err, size_t n) {
     c->kv_dt = o && o->kv_f16 ? BE_F16 : BE_F32;
     const char *dt = o ? o->kv_dtype : NULL;
-    if (dt) {
-        if (!strcmp(dt, "f32")) c->kv_dt = BE_F32;
-        else if (!strcmp(dt, "f16")) c->kv_dt = BE_F16;
-        else if (!strcmp(dt, "bf16")) c->kv_dt = BE_BF16;
-        else return cf_err(err, n, CINFER_EINVAL, "KV dtype '%s' is not one of f32, f16, bf16", dt);
-    }
+    if (dt && !be_dtype_from_name(dt, &c->kv_dt))
+        return cf_err(err, n, CINFER_EINVAL, "KV dtype '%s' is not one of f32, f16, bf16", dt);
     c->n_seq = o && o->max_seqs ? o->max_seqs : 64;
     c->kv_page = o && o->kv_page ? o->kv_page : 128;
     c->max_kv = o ? o->max_kv_size : 0;
