@@ -33,7 +33,17 @@ typedef struct model_weights {
     layer_weights *layers;    /* [n_layer] */
     float *inv_freq;          /* [rot_dims/2] RoPE inverse frequencies after scaling */
     int rot_dims;
+    be_mat **mats;            /* [n_mats] every bound matrix (what the backend prepares and releases) */
+    int n_mats, cap_mats;
 } model_weights;
+
+/* a forward batch: B rows of padded length L */
+typedef struct block_batch {
+    int B, L;
+    const int *pos0;          /* [B] */
+    const int *len;           /* [B] */
+    const int *pos;           /* [B*L] absolute position of every token */
+} block_batch;
 
 struct arch_def;
 typedef struct arch_def {
@@ -42,10 +52,24 @@ typedef struct arch_def {
     void (*adjust)(model_config *cfg);
     /* the sliding window of layer l (0: full attention); NULL: cfg->sliding_window for every layer */
     int (*layer_window)(const model_config *cfg, int l);
+    /* hooks an architecture with its own tensors or blocks sets (NULL: the llama
+     * family's weights_bind, block_forward and block_scratch_floats) */
+    cinfer_status (*bind)(const model_config *cfg, const st_set *st, const char *dir, model_weights *w, char *err,
+                          size_t n);
+    cinfer_status (*forward)(const be_ops *be, be_ctx *bc, const model_config *cfg, const model_weights *w,
+                             kv_group *const *groups, kv_cache *const *caches, const block_batch *bb, float *x,
+                             float *scratch);
+    size_t (*scratch_floats)(const model_config *cfg, int n_tokens);
 } arch_def;
 
-/* the window of layer l through the arch hook */
+/* the hooks, with the llama family's defaults */
 int arch_layer_window(const arch_def *a, const model_config *cfg, int l);
+cinfer_status arch_bind(const arch_def *a, const model_config *cfg, const st_set *st, const char *dir,
+                        model_weights *w, char *err, size_t n);
+cinfer_status arch_forward(const arch_def *a, const be_ops *be, be_ctx *bc, const model_config *cfg,
+                           const model_weights *w, kv_group *const *groups, kv_cache *const *caches,
+                           const block_batch *bb, float *x, float *scratch);
+size_t arch_scratch_floats(const arch_def *a, const model_config *cfg, int n_tokens);
 
 const arch_def *arch_find(const char *model_type);
 int arch_known(const char *model_type);
@@ -60,12 +84,7 @@ void weights_free(model_weights *w);
 
 /* the decoder forward over a batch: hidden [B*L][hidden] in, out. Scratch is
  * owned by the caller (blocks.c sizes it via block_scratch_floats). */
-typedef struct block_batch {
-    int B, L;
-    const int *pos0;          /* [B] */
-    const int *len;           /* [B] */
-    const int *pos;           /* [B*L] absolute position of every token */
-} block_batch;
+
 
 size_t block_scratch_floats(const model_config *cfg, int n_tokens);
 /* groups[l], caches[l]: layer l's cache group (which fills the paging and mask

@@ -16,4 +16,4 @@ static int qwen2_layer_window(const model_config *c, int l) {
     return l >= (c->max_window_layers >= 0 ? c->max_window_layers : 28) ? c->sliding_window : 0;
 }
 
-const arch_def arch_qwen2 = {"qwen2", qwen2_adjust, qwen2_layer_window};
+const arch_def arch_qwen2 = {"qwen2", .adjust = qwen2_adjust, .layer_window = qwen2_layer_window};

@@ -19,8 +19,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum be_dtype { BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2 } be_dtype;
+typedef enum be_dtype { BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2, BE_N_DTYPES } be_dtype;
 
+/* Everything cinfer knows about a stored element type, one entry per type
+ * (dtype.c): code that handles "any type" goes through this table, and a new
+ * stored type (a packed quantized one) is one new entry plus its kernels in
+ * the backends' per-type tables (indexed by be_dtype, BE_N_DTYPES long). */
+typedef struct be_type_traits {
+    const char *name;      /* "f32", "f16", "bf16" (also KV dtype names) */
+    const char *st_name;   /* safetensors dtype: "F32", "F16", "BF16" */
+    size_t size;           /* bytes per element */
+    float (*get)(const void *p, size_t i);        /* element i as float */
+    void (*put)(void *p, size_t i, float x);      /* store, round to nearest even */
+} be_type_traits;
+
+const be_type_traits *be_traits(be_dtype t);
+/* the type a safetensors dtype names; 0 when none */
+int be_dtype_from_st(const char *st_name, be_dtype *out);
+/* the type a name ("f32", "f16", "bf16") names; 0 when none */
+int be_dtype_from_name(const char *name, be_dtype *out);
 size_t be_dtype_size(be_dtype t);
 const char *be_dtype_name(be_dtype t);
 

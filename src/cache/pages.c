@@ -18,7 +18,6 @@
  * their pages return to the free list. A step or trim that would need them
  * is refused.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,17 +52,6 @@ struct kv_group {
     undo *undo;
     int n_undo, cap_undo;
 };
-
-static cinfer_status fail(char *err, size_t n, cinfer_status s, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static cinfer_status fail(char *err, size_t n, cinfer_status s, const char *fmt, ...) {
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return s;
-}
 
 kv_group *kv_group_new(const be_ops *be, be_ctx *bc, kv_budget *budget, int n_seq, int page, int window, int keep) {
     kv_group *g = calloc(1, sizeof *g);
@@ -208,7 +196,7 @@ static cinfer_status reserve_ids(kv_group *g, int need, char *err, size_t n_err)
     size_t room = g->budget->limit > g->budget->used ? g->budget->limit - g->budget->used : 0;
     if ((size_t)(cap - g->cap) * g->page_bytes > room) cap = min_cap;
     if ((size_t)(cap - g->cap) * g->page_bytes > room)
-        return fail(err, n_err, CINFER_ENOMEM,
+        return cf_err(err, n_err, CINFER_ENOMEM,
                     "KV memory budget exhausted: the step needs %d more pages of %zu bytes, %zu bytes of the %zu-byte "
                     "budget are in use (raise --kv-memory, or use fewer or shorter sequences)",
                     min_cap - g->cap, g->page_bytes, g->budget->used, g->budget->limit);
@@ -216,10 +204,10 @@ static cinfer_status reserve_ids(kv_group *g, int need, char *err, size_t n_err)
     if (ref) g->ref = ref;
     int *fr = realloc(g->free_ids, sizeof *fr * (size_t)cap);
     if (fr) g->free_ids = fr;
-    if (!ref || !fr) return fail(err, n_err, CINFER_ENOMEM, "out of memory for the KV page lists");
+    if (!ref || !fr) return cf_err(err, n_err, CINFER_ENOMEM, "out of memory for the KV page lists");
     for (int i = 0; i < g->n_layers; i++)
         if (g->layers[i]->vt->resize(g->layers[i], g->cap, cap))
-            return fail(err, n_err, CINFER_ENOMEM, "out of %s memory for %d KV pages (%zu bytes)", g->be->name, cap,
+            return cf_err(err, n_err, CINFER_ENOMEM, "out of %s memory for %d KV pages (%zu bytes)", g->be->name, cap,
                         (size_t)cap * g->page_bytes);
     for (int id = cap - 1; id >= g->cap; id--) {
         g->ref[id] = 0;
@@ -270,34 +258,34 @@ static void upload(kv_group *g) {
 cinfer_status kv_group_prepare(kv_group *g, int B, const int *seq, const int *pos0, const int *len, char *err,
                                size_t n_err) {
     cinfer_status st = grow_rows(g, B);
-    if (st) return fail(err, n_err, st, "out of memory");
+    if (st) return cf_err(err, n_err, st, "out of memory");
     int need_pt = 1, fresh = 0;
     for (int b = 0; b < B; b++) g->mark[seq[b] >= 0 && seq[b] < g->n_seq ? seq[b] : 0] = 0;
     for (int b = 0; b < B; b++) {
         int s = seq[b];
         if (s < 0 || s >= g->n_seq)
-            return fail(err, n_err, CINFER_EINVAL, "row %d names sequence %d; the context holds sequences 0..%d", b, s,
+            return cf_err(err, n_err, CINFER_EINVAL, "row %d names sequence %d; the context holds sequences 0..%d", b, s,
                         g->n_seq - 1);
-        if (g->mark[s]) return fail(err, n_err, CINFER_EINVAL, "rows %d and %d both extend sequence %d", g->mark[s] - 1, b, s);
+        if (g->mark[s]) return cf_err(err, n_err, CINFER_EINVAL, "rows %d and %d both extend sequence %d", g->mark[s] - 1, b, s);
         g->mark[s] = b + 1;
         if (pos0[b] < 0 || pos0[b] > g->len[s])
-            return fail(err, n_err, CINFER_EINVAL, "row %d starts sequence %d at position %d but it holds %d tokens", b, s,
+            return cf_err(err, n_err, CINFER_EINVAL, "row %d starts sequence %d at position %d but it holds %d tokens", b, s,
                         pos0[b], g->len[s]);
         if (len[b] > 0 && pos0[b] < kv_group_min_start(g, s))
-            return fail(err, n_err, CINFER_EINVAL,
+            return cf_err(err, n_err, CINFER_EINVAL,
                         "row %d starts sequence %d at position %d, but its window has dropped the keys that position "
                         "needs (it can continue only from %d)", b, s, pos0[b], kv_group_min_start(g, s));
         int end = pos0[b] + len[b];
         if ((end + g->page - 1) / g->page > need_pt) need_pt = (end + g->page - 1) / g->page;
     }
-    if (widen(g, need_pt)) return fail(err, n_err, CINFER_ENOMEM, "out of memory for the KV page tables");
+    if (widen(g, need_pt)) return cf_err(err, n_err, CINFER_ENOMEM, "out of memory for the KV page tables");
     for (int b = 0; b < B; b++)
         for (int pi = pos0[b] / g->page; len[b] > 0 && pi <= (pos0[b] + len[b] - 1) / g->page; pi++)
             fresh += needs_fresh(g, seq[b], pi, pos0[b]);
     if ((st = reserve_ids(g, fresh, err, n_err))) return st;
     if (fresh > g->cap_undo) {
         undo *u = realloc(g->undo, sizeof *u * (size_t)fresh);
-        if (!u) return fail(err, n_err, CINFER_ENOMEM, "out of memory");
+        if (!u) return cf_err(err, n_err, CINFER_ENOMEM, "out of memory");
         g->undo = u;
         g->cap_undo = fresh;
     }
@@ -373,11 +361,11 @@ void kv_group_abort(kv_group *g) {
 }
 
 cinfer_status kv_group_trim(kv_group *g, int s, int n, char *err, size_t n_err) {
-    if (s < 0 || s >= g->n_seq) return fail(err, n_err, CINFER_EINVAL, "no sequence %d (0..%d)", s, g->n_seq - 1);
+    if (s < 0 || s >= g->n_seq) return cf_err(err, n_err, CINFER_EINVAL, "no sequence %d (0..%d)", s, g->n_seq - 1);
     if (n < 0) n = 0;
     if (n >= g->len[s]) return CINFER_OK;
     if (n < kv_group_min_start(g, s))
-        return fail(err, n_err, CINFER_EINVAL,
+        return cf_err(err, n_err, CINFER_EINVAL,
                     "cannot trim sequence %d to %d tokens: its window has dropped the keys before position %d", s, n,
                     g->rs[s]);
     settle(g, s, n);
@@ -393,7 +381,7 @@ void kv_group_clear(kv_group *g, int s) {
 
 cinfer_status kv_group_fork(kv_group *g, int src, int dst, char *err, size_t n_err) {
     if (src < 0 || src >= g->n_seq || dst < 0 || dst >= g->n_seq || src == dst)
-        return fail(err, n_err, CINFER_EINVAL, "cannot fork sequence %d into %d (sequences 0..%d, distinct)", src, dst,
+        return cf_err(err, n_err, CINFER_EINVAL, "cannot fork sequence %d into %d (sequences 0..%d, distinct)", src, dst,
                     g->n_seq - 1);
     kv_group_clear(g, dst);
     for (int pi = 0; pi < g->n_pt; pi++) {
@@ -408,13 +396,13 @@ cinfer_status kv_group_fork(kv_group *g, int src, int dst, char *err, size_t n_e
 }
 
 cinfer_status kv_group_restore(kv_group *g, int s, int n_sink, int run, int len, char *err, size_t n_err) {
-    if (s < 0 || s >= g->n_seq) return fail(err, n_err, CINFER_EINVAL, "no sequence %d (0..%d)", s, g->n_seq - 1);
+    if (s < 0 || s >= g->n_seq) return cf_err(err, n_err, CINFER_EINVAL, "no sequence %d (0..%d)", s, g->n_seq - 1);
     int ok = len >= run && (run == 0 ? n_sink == 0 : g->window && run > g->keep && n_sink == (g->keep < len ? g->keep : len));
     if (!ok)
-        return fail(err, n_err, CINFER_EFORMAT, "snapshot holds positions [0, %d) and [%d, %d), which this cache (window %d, keep %d) cannot hold",
+        return cf_err(err, n_err, CINFER_EFORMAT, "snapshot holds positions [0, %d) and [%d, %d), which this cache (window %d, keep %d) cannot hold",
                     n_sink, run, len, g->window, g->keep);
     kv_group_clear(g, s);
-    if (widen(g, (len + g->page - 1) / g->page)) return fail(err, n_err, CINFER_ENOMEM, "out of memory for the KV page tables");
+    if (widen(g, (len + g->page - 1) / g->page)) return cf_err(err, n_err, CINFER_ENOMEM, "out of memory for the KV page tables");
     int32_t *row = g->pt + (size_t)s * g->n_pt, need = 0;
     for (int pi = 0; pi * g->page < len; pi++)
         need += pi * g->page < n_sink || (pi + 1) * g->page > run;

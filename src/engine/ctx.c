@@ -83,12 +83,8 @@ static cinfer_status build_groups(cinfer_ctx *c, char *err, size_t n) {
 static cinfer_status kv_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err, size_t n) {
     c->kv_dt = o && o->kv_f16 ? BE_F16 : BE_F32;
     const char *dt = o ? o->kv_dtype : NULL;
-    if (dt) {
-        if (!strcmp(dt, "f32")) c->kv_dt = BE_F32;
-        else if (!strcmp(dt, "f16")) c->kv_dt = BE_F16;
-        else if (!strcmp(dt, "bf16")) c->kv_dt = BE_BF16;
-        else return cf_err(err, n, CINFER_EINVAL, "KV dtype '%s' is not one of f32, f16, bf16", dt);
-    }
+    if (dt && !be_dtype_from_name(dt, &c->kv_dt))
+        return cf_err(err, n, CINFER_EINVAL, "KV dtype '%s' is not one of f32, f16, bf16", dt);
     c->n_seq = o && o->max_seqs ? o->max_seqs : 64;
     c->kv_page = o && o->kv_page ? o->kv_page : 128;
     c->max_kv = o ? o->max_kv_size : 0;
@@ -134,7 +130,7 @@ static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
         free(c->pos);
         free(c->ids);
         c->x = be->alloc(c->bc, T * cfg->hidden * sizeof(float));
-        c->scratch = be->alloc(c->bc, block_scratch_floats(cfg, (int)T) * sizeof(float));
+        c->scratch = be->alloc(c->bc, arch_scratch_floats(c->m->arch, cfg, (int)T) * sizeof(float));
         c->pos = malloc(T * sizeof *c->pos);
         c->ids = malloc(T * sizeof *c->ids);
         c->cap_tokens = (!c->x || !c->scratch || !c->pos || !c->ids) ? 0 : T;
@@ -243,7 +239,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
     block_batch bb = {B, L, pos0, len, c->pos};
-    block_forward(be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
+    arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
     for (int r0 = 0; r0 < total && (logits || argmax); r0 += OUT_CHUNK) {
         int nr = total - r0 < OUT_CHUNK ? total - r0 : OUT_CHUNK;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);

@@ -177,12 +177,6 @@ static const cinfer_tensor *find_tensor(const cinfer_snapshot *s, const char *na
     return NULL;
 }
 
-static int dtype_of(const char *name, be_dtype *dt) {
-    for (int d = BE_F32; d <= BE_BF16; d++)
-        if (name && !strcmp(name, be_dtype_name((be_dtype)d))) { *dt = (be_dtype)d; return 1; }
-    return 0;
-}
-
 /* checks layer l's header entry and tensors against the context; *conv gets a
  * malloc'd copy of the tensor in the layer's dtype when they differ */
 static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t *e, int l, int tokens, int *sinks,
@@ -206,7 +200,7 @@ static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t
         snprintf(name, sizeof name, "%d.%d", l, i);
         const cinfer_tensor *t = find_tensor(s, name);
         be_dtype dt;
-        if (!t || !dtype_of(t->dtype, &dt) || t->ndim != 4 || t->shape[0] != 1 || t->shape[1] != nkv ||
+        if (!t || !be_dtype_from_name(t->dtype, &dt) || t->ndim != 4 || t->shape[0] != 1 || t->shape[1] != nkv ||
             t->shape[2] != T || t->shape[3] != hd || t->bytes != (size_t)nkv * T * hd * be_dtype_size(dt) || !t->data)
             return ctx_fail(c, CINFER_EFORMAT, "restore: tensor %s is missing or not [1][%d][%d][%d] of f32/f16/bf16", name,
                             nkv, T, hd);
