@@ -58,6 +58,13 @@ static void write_file(const char *path, const char *text) {
 /* "" or ", 3-position chunks": the scoring tests run twice, the second time with CINFER_SCORE_CHUNK */
 static const char *mode = "";
 #define LP_BATCH_TOL 1e-5
+/* against PyTorch, relative: perplexity / SE / mean and std of the loss, achieved <= 2.6e-7
+ * (llama-f32); each position's loss or log-prob (relative to max(1, |x|)), achieved <= 7.6e-6
+ * (stories260k in 3-position chunks; 4.8e-6 for log-probs) */
+#define PPL_TOL 1e-6
+#define NLL_TOL 2.5e-5
+
+static double rel_err(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-300); }
 
 static int close_to(double a, double b, double floor) { return fabs(a - b) <= 1e-4 * fabs(b) + floor; }
 
@@ -222,11 +229,12 @@ static void test_perplexity(json_t *ref) {
                 double b = json_number_value(json_array_get(rn, i)), d = fabs(nll[i] - b) / fmax(fabs(b), 1);
                 e = d > e ? d : e;
             }
-            CHECK(close_to(r.perplexity, num(c, "perplexity"), 0) && close_to(r.standard_error, num(c, "standard_error"), 0) &&
-                  close_to(r.mean_loss, num(c, "mean_loss"), 0) && close_to(r.std_loss, num(c, "std_loss"), 0) &&
-                  r.tokens == (int64_t)num(c, "tokens") && e <= 1e-4,
-                  "%s%s: perplexity %.6f +- %.6f == PyTorch %.6f +- %.6f (mean loss %.6f vs %.6f, per-token max rel %.1e)", name, mode,
-                  r.perplexity, r.standard_error, num(c, "perplexity"), num(c, "standard_error"), r.mean_loss, num(c, "mean_loss"), e);
+            double ep = fmax(fmax(rel_err(r.perplexity, num(c, "perplexity")), rel_err(r.standard_error, num(c, "standard_error"))),
+                             fmax(rel_err(r.mean_loss, num(c, "mean_loss")), rel_err(r.std_loss, num(c, "std_loss"))));
+            CHECK(ep <= PPL_TOL && r.tokens == (int64_t)num(c, "tokens") && e <= NLL_TOL,
+                  "%s%s: perplexity %.6f +- %.6f == PyTorch %.6f +- %.6f (statistics max rel %.1e, tol %.0e; per-token max rel %.1e, "
+                  "tol %.1e)", name, mode,
+                  r.perplexity, r.standard_error, num(c, "perplexity"), num(c, "standard_error"), ep, PPL_TOL, e, NLL_TOL);
             /* batch 1 vs batch R: same numbers */
             ok = !cinfer_perplexity(x, rows, R, L, 1, nll1, NULL, NULL, &r1, err, sizeof err);
             double d = 0;
@@ -371,7 +379,8 @@ static void test_logprobs(json_t *ref) {
                     d = fmax(d, fabs(pb[t] - p1[t]) / fmax(1, fabs(p1[t])));
                 }
             }
-            CHECK(!bad && e <= 1e-4, "%s%s: %d response log-prob sums == PyTorch (per-token max rel %.1e)", name, mode, n, e);
+            CHECK(!bad && e <= NLL_TOL, "%s%s: %d response log-prob sums == PyTorch (per-token max rel %.1e, tol %.1e)", name, mode, n,
+                  e, NLL_TOL);
             /* achieved (relative): per token 2.9e-6 (stories260k), 6.8e-7 (qwen2-f32); sums <= 2.9e-7 */
             CHECK(d <= LP_BATCH_TOL && ds <= LP_BATCH_TOL, "%s%s: a padded batch of %d gives each row its own log-probs "
                   "(max rel diff per token %.1e, sums %.1e; tolerance %.0e)", name, mode, n, d, ds, LP_BATCH_TOL);
