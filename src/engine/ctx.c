@@ -112,6 +112,7 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
     if (m->be->ctx_new(&c->bc, nt)) { free(c); return cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name); }
     cinfer_status st = kv_options(c, o, err, n);
     if (!st) st = build_groups(c, err, n);
+    if (!st && o && o->batch_invariant && m->be->batch_invariant) m->be->batch_invariant(c->bc, 1);
     if (st) {
         cinfer_ctx_free(c);
         return st;
