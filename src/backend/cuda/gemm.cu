@@ -19,6 +19,14 @@
  * cublasGemmEx with f32 accumulation and f32 output; f32 weights use SGEMM
  * in plain f32 (no TF32). Row-major y = x w^T is column-major
  * y^T = w^T(op T) x, so w is the transposed A operand with lda = k.
+ *
+ * Batch-invariant mode (be_ops.batch_invariant): the bf16 rounding above
+ * makes a row's result depend on how many rows share its matmul (n <= 8 keeps
+ * f32). In this mode every matmul runs as GEMVs over chunks of at most 8 rows
+ * with f32 activations, one slice layout whatever n (ks as for n > 1) and the
+ * input norm never folded into the GEMV, so each output element is summed in
+ * the same order whatever the batch. Weights are re-read per chunk: slower
+ * for large batches, which is the price of the switch.
  */
 #include <string.h>
 #include "backend/cuda/cuda.cuh"
@@ -275,9 +283,10 @@ __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const v
 /* launches the GEMV over the set's count matrices (all with k columns) */
 template <typename WT>
 static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
-    /* warps per row: one for a single token; for batches, slices of at least 128 16-byte loads */
+    /* warps per row: one for a single token; for batches (and always when batch-invariant),
+     * slices of at least 128 16-byte loads */
     int ks = 1, nv = k / (int)(16 / sizeof(WT));
-    while (n > 1 && ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
+    while ((n > 1 || c->batch_inv) && ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
     int rpg = GEMV_WARPS / ks, end = 0;
     if (st.glu) count = 1;   /* one walk over the rows of both matrices */
     for (int i = 0; i < 3; i++) {
@@ -463,9 +472,32 @@ static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const b
     cu_submit(c, &r);
 }
 
-void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) { matmul_op(c, x, n, w, bias, y, 0); }
+/* batch-invariant mode: an op over more than GEMV_MAX_N rows runs as the same op over chunks
+ * of at most GEMV_MAX_N rows (x, xn: k columns; y[i]: w[i]->rows columns) */
+#define INV_CHUNKS(c, n, call)                                                                          \
+    do {                                                                                                \
+        if ((c)->batch_inv && (n) > GEMV_MAX_N) {                                                       \
+            for (int r0_ = 0; r0_ < (n); r0_ += GEMV_MAX_N) {                                           \
+                int nr_ = (n) - r0_ < GEMV_MAX_N ? (n) - r0_ : GEMV_MAX_N;                              \
+                call;                                                                                   \
+            }                                                                                           \
+            return;                                                                                     \
+        }                                                                                               \
+    } while (0)
+
+/* y[i] + r0 rows, for count matrices */
+static void rows_at(float *const *y, const be_mat *const *w, int count, int r0, float **out) {
+    for (int i = 0; i < count; i++) out[i] = y[i] + (size_t)r0 * w[i]->rows;
+}
+
+void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
+    INV_CHUNKS(c, n, matmul_op(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, 0));
+    matmul_op(c, x, n, w, bias, y, 0);
+}
 
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
+    float *yc[3];
+    INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_matmul_multi(c, x + (size_t)r0_ * w[0]->cols, nr_, count, w, bias, yc)));
     if (!multi_ok(x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
         for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
         return;
@@ -477,7 +509,10 @@ void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_ma
 void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                        const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu) {
     int k = (int)w[0]->cols, ok = multi_ok(x, n, count, w) && (!glu || (count == 2 && w[0]->rows == w[1]->rows));
-    if (ok && (size_t)n * k <= GEMV_NORM_MAX) {   /* decode: the norm in the GEMV's prologue */
+    float *yc[3];
+    INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_norm_matmul(c, x + (size_t)r0_ * k, nr_, norm, w_add, eps, xn + (size_t)r0_ * k,
+                                                                        count, w, bias, yc, glu)));
+    if (ok && (size_t)n * k <= GEMV_NORM_MAX && !c->batch_inv) {   /* decode: the norm in the GEMV's prologue */
         mm_opts o = {glu, 0, norm, w_add, eps};
         submit_multi(c, x, n, count, w, bias, y, &o);
         return;
@@ -493,6 +528,7 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
 }
 
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {
+    INV_CHUNKS(c, n, cu_op_matmul_add(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, tmp + (size_t)r0_ * w->rows));
     if (n <= GEMV_MAX_N && !multi_ok(x, n, 1, &w)) {   /* the any-shape GEMV: product, then the add */
         cu_op_matmul(c, x, n, w, bias, tmp);
         cu_op_add(c, y, tmp, (size_t)n * w->rows);
