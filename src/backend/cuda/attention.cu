@@ -468,6 +468,9 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     if (nsplit > most) nsplit = most > 1 ? most : 1;
     if (nsplit < (span + SPLIT_MAX - 1) / SPLIT_MAX) nsplit = (span + SPLIT_MAX - 1) / SPLIT_MAX;
     int chunk = ((span + nsplit - 1) / nsplit + 31) / 32 * 32;
+    /* batch-invariant: a query's slices must not depend on the batch (the merge then adds the
+     * same non-empty slices in the same order): slices of 32 keys up to 32k keys */
+    if (c->batch_inv) chunk = 32 * ((span + 32 * 1024 - 1) / (32 * 1024));
     nsplit = (span + chunk - 1) / chunk;
     /* decode over a 16-bit pool (attn-decode.cu): its own slices */
     int decode = !flash && cu_attn_decode_fits(a, dt, span, &chunk, &nsplit);

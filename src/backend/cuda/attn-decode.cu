@@ -313,7 +313,9 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     int bf = r->i[CU_A_OP] == BE_BF16, nsplit = (int)r->i[CU_A_OP + 2], chunk = (int)r->f[1];
     float scale = r->f[0];
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
-    unsigned cl = nsplit <= DEC_CMAX && c->cluster ? (unsigned)nsplit : 0;   /* 0: merge through global memory */
+    /* 0: merge through global memory; always in batch-invariant mode, where the number of (empty)
+     * slices varies with the batch: that merge adds exact zeros for them, the cluster's differs */
+    unsigned cl = nsplit <= DEC_CMAX && c->cluster && !c->batch_inv ? (unsigned)nsplit : 0;
 #define DEC(HD, CL, KT) cu_launch_cluster(c, cl, k_attn_decode<HD, CL, KT>, grid, dim3(DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, \
                                           L, H, n_kv, pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, \
                                           c->cnt, out)
