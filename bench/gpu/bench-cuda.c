@@ -351,6 +351,15 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
     return last[0] != last[1];
 }
 
+/* the next integer of a space-separated list; 0 at its end */
+static int next_int(const char **p, int *v) {
+    char *e;
+    *v = (int)strtol(*p, &e, 10);
+    if (e == *p) return 0;
+    *p = e;
+    return 1;
+}
+
 /* f16 K + V bytes of one position over all layers */
 static size_t kv_bytes_per_pos(const model_config *c) { return (size_t)c->n_layer * 2 * c->n_kv_head * c->head_dim * 2; }
 
@@ -362,11 +371,8 @@ static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
     const model_config *c = &m->cfg;
     int V = c->n_vocab, bad = 0;
     const char *p = list;
-    while (*p && !bad) {
-        char *e;
-        int N = (int)strtol(p, &e, 10);
-        if (e == p) break;
-        p = e;
+    int N;
+    while (!bad && next_int(&p, &N)) {
         if (N < 1 || N > 1024) continue;
         cinfer_ctx_opts co = {.kv_f16 = 1, .max_seqs = N};
         cinfer_ctx *ctx = NULL;
@@ -426,11 +432,8 @@ static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs
     int V = c->n_vocab, bad = 0, CH = 4096;
     int32_t *ids = malloc(sizeof(int32_t) * CH);
     const char *p = list;
-    while (*p && !bad) {
-        char *e;
-        int P = (int)strtol(p, &e, 10);
-        if (e == p) break;
-        p = e;
+    int P;
+    while (!bad && next_int(&p, &P)) {
         if (P < 1) continue;
         cinfer_ctx_opts co = {.kv_f16 = 1, .max_seqs = 1};
         cinfer_ctx *ctx = NULL;

@@ -98,8 +98,9 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                 if (j < jb + n) {
                     int pos = cu_span_key(sp, j);
                     int64_t row = jb == j0 ? rowu[u] : cu_kv_row(ptr, sh, n_kv, kvh, pos);
+                    int late = jb != j0 || pos >= first || row < 0;   /* not fetched before the wait */
                     if (row < 0) row = 0;   /* be_span shows held keys only; never read past the pool */
-                    if (jb != j0 || pos >= first) {
+                    if (late) {
                         kr[u] = ((const uint4 *)(K + (size_t)row * HD))[e % RV];
                         vr[u] = ((const uint4 *)(V + (size_t)row * HD))[e % RV];
                     }
