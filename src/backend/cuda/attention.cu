@@ -233,7 +233,7 @@ template <int HD, typename KT>
 __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, const KT *V, float *out, int L, int H, int n_kv,
                                                const int32_t *pt, int n_pt, int sh, int window, int keep, float scale_log2,
                                                const int *pos0, const int *len, const int *seq, const int *run0) {
-    constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;
+    constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;   /* BK = 1 << 6: see load_tile */
     constexpr bool ASYNC = std::is_same<KT, __half>::value;
     constexpr int STAGES = ASYNC ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smraw[];
@@ -283,10 +283,13 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
     auto load_tile = [&](int stage, int kb) {
         __half *Ks = Ksm + stage * BK * LD, *Vs = Vsm + stage * BK * LD;
+        /* pages of at least BK slots hold a whole (aligned) tile: one page-table read per tile
+         * rather than a dependent read before every copy; smaller pages: a read per key */
+        int64_t base = sh >= 6 && kb < khi ? cu_kv_row(ptr, sh, n_kv, kvh, kb) : -1;
         for (int e = threadIdx.x; e < BK * HD / 8; e += 128) {
             int r = e / (HD / 8), d8 = (e % (HD / 8)) * 8;
             __half *kd = &Ks[r * LD + d8], *vd = &Vs[r * LD + d8];
-            int64_t row = kb + r < khi ? cu_kv_row(ptr, sh, n_kv, kvh, kb + r) : -1;   /* a tile may reach dropped pages */
+            int64_t row = kb + r >= khi ? -1 : sh >= 6 ? (base < 0 ? -1 : base + r) : cu_kv_row(ptr, sh, n_kv, kvh, kb + r);
             if (row >= 0) {
                 const KT *ks = K + (size_t)row * HD + d8, *vs = V + (size_t)row * HD + d8;
                 if constexpr (ASYNC) {

@@ -99,7 +99,10 @@ static void sync(be_ctx *c, const char *what) {
     c->arena_off = 0;
 }
 
-const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
+/* stages n host arrays back to back with one copy; returns the device address of the first */
+static const unsigned char *stage_parts(be_ctx *c, const void *const *host, const size_t *len, int n) {
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += len[i];
     size_t al = (bytes + 15) & ~(size_t)15;
     if (al > CU_ARENA_BYTES) {
         cu_check(c, cudaErrorInvalidValue, "staging: host array larger than the arena");
@@ -108,13 +111,18 @@ const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
     /* a graph step copies its first CU_STEP_STAGE bytes in one node at its start */
     if (c->mode != CU_EAGER && c->arena_off + al > CU_STEP_STAGE) cu_go_eager(c);
     if (c->arena_off + al > CU_ARENA_BYTES) sync(c, "staging arena wrap");
-    size_t off = c->arena_off;
+    size_t off = c->arena_off, at = off;
     c->arena_off += al;
-    if (bytes) memcpy(c->arena_h + off, host, bytes);
+    for (int i = 0; i < n; i++) {
+        if (len[i]) memcpy(c->arena_h + at, host[i], len[i]);
+        at += len[i];
+    }
     if (c->mode == CU_EAGER && bytes)
         cu_check(c, cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, bytes, cudaMemcpyHostToDevice, c->stream), "staging copy");
     return c->arena_d + off;
 }
+
+const void *cu_stage(be_ctx *c, const void *host, size_t bytes) { return stage_parts(c, &host, &bytes, 1); }
 
 int cu_span_bucket(int max_span) {
     int s = max_span > 256 ? max_span : 256, p2 = 256;
@@ -124,11 +132,11 @@ int cu_span_bucket(int max_span) {
 }
 
 void cu_rec_attn(be_ctx *c, cu_rec *r, const be_attn *a, int slot) {
-    size_t nb = sizeof(int) * (size_t)a->B;
-    r->p[slot] = cu_stage(c, a->pos0, nb);
-    r->p[slot + 1] = cu_stage(c, a->len, nb);
-    r->p[slot + 2] = cu_stage(c, a->seq, nb);
-    r->p[slot + 3] = cu_stage(c, a->run0, nb);
+    size_t nb = sizeof(int) * (size_t)a->B;   /* the four row arrays in one copy (eager prefill issues one per op) */
+    const void *parts[4] = {a->pos0, a->len, a->seq, a->run0};
+    size_t lens[4] = {nb, nb, nb, nb};
+    const unsigned char *d = stage_parts(c, parts, lens, 4);
+    for (int i = 0; i < 4; i++) r->p[slot + i] = d + i * nb;
     r->p[slot + 4] = a->pt;   /* device memory the cache uploads before the step: not staged */
     int sh = 0;
     while ((1 << sh) < a->page) sh++;
@@ -216,6 +224,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->pdl = knob_on("CINFER_CUDA_PDL");
     c->prefetch = knob_on("CINFER_CUDA_PREFETCH");
     c->cluster = knob_on("CINFER_CUDA_CLUSTER");
+    const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
+    c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

@@ -390,10 +390,15 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
     CU_LAUNCHED(c, "gemv (several matrices)");
 }
 
+/* rows up to which a matmul takes the GEMV (f32 activations): GEMV_MAX_N, or fewer by
+ * CINFER_CUDA_GEMV_ROWS (cuBLAS from there, for comparisons); always GEMV_MAX_N when
+ * batch-invariant (its chunks) */
+static int gemv_rows(const be_ctx *c) { return c->batch_inv || c->gemv_rows < 1 || c->gemv_rows > GEMV_MAX_N ? GEMV_MAX_N : c->gemv_rows; }
+
 /* 1 when the count matrices can share one GEMV launch over x (n rows) */
-static int multi_ok(const float *x, int n, int count, const be_mat *const *w) {
+static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_mat *const *w) {
     int k = (int)w[0]->cols, vec = 16 / (int)be_dtype_size(w[0]->dt);
-    int ok = count >= 1 && count <= 3 && n <= GEMV_MAX_N && k % vec == 0 && k % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    int ok = count >= 1 && count <= 3 && n <= gemv_rows(c) && k % vec == 0 && k % 4 == 0 && ((uintptr_t)x & 15) == 0;
     for (int i = 1; i < count && ok; i++) ok = w[i]->cols == k && w[i]->dt == w[0]->dt;
     return ok;
 }
@@ -433,7 +438,7 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
 
 /* acc: y += the product (the 16-byte GEMV and cuBLAS; the any-shape GEMV has no accumulate) */
 static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
-    if (multi_ok(x, n, 1, &w)) {
+    if (multi_ok(c, x, n, 1, &w)) {
         mm_opts o = {0, acc, NULL, 0.0f, 0.0f};
         submit_multi(c, x, n, 1, &w, &bias, &y, &o);
         return;
@@ -441,7 +446,7 @@ static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const b
     cu_rec r;
     memset(&r, 0, sizeof r);
     int k = (int)w->cols;
-    int path = n <= GEMV_MAX_N ? PATH_GEMV_ANY : PATH_BLAS;
+    int path = n <= gemv_rows(c) ? PATH_GEMV_ANY : PATH_BLAS;
     if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
     r.fn = cu_matmul_launcher;
     r.p[0] = x;
@@ -498,7 +503,7 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
     float *yc[3];
     INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_matmul_multi(c, x + (size_t)r0_ * w[0]->cols, nr_, count, w, bias, yc)));
-    if (!multi_ok(x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
+    if (!multi_ok(c, x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
         for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
         return;
     }
@@ -508,7 +513,7 @@ void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_ma
 
 void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                        const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu) {
-    int k = (int)w[0]->cols, ok = multi_ok(x, n, count, w) && (!glu || (count == 2 && w[0]->rows == w[1]->rows));
+    int k = (int)w[0]->cols, ok = multi_ok(c, x, n, count, w) && (!glu || (count == 2 && w[0]->rows == w[1]->rows));
     float *yc[3];
     INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_norm_matmul(c, x + (size_t)r0_ * k, nr_, norm, w_add, eps, xn + (size_t)r0_ * k,
                                                                         count, w, bias, yc, glu)));
@@ -518,7 +523,7 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
         return;
     }
     cu_op_rmsnorm(c, x, n, k, norm, w_add, eps, xn);
-    if (glu && multi_ok(xn, n, 2, w) && w[0]->rows == w[1]->rows) {
+    if (glu && multi_ok(c, xn, n, 2, w) && w[0]->rows == w[1]->rows) {
         mm_opts o = {1, 0, NULL, 0.0f, 0.0f};
         submit_multi(c, xn, n, 2, w, bias, y, &o);
         return;
@@ -529,7 +534,7 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
 
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {
     INV_CHUNKS(c, n, cu_op_matmul_add(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, tmp + (size_t)r0_ * w->rows));
-    if (n <= GEMV_MAX_N && !multi_ok(x, n, 1, &w)) {   /* the any-shape GEMV: product, then the add */
+    if (n <= gemv_rows(c) && !multi_ok(c, x, n, 1, &w)) {   /* the any-shape GEMV: product, then the add */
         cu_op_matmul(c, x, n, w, bias, tmp);
         cu_op_add(c, y, tmp, (size_t)n * w->rows);
         return;
