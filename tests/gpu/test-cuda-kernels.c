@@ -19,6 +19,8 @@
 #include "backend/cuda/cuda-api.h"
 
 #define GUARD 64                 /* guard floats on each side */
+/* matmuls of one row take the GEMV on f32 activations (exact to f32 rounding); more rows go to
+ * cuBLAS, 16-bit weights with activations rounded to the weight dtype (gemm.cu) */
 #define POISON 0x7fa5a5a5u       /* a NaN */
 
 static const be_ops *be;
@@ -117,7 +119,7 @@ static void test_matmul(void) {
                 be_ref_matmul(x, n, &w, with_bias ? &b : NULL, ref);
                 double e = relerr(got, ref, (size_t)n * m);
                 /* n > 8 on 16-bit weights runs cuBLAS on activations rounded to the weight dtype */
-                double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+                double tol = n <= 1 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
                 CHECK(guards && e <= tol, "matmul %s n=%d m=%d k=%d%s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n, m,
                       k, with_bias ? " +bias" : "", e, tol, guards ? "intact" : "WRITTEN");
                 gb_free(&gx); gb_free(&gy);
@@ -162,7 +164,7 @@ static void test_matmul_multi(void) {
                 free_mat(&w[i]);
                 if (bp[i]) free_mat(&b[i]);
             }
-            double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+            double tol = n <= 1 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
             CHECK(guards && worst <= tol, "matmul_multi %s n=%d (3 matrices, one with bias): err %.2e (tol %.0e), guards %s",
                   be_dtype_name((be_dtype)dt), n, worst, tol, guards ? "intact" : "WRITTEN");
             gb_free(&gx);
@@ -212,7 +214,7 @@ static void test_norm_matmul(void) {
                     gb_free(&gy[i]);
                     free_mat(&w[i]);
                 }
-                double tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+                double tol = n <= 1 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
                 CHECK(guards && worst <= tol, "norm_matmul %s n=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n,
                       glu ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol, guards ? "intact" : "WRITTEN");
                 gb_free(&gx); gb_free(&gxn);
@@ -233,7 +235,7 @@ static void test_norm_matmul(void) {
             guards &= gb_get(&gt, ref);   /* scratch: guards only */
             be_ref_matmul(x, n, &w, &bias, ref);
             for (size_t i = 0; i < (size_t)n * m; i++) ref[i] += y0[i];
-            double e = relerr(got, ref, (size_t)n * m), tol = n <= 8 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
+            double e = relerr(got, ref, (size_t)n * m), tol = n <= 1 || dt == BE_F32 ? 2e-5 : dt == BE_F16 ? 3e-3 : 2e-2;
             CHECK(guards && e <= tol, "matmul_add %s n=%d m=%d k=%d: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n, m, k,
                   e, tol, guards ? "intact" : "WRITTEN");
             gb_free(&gx); gb_free(&gy); gb_free(&gt);

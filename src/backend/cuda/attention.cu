@@ -252,7 +252,8 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
      * is monotone in p, so its first and last query bound them); a gap between is skipped */
     int a0, a1, b0, sl0, sh0, rl0, sl1, sh1, rl1, tmp;
     be_span(p0 + q_first, window, keep, rs, &a0, &tmp, &b0);
-    be_span(p0 + max(qlast, q_first), window, keep, rs, &tmp, &a1, &tmp);
+    int rl_last;   /* the last query's run start: tiles from there up to the first query are seen by all */
+    be_span(p0 + max(qlast, q_first), window, keep, rs, &tmp, &a1, &rl_last);
     be_span(pr0, window, keep, rs, &sl0, &sh0, &rl0);
     be_span(pr1, window, keep, rs, &sl1, &sh1, &rl1);
     a0 = a0 / BK * BK;
@@ -334,13 +335,15 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
+        /* a tile inside every query's run (all but the diagonal and window-edge tiles) needs no mask */
+        bool full = kb >= rl_last && kb + BK - 1 <= p0 + q_first;
 #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = kb + j * 8 + 2 * t4 + (e & 1), pr = e < 2 ? pr0 : pr1;
                 int sl = e < 2 ? sl0 : sl1, sh_ = e < 2 ? sh0 : sh1, rl = e < 2 ? rl0 : rl1;
-                bool ok = key < khi && ((key >= sl && key < sh_) || (key >= rl && key <= pr));
+                bool ok = full || (key < khi && ((key >= sl && key < sh_) || (key >= rl && key <= pr)));
                 float v = ok ? s[j][e] * scale_log2 : -INFINITY;
                 s[j][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v);

@@ -88,7 +88,7 @@ struct be_ctx {
     int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
-    int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; default 8) */
+    int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */

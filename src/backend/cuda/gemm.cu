@@ -1,7 +1,8 @@
 /*
  * gemm.cu — y[n][m] = x[n][k] . w[m][k]^T (+ bias) on the device.
  *
- * Decode (n <= 8): a memory-bound GEMV that streams each weight row once:
+ * Decode (one row; up to GEMV_MAX_N when batch-invariant or by
+ * CINFER_CUDA_GEMV_ROWS): a memory-bound GEMV that streams each weight row once:
  * a persistent grid, 1-8 warps per output row (each a slice), 16-byte
  * non-allocating loads of the stored dtype (8 bf16/f16 or 4 f32 per load),
  * x (f32, few rows, L1-resident) read alongside, all n rows accumulated per
@@ -13,7 +14,12 @@
  * rows together and writes silu(gate) * up. Rows whose length or alignment
  * does not allow 16-byte loads take a scalar warp-per-row kernel.
  *
- * Prefill (n > 8): cuBLAS. 16-bit weights: x is rounded to the weight's
+ * Batches of 2 rows and more take cuBLAS by default: measured on the H200
+ * (bench-cuda BENCH_AGG, llama-3-8b, CINFER_CUDA_GEMV_ROWS=8 against 1),
+ * decode steps of 2/4/8 rows took 7.4/11.5/21.0 ms on this GEMV and
+ * 5.4/5.7/6.3 ms on cuBLAS (one row: 4.1 ms on the GEMV).
+ *
+ * Prefill and batches: cuBLAS. 16-bit weights: x is rounded to the weight's
  * dtype (as transformers computes in bf16/f16; consecutive matmuls of one
  * input, q/k/v and gate/up, round it once) and multiplied by
  * cublasGemmEx with f32 accumulation and f32 output; f32 weights use SGEMM
@@ -390,10 +396,13 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
     CU_LAUNCHED(c, "gemv (several matrices)");
 }
 
-/* rows up to which a matmul takes the GEMV (f32 activations): GEMV_MAX_N, or fewer by
- * CINFER_CUDA_GEMV_ROWS (cuBLAS from there, for comparisons); always GEMV_MAX_N when
+/* rows up to which a matmul takes the GEMV (f32 activations): one (see above), or up to
+ * GEMV_MAX_N by CINFER_CUDA_GEMV_ROWS (for comparisons); always GEMV_MAX_N when
  * batch-invariant (its chunks) */
-static int gemv_rows(const be_ctx *c) { return c->batch_inv || c->gemv_rows < 1 || c->gemv_rows > GEMV_MAX_N ? GEMV_MAX_N : c->gemv_rows; }
+static int gemv_rows(const be_ctx *c) {
+    if (c->batch_inv) return GEMV_MAX_N;
+    return c->gemv_rows < 1 ? 1 : c->gemv_rows > GEMV_MAX_N ? GEMV_MAX_N : c->gemv_rows;
+}
 
 /* 1 when the count matrices can share one GEMV launch over x (n rows) */
 static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_mat *const *w) {
