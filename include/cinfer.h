@@ -82,7 +82,7 @@ typedef struct cinfer_ctx_opts {
     size_t kv_memory;   /* bytes the KV pages may take; 0 = 75% of the memory available
                            when the context is created (host MemAvailable on the CPU, free
                            device memory on CUDA). Pages are allocated as sequences grow. */
-    int kv_page;        /* token slots per page, a power of two (0 = 128; CUDA: >= 16) */
+    int kv_page;        /* token slots per page, a power of two (0 = 128) */
     int max_kv_size;    /* > 0: every layer keeps the first 4 tokens and a window of the
                            most recent max_kv_size - 4 (mlx-lm's RotatingKVCache(N, keep=4));
                            generation may then run past the model's context */

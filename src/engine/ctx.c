@@ -110,6 +110,7 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
     if (m->be->ctx_new(&c->bc, nt)) { free(c); return cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name); }
     cinfer_status st = kv_options(c, o, err, n);
     if (!st) st = build_groups(c, err, n);
+    if (!st && o && o->batch_invariant && m->be->batch_invariant) m->be->batch_invariant(c->bc, 1);
     if (st) {
         cinfer_ctx_free(c);
         return st;
@@ -234,8 +235,9 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     for (int k = 0; k < total && mode == OUT_LIST; k++)
         if ((st = out_row(c, mode, k, B, L, len, out_rows, rows))) return st;
     if ((st = prepare_groups(c, B, seq, pos0, len))) return st;
-    /* small forwards (decode) are bracketed so a device backend may replay them as a graph */
-    int step = be->step_begin && T <= 8;
+    /* small forwards and decode steps of any batch (one token per row) are bracketed so a
+     * device backend may replay them as a graph */
+    int step = be->step_begin && (T <= 8 || L == 1);
     if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
     block_batch bb = {B, L, pos0, len, c->pos};
@@ -268,6 +270,11 @@ cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
 
 cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits) {
     return forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
+}
+
+cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok) {
+    if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
+    return forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
 }
 
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {
