@@ -282,11 +282,12 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
-    auto load_tile = [&](int stage, int kb) {
+    /* pages of at least BK slots hold a whole (aligned) tile: one page-table read per tile,
+     * issued a tile ahead (its latency hidden behind a tile's compute) rather than a dependent
+     * read before every copy; smaller pages: a read per key in load_tile */
+    auto tile_base = [&](int kb) -> int64_t { return sh >= 6 && kb < khi ? cu_kv_row(ptr, sh, n_kv, kvh, kb) : -1; };
+    auto load_tile = [&](int stage, int kb, int64_t base) {
         __half *Ks = Ksm + stage * BK * LD, *Vs = Vsm + stage * BK * LD;
-        /* pages of at least BK slots hold a whole (aligned) tile: one page-table read per tile
-         * rather than a dependent read before every copy; smaller pages: a read per key */
-        int64_t base = sh >= 6 && kb < khi ? cu_kv_row(ptr, sh, n_kv, kvh, kb) : -1;
         for (int e = threadIdx.x; e < BK * HD / 8; e += 128) {
             int r = e / (HD / 8), d8 = (e % (HD / 8)) * 8;
             __half *kd = &Ks[r * LD + d8], *vd = &Vs[r * LD + d8];
@@ -308,13 +309,18 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
         if constexpr (ASYNC) cp_async_commit();
     };
 
-    if (klo < khi) load_tile(0, klo);
+    int64_t pre = tile_base(klo);   /* the base of the next tile to load */
+    if (klo < khi) {
+        load_tile(0, klo, pre);
+        pre = tile_base(next_tile(klo));
+    }
     int it = 0;
     for (int kb = klo; kb < khi; kb = next_tile(kb), it++) {
         int stage = ASYNC ? (it & 1) : 0;
         if constexpr (ASYNC) {
             if (next_tile(kb) < khi) {
-                load_tile(stage ^ 1, next_tile(kb));
+                load_tile(stage ^ 1, next_tile(kb), pre);
+                pre = tile_base(next_tile(next_tile(kb)));
                 cp_async_wait<1>();
             } else {
                 cp_async_wait<0>();
@@ -394,7 +400,10 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
         }
         __syncthreads();
         if constexpr (!ASYNC) {
-            if (next_tile(kb) < khi) load_tile(0, next_tile(kb));
+            if (next_tile(kb) < khi) {
+                load_tile(0, next_tile(kb), pre);
+                pre = tile_base(next_tile(next_tile(kb)));
+            }
         }
     }
 #pragma unroll
