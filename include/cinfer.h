@@ -35,6 +35,10 @@ typedef enum cinfer_status {
 /* A short English name for a status ("format error", ...). Never NULL. */
 const char *cinfer_status_str(cinfer_status s);
 
+/* The library's version, "MAJOR.MINOR.PATCH", followed by " (git REV)" when
+ * it was built from a git checkout. Never NULL. */
+const char *cinfer_version(void);
+
 typedef struct cinfer_model cinfer_model;
 typedef struct cinfer_ctx cinfer_ctx;
 typedef struct cinfer_tokenizer cinfer_tokenizer;

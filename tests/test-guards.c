@@ -337,6 +337,12 @@ static void test_blas_threads(void) {
     cinfer_model_free(m);
 }
 
+static void test_version(void) {
+    const char *v = cinfer_version();
+    int a, b, c;
+    CHECK(v && sscanf(v, "%d.%d.%d", &a, &b, &c) == 3, "cinfer_version() is a semantic version: %s", v ? v : "NULL");
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/cinfer-guards-XXXXXX");
     if (!mkdtemp(tmp)) return 1;
@@ -347,6 +353,7 @@ int main(void) {
     test_special_files();
     test_data_and_rows();
     test_blas_threads();
+    test_version();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd)) printf("# could not remove %s\n", tmp);
