@@ -125,7 +125,7 @@ static void test_chat_template(void) {
     rc = run(args, out, sizeof out);
     CHECK(rc == 0 && !strncmp(out, ", there was a little", 20), "chat --chat-template TEXT: '%.30s'", out);
     /* q, r, h as mlx_lm.chat; a line longer than 8 KB is one turn */
-    snprintf(args, sizeof args, "chat -m %s -n 4 < %s", dir, input_file("in2", "Once\nr\nOnce\nh\nq\nLily\n", 20));
+    snprintf(args, sizeof args, "chat -m %s -n 4 < %s", dir, input_file("in2", "Once\nr\nOnce\nh\nq\nLily\n", 21));
     rc = run(args, out, sizeof out);
     int turns = 0;
     for (const char *p = run_err(); (p = strstr(p, "tok/s]")); p++) turns++;
@@ -217,6 +217,16 @@ static void test_inputs(void) {
     double b = json_real_value(json_object_get(j, "perplexity"));
     json_decref(j);
     CHECK(rcj == 0 && rc == 0 && a > 1 && a == b, "perplexity --data - (stdin) == --data-path FILE (%g, %g)", a, b);
+    char lp[2200] = "{\"prompt\": \"Once\", \"response\": \"";
+    for (int i = 0; i < 600; i++) strcat(lp, " a");
+    strcat(lp, "\"}\n");
+    const char *lp1 = "{\"prompt\": \"Once\", \"response\": \" upon\"}\n";
+    snprintf(args, sizeof args, "logprobs -m " M " --data %s", input_file("lp.jsonl", lp1, strlen(lp1)));
+    int rc1 = run(args, out, sizeof out);
+    snprintf(args, sizeof args, "logprobs -m " M " --data %s", input_file("lp2.jsonl", lp, strlen(lp)));
+    rc = run(args, out, sizeof out);
+    CHECK(rc1 == 0 && rc == 1 && strstr(run_err(), "lp2.jsonl:1:") && strstr(run_err(), "context"),
+          "logprobs: a pair longer than the context is refused with file:line: %.100s", run_err());
     rc = run("perplexity -m " M " --sequence-length 600 --data tests/fixtures/score/data.jsonl", out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "context"), "--sequence-length 600 on a 512-position model is refused: %.100s", run_err());
 }

@@ -105,7 +105,7 @@ cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_pro
     while (!st && (max_tokens < 0 || gs.gen_tokens < max_tokens)) {
         if (room >= 0 && gs.gen_tokens >= room) { gs.finish_reason = CINFER_FINISH_CONTEXT; break; }
         int32_t tok = dev_greedy ? next : cinfer_sampler_sample(s, logits, hist, (int)nh);
-        float lp = dev_greedy ? NAN : log_prob(logits, V, tok);   /* logits now hold the penalised values */
+        float lp = o->logprobs ? log_prob(logits, V, tok) : NAN;   /* logits now hold the penalised values */
         if (nh < hist_cap) hist[nh++] = tok;
         gs.gen_tokens++;
         if (is_eos(m, o, tok)) {

@@ -97,6 +97,8 @@ int cmd_logprobs(int argc, char **argv) {
     cinfer_model *m = cli_load_model("logprobs", model, device, threads);
     if (!m) { free(buf); return 1; }
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
     int rc = 0, n = 0, cap = 0, ln = 0;
     cinfer_lp_seq *seqs = NULL;
     lp_item *items = NULL;
@@ -139,6 +141,12 @@ int cmd_logprobs(int argc, char **argv) {
                  field_ids(t, pair ? ch : re, 0, &r1, &n1, data, ln, pair ? "chosen" : "response") &&
                  (!pair || field_ids(t, rj, 0, &r2, &n2, data, ln, "rejected"));
         if (ok && np < 1) { fprintf(stderr, "cinfer logprobs: %s:%d: the prompt is empty (no tokens)\n", data, ln); ok = 0; }
+        int longest = np + (n1 > n2 ? n1 : n2) - 1;   /* positions fed: all but the last response token */
+        if (ok && longest > info.max_pos) {
+            fprintf(stderr, "cinfer logprobs: %s:%d: prompt + response feed %d positions; the model's context holds %d (max_position_embeddings)\n",
+                    data, ln, longest, info.max_pos);
+            ok = 0;
+        }
         json_decref(o);
         if (!ok) { free(pid); free(r1); free(r2); rc = 1; break; }
         seqs[n] = (cinfer_lp_seq){pid, np, r1, n1};

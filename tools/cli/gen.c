@@ -231,15 +231,19 @@ int gen_out_token(int32_t tok, const char *text, float lp, void *user) {
     }
     memcpy(g->text + g->n, text, k + 1);
     g->n += k;
-    for (int s = 0; s < g->o->n_stop; s++) {   /* a match may start in earlier text */
+    size_t cut = g->n;
+    for (int s = 0; s < g->o->n_stop; s++) {   /* a match may start in earlier text; the earliest wins */
         size_t ls = strlen(g->o->stop[s]);
-        size_t start = from >= ls ? from - ls + 1 : 0;
-        char *hit = memmem(g->text + start, g->n - start, g->o->stop[s], ls);
-        if (hit && (size_t)(hit - g->text) < g->n) {
-            g->n = (size_t)(hit - g->text);
-            g->text[g->n] = 0;
+        size_t start = from >= ls - 1 ? from - (ls - 1) : 0;
+        char *hit = start < g->n ? memmem(g->text + start, g->n - start, g->o->stop[s], ls) : NULL;
+        if (hit && (size_t)(hit - g->text) < cut) {
+            cut = (size_t)(hit - g->text);
             g->stopped = 1;
         }
+    }
+    if (g->stopped) {
+        g->n = cut;
+        g->text[cut] = 0;
     }
     if (g->stopped) { emit(g, g->n); return 1; }
     emit(g, g->n - held(g));
