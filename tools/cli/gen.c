@@ -150,14 +150,14 @@ void gen_opts_free(gen_opts *o) {
     o->template_text = NULL;
 }
 
-const char *gen_template(const gen_opts *o, const cinfer_tokenizer *t) {
-    if (o->chat_template) return o->template_text ? o->template_text : o->chat_template;
-    return cinfer_tokenizer_has_chat_template(t) ? NULL : "";
+const char *gen_template(const gen_opts *o) {
+    if (!o->chat_template) return NULL;   /* the tokenizer's own */
+    return o->template_text ? o->template_text : o->chat_template;
 }
 
 char *gen_render(const char *cmd, const gen_opts *o, const cinfer_tokenizer *t, json_t *msgs) {
     char *js = json_dumps(msgs, JSON_COMPACT), *out = NULL, err[512];
-    const char *src = gen_template(o, t);
+    const char *src = gen_template(o);
     cinfer_status st = js ? cinfer_chat_render_with(t, src, js, NULL, NULL, 1, &out, err, sizeof err) : CINFER_ENOMEM;
     free(js);
     if (st) { fprintf(stderr, "cinfer %s: chat template: %s\n", cmd, st == CINFER_ENOMEM ? "out of memory" : err); return NULL; }

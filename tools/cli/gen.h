@@ -24,8 +24,8 @@ typedef struct gen_opts {
 /* parses the flags; 0 ok, 2 usage error, -1 help printed */
 int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o);
 void gen_opts_free(gen_opts *o);
-/* the template to use: --chat-template, else the tokenizer's, else NULL */
-const char *gen_template(const gen_opts *o, const cinfer_tokenizer *t);
+/* the --chat-template source, or NULL for the tokenizer's own */
+const char *gen_template(const gen_opts *o);
 /* renders messages (+ the assistant's opening) through the template; malloc'd */
 char *gen_render(const char *cmd, const gen_opts *o, const cinfer_tokenizer *t, json_t *msgs);
 /* --extra-eos-token values -> ids; 0 ok, else prints the problem */
