@@ -45,7 +45,12 @@ int main(int argc, char **argv) {
 #else
     const char *san = "", *cflags = "";
 #endif
-    snprintf(cmd, sizeof cmd, "make -s install BUILD=%s %s PREFIX=%s/prefix > %s/make.log 2>&1", build, san, cli_tmp, cli_tmp);
+#ifdef CINFER_CUDA
+    const char *cuda = "CUDA=1";   /* the configuration this build was made with: install rebuilds nothing */
+#else
+    const char *cuda = "CUDA=0";
+#endif
+    snprintf(cmd, sizeof cmd, "make -s install BUILD=%s %s %s PREFIX=%s/prefix > %s/make.log 2>&1", build, san, cuda, cli_tmp, cli_tmp);
     int rc = system(cmd);
     snprintf(cmd, sizeof cmd, "%s/prefix/lib/libcinfer.so.0", cli_tmp);
     CHECK(rc == 0 && access(cmd, F_OK) == 0, "make install PREFIX=<temp> installs libcinfer.so.0 (rc %d)", rc);
