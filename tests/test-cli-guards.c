@@ -227,6 +227,14 @@ static void test_inputs(void) {
     rc = run(args, out, sizeof out);
     CHECK(rc1 == 0 && rc == 1 && strstr(run_err(), "lp2.jsonl:1:") && strstr(run_err(), "context"),
           "logprobs: a pair longer than the context is refused with file:line: %.100s", run_err());
+    j = run_json("kl --base " M " --model " M " --data tests/fixtures/score/data.jsonl --sequence-length 16 --num-samples 2 --json", &rc);
+    double gb = json_real_value(json_object_get(j, "peak_memory_gb"));
+    CHECK(rc == 0 && gb > 2.0e-3 && gb < 0.03, "kl --json: peak memory counts the two 1 MB models and their caches (%.4f GB)", gb);
+    json_decref(j);
+    j = run_json("perplexity -m " M " --data tests/fixtures/score/data.jsonl --sequence-length 16 --num-samples 2 --json", &rc);
+    gb = json_real_value(json_object_get(j, "peak_memory_gb"));
+    CHECK(rc == 0 && gb > 1.0e-3 && gb < 0.02, "perplexity --json: peak memory counts the model and its caches (%.4f GB)", gb);
+    json_decref(j);
     rc = run("perplexity -m " M " --sequence-length 600 --data tests/fixtures/score/data.jsonl", out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "context"), "--sequence-length 600 on a 512-position model is refused: %.100s", run_err());
 }

@@ -72,7 +72,7 @@ static void print_report(const cinfer_kl_stats *s) {
     printf("Tokens    : %lld\n", (long long)s->tokens);
 }
 
-static void print_json(const cinfer_kl_stats *s, double secs) {
+static void print_json(const cinfer_kl_stats *s, double secs, size_t mem) {
     cli_json_printf("{\"tokens\": %lld, \"mean_kld\": %.10g, \"kld_uncertainty\": %.10g, \"same_top\": %.10g, "
            "\"same_top_uncertainty\": %.10g, \"ppl_model\": %.10g, \"ppl_model_uncertainty\": %.10g, "
            "\"ppl_base\": %.10g, \"ppl_base_uncertainty\": %.10g, \"cor_ln_ppl\": %.10g, \"ln_ppl_ratio\": %.10g, "
@@ -81,7 +81,7 @@ static void print_json(const cinfer_kl_stats *s, double secs) {
            "\"rms_dp\": %.10g, \"rms_dp_uncertainty\": %.10g, \"seconds\": %.4f, \"peak_memory_gb\": %.4f",
            (long long)s->tokens, s->mean_kld, s->kld_unc, s->same_top, s->same_top_unc, s->ppl_model, s->ppl_model_unc,
            s->ppl_base, s->ppl_base_unc, s->cor_ln_ppl, s->ln_ratio, s->ln_ratio_unc, s->ratio, s->ratio_unc, s->diff,
-           s->diff_unc, s->mean_dp, s->dp_unc, s->rms_dp, s->rms_dp_unc, secs, cf_peak_rss() / 1e9);
+           s->diff_unc, s->mean_dp, s->dp_unc, s->rms_dp, s->rms_dp_unc, secs, mem / 1e9);
     static const char *kq[11] = {"max", "99.9", "99", "95", "90", "median", "10", "5", "1", "0.1", "min"};
     static const char *dq[13] = {"max", "99.9", "99", "95", "90", "75", "median", "25", "10", "5", "1", "0.1", "min"};
     cli_json_printf(", \"kld_percentiles\": {");
@@ -224,7 +224,7 @@ int cmd_kl(int argc, char **argv) {
             }
         }
         if (!rc) {
-            if (json) print_json(&s, cf_now() - t0);
+            if (json) print_json(&s, cf_now() - t0, (cm ? cinfer_ctx_memory_bytes(cm) : 0) + (cb ? cinfer_ctx_memory_bytes(cb) : 0));
             else print_report(&s);
         }
         free(pt);
