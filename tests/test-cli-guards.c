@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include "check.h"
 #include "cli-run.h"
+#include "model-copy.h"
 
 #define M "models/stories260k"
 static char out[1 << 20], args[4096];
@@ -25,9 +26,7 @@ static json_t *run_json(const char *a, int *rc) {
  * assistant's opening, so templated and plain prompts differ */
 static void make_chat_model(char *dir, size_t n) {
     char cmd[1024];
-    snprintf(dir, n, "%s/chat", cli_tmp);
-    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp " M "/*.json " M "/model.safetensors %s/ && chmod -R u+w %s", dir, dir, dir);
-    if (system(cmd)) printf("# copy failed\n");
+    copy_model(cli_tmp, "chat", NULL, NULL, dir, n);
     snprintf(cmd, sizeof cmd, "%s/tokenizer_config.json", dir);
     json_t *tc = json_load_file(cmd, 0, NULL);
     if (!tc) return;
@@ -267,6 +266,18 @@ static void test_writes(void) {
     CHECK(rc == 1 && lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "kl --save-base onto a FIFO: refused, the FIFO stays");
 }
 
+/* NaN weights: an error naming NaN, never "<unk>" text or "nan" in JSON */
+static void test_nan_model(void) {
+    char dir[256];
+    int ok = copy_model_nan(cli_tmp, "nan", dir, sizeof dir);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 5 --json", dir);
+    int rc = run(args, out, sizeof out);
+    CHECK(ok && rc == 1 && !out[0] && strstr(run_err(), "NaN"), "generate on NaN weights: exit 1, a message: %.90s", run_err());
+    snprintf(args, sizeof args, "perplexity -m %s --data tests/fixtures/score/data.jsonl --sequence-length 16 --num-samples 2 --json", dir);
+    rc = run(args, out, sizeof out);
+    CHECK(ok && rc == 1 && !out[0] && strstr(run_err(), "NaN"), "perplexity --json on NaN weights: exit 1, no 'nan' JSON: %.90s", run_err());
+}
+
 static void test_version(void) {
     int rc = run("--version", out, sizeof out);
     int a, b, c;
@@ -281,6 +292,7 @@ int main(int argc, char **argv) {
     test_sampling();
     test_inputs();
     test_writes();
+    test_nan_model();
     test_version();
     cli_cleanup();
     return CHECK_DONE();

@@ -17,27 +17,14 @@
 #include "check.h"
 #include "cinfer.h"
 #include "io/npy.h"
+#include "model-copy.h"
 
 /* the logits-buffer test allocates more than exists on purpose: ASan returns NULL, as malloc does */
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
-#define MODEL "models/stories260k"
+#define MODEL SHIPPED_MODEL
 static char tmp[64];
-
-/* a copy of the model in tmp/name with config.json's `key` set to the JSON `val` */
-static void copy_model(const char *name, const char *key, const char *val, char *dir, size_t n) {
-    char cmd[1024];
-    snprintf(dir, n, "%s/%s", tmp, name);
-    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp " MODEL "/*.json " MODEL "/model.safetensors %s/ && chmod -R u+w %s", dir, dir, dir);
-    if (system(cmd)) printf("# copy to %s failed\n", dir);
-    if (!key) return;
-    snprintf(cmd, sizeof cmd, "%s/config.json", dir);
-    json_t *c = json_load_file(cmd, 0, NULL), *v = json_loads(val, JSON_DECODE_ANY, NULL);
-    if (c && v) json_object_set_new(c, key, v);
-    if (c) json_dump_file(c, cmd, 0);
-    json_decref(c);
-}
 
 static void test_config(void) {
     static const char *cases[][2] = {
@@ -49,7 +36,7 @@ static void test_config(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[32];
         snprintf(name, sizeof name, "cfg%zu", i);
-        copy_model(name, cases[i][0], cases[i][1], dir, sizeof dir);
+        copy_model(tmp, name, cases[i][0], cases[i][1], dir, sizeof dir);
         cinfer_model *m = NULL;
         err[0] = 0;
         cinfer_status st = cinfer_model_load(dir, NULL, &m, err, sizeof err);
@@ -57,7 +44,7 @@ static void test_config(void) {
               cases[i][0], cases[i][1], err);
         cinfer_model_free(m);
     }
-    copy_model("cfg-silu", "hidden_act", "\"silu\"", dir, sizeof dir);
+    copy_model(tmp, "cfg-silu", "hidden_act", "\"silu\"", dir, sizeof dir);
     cinfer_model *m = NULL;
     CHECK(!cinfer_model_load(dir, NULL, &m, err, sizeof err), "hidden_act silu still loads (%s)", m ? "ok" : err);
     cinfer_model_free(m);
@@ -65,25 +52,8 @@ static void test_config(void) {
 
 /* writes NaN over model.norm.weight of a copy */
 static void test_nan_weights(void) {
-    char dir[256], path[300], err[512];
-    copy_model("nan", NULL, NULL, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int fd = open(path, O_RDWR), ok = 0;
-    uint64_t hl = 0;
-    if (fd >= 0 && pread(fd, &hl, 8, 0) == 8 && hl < 1 << 20) {
-        char *h = calloc(1, hl + 1);
-        json_t *j = h && pread(fd, h, hl, 8) == (ssize_t)hl ? json_loads(h, 0, NULL) : NULL;
-        json_t *off = json_object_get(json_object_get(j, "model.norm.weight"), "data_offsets");
-        if (off) {
-            long a = (long)json_integer_value(json_array_get(off, 0)), b = (long)json_integer_value(json_array_get(off, 1));
-            float nan = NAN;
-            ok = 1;
-            for (long p = a; p < b; p += 4) ok &= pwrite(fd, &nan, 4, (off_t)(8 + hl + p)) == 4;
-        }
-        json_decref(j);
-        free(h);
-    }
-    if (fd >= 0) close(fd);
+    char dir[256], err[512];
+    int ok = copy_model_nan(tmp, "nan", dir, sizeof dir);
     cinfer_model *m = NULL;
     cinfer_ctx *c = NULL;
     float lg[512];
