@@ -117,6 +117,9 @@ static void test_chat_template(void) {
           "--system-prompt goes through the template: <s>Once upon upon a time (%d tokens)",
           (int)json_integer_value(json_object_get(j, "prompt_tokens")));
     json_decref(j);
+    snprintf(args, sizeof args, "generate -m %s --system-prompt Once -n 3", dir);
+    rc = run(args, out, sizeof out);
+    CHECK(rc == 2 && strstr(run_err(), "needs a prompt"), "--system-prompt without a prompt says so: %.80s", run_err());
     rc = run("chat -m " M " < /dev/null", out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "--chat-template"), "chat without a template fails at start and offers --chat-template: %.100s", run_err());
     snprintf(args, sizeof args, "chat -m " M " -n 5 --chat-template '{{ bos_token }}{%% for m in messages %%}{{ m.content }}{%% endfor %%}' "

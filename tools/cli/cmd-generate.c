@@ -30,9 +30,10 @@ static int prompt_ids(const gen_opts *o, cinfer_model *m, const char *text, size
     if (!t && (text || o->chat || o->system)) { fprintf(stderr, "cinfer generate: %s has no tokenizer.json; pass --tokens\n", o->model); return 1; }
     int templ = text && !o->no_chat && (o->chat_template || cinfer_tokenizer_has_chat_template(t));
     if ((o->chat || o->system) && !templ) {
-        fprintf(stderr, "cinfer generate: %s needs a chat template and %s has none (give --chat-template FILE|TEXT)\n",
-                o->chat ? "--chat" : "--system-prompt", o->model);
-        return 1;
+        if (!text) fprintf(stderr, "cinfer generate: %s needs a prompt (-p TEXT or -f FILE)\n", o->chat ? "--chat" : "--system-prompt");
+        else fprintf(stderr, "cinfer generate: %s needs a chat template and %s has none (give --chat-template FILE|TEXT)\n",
+                     o->chat ? "--chat" : "--system-prompt", o->model);
+        return text ? 1 : 2;
     }
     char *rendered = NULL;
     if (templ) {
