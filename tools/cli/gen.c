@@ -241,11 +241,12 @@ int gen_out_token(int32_t tok, const char *text, float lp, void *user) {
             g->stopped = 1;
         }
     }
-    if (g->stopped) {
+    if (g->stopped) {   /* the text before the stop string is out; nothing after it ever is */
         g->n = cut;
         g->text[cut] = 0;
+        emit(g, g->n);
+        return 1;
     }
-    if (g->stopped) { emit(g, g->n); return 1; }
     emit(g, g->n - held(g));
     return g->write_failed;
 }
