@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     cinfer_model_info mi;
     cinfer_model_get_info(m, &mi);
     cinfer_ctx *c = NULL;
-    cinfer_ctx_opts co = { threads, kv_f16 };
+    cinfer_ctx_opts co = {.n_threads = threads, .kv_f16 = kv_f16};
     if (cinfer_ctx_new(m, &co, &c, err, sizeof err) != CINFER_OK) {
         fprintf(stderr, "bench-model: %s\n", err);
         cinfer_model_free(m);

@@ -80,25 +80,40 @@ const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m);
 
 typedef struct cinfer_ctx_opts {
     int n_threads;      /* 0 = the model's default */
-    int kv_f16;         /* 1: store the KV cache as f16 (default f32) */
+    int kv_f16;         /* 1: KV pages in f16 (the same as kv_dtype "f16") */
+    const char *kv_dtype;  /* "f32" (default), "f16" or "bf16"; NULL: by kv_f16 */
+    int max_seqs;       /* sequences the context holds, ids 0..max_seqs-1 (0 = 64) */
+    size_t kv_memory;   /* bytes the KV pages may take; 0 = 75% of the memory available
+                           when the context is created (host MemAvailable on the CPU, free
+                           device memory on CUDA). Pages are allocated as sequences grow. */
+    int kv_page;        /* token slots per page, a power of two (0 = 128; CUDA: >= 16) */
+    int max_kv_size;    /* > 0: every layer keeps the first 4 tokens and a window of the
+                           most recent max_kv_size - 4 (mlx-lm's RotatingKVCache(N, keep=4));
+                           generation may then run past the model's context */
+    int batch_invariant;/* 1: a row's logits never depend on the other rows of its batch
+                           (CUDA then keeps activations f32 in every matmul); the CPU always is */
+    int prefill_step_size; /* cinfer_generate feeds a prompt in steps of this many tokens and
+                           its last token alone, as mlx-lm's generate_step (0 = 2048) */
 } cinfer_ctx_opts;
 
-/* A context holds the per-layer caches, scratch buffers and a backend
- * context. opts may be NULL. */
+/* A context holds many sequences (their KV state in pages from one memory
+ * budget), scratch buffers and a backend context. opts may be NULL. */
 cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *opts, cinfer_ctx **out,
                              char *err, size_t err_len);
 void cinfer_ctx_free(cinfer_ctx *c);
 const char *cinfer_ctx_error(const cinfer_ctx *c);  /* message of the last failure */
 
-/* Drops every cached token of every row. */
+/* Drops every token of every sequence. */
 void cinfer_ctx_reset(cinfer_ctx *c);
-/* Keeps the first n cached tokens of every row and drops the rest (prefix
+/* Keeps the first n tokens of every sequence and drops the rest (prefix
  * reuse: a new prompt that shares n tokens with the cached ones feeds only
- * its tail). n >= the cached length changes nothing. */
+ * its tail). n >= a sequence's length leaves it as it is. A sequence whose
+ * window has already dropped keys that position n needs is cleared instead
+ * (cinfer_seq_trim reports that case). */
 void cinfer_ctx_trim(cinfer_ctx *c, int n);
-/* Tokens held in the cache for row 0 (its next position). */
+/* Tokens held by sequence 0 (its next position). */
 int cinfer_ctx_pos(const cinfer_ctx *c);
-/* Bytes held by the KV cache. */
+/* Bytes of KV pages held by the sequences (kv_bytes). */
 size_t cinfer_ctx_cache_bytes(const cinfer_ctx *c);
 /* Bytes cinfer holds for this context and its model: the mapped weights, the
  * work buffers (grown to the largest batch seen) and the KV cache. This is
@@ -106,16 +121,79 @@ size_t cinfer_ctx_cache_bytes(const cinfer_ctx *c);
  * reserves nor the libraries' resident pages. */
 size_t cinfer_ctx_memory_bytes(const cinfer_ctx *c);
 
+typedef struct cinfer_kv_info {
+    size_t bytes_held;   /* pages held by sequences */
+    size_t bytes_pool;   /* pages allocated (held + free) */
+    size_t budget;       /* kv_memory in force */
+    int page;            /* slots per page */
+    const char *dtype;   /* "f32", "f16", "bf16" */
+    int max_seqs;
+    int max_kv_size;     /* 0: none */
+} cinfer_kv_info;
+void cinfer_ctx_kv_info(const cinfer_ctx *c, cinfer_kv_info *info);
+
+/* ------------------------------------------------------------- sequences
+ * Sequence ids are 0..max_seqs-1; every id exists from the start, empty. A
+ * forward row extends a sequence; these calls manage them. Forks share the
+ * parent's pages (copy on write of a partly filled last page). */
+
+/* Tokens held by sequence seq (its next position); 0 for an unknown id. */
+int cinfer_seq_len(const cinfer_ctx *c, int seq);
+/* Keeps the first n tokens of seq. Fails (EINVAL, nothing changed) when a
+ * window has dropped keys that position n would need. */
+cinfer_status cinfer_seq_trim(cinfer_ctx *c, int seq, int n);
+/* dst becomes a copy of src sharing its pages (dst's old tokens are dropped). */
+cinfer_status cinfer_seq_fork(cinfer_ctx *c, int src, int dst);
+/* Drops every token of seq and returns its pages; the id stays usable. */
+void cinfer_seq_free(cinfer_ctx *c, int seq);
+
+/* A sequence's cache state as named tensors and a JSON header, made by each
+ * layer's codec; restoring it rebuilds the sequence exactly. Tensor "L.0"
+ * holds layer L's keys, "L.1" its values, shape [1][n_kv][T][head_dim] for
+ * the T positions the layer holds (mlx-lm's prompt-cache names). The header:
+ * {"format":"cinfer-kv","version":1,"tokens":N,"layers":[{"layer","kind",
+ * "dtype","n_kv","head_dim","window","keep","sinks","run","offset"}...]}:
+ * a layer holds positions [0, sinks) and [run, offset) (run 0: all of
+ * [0, offset)). The snapshot owns everything it points to. */
+typedef struct cinfer_tensor {
+    char name[32];
+    const char *dtype;   /* "f32", "f16", "bf16" (static strings) */
+    int ndim;
+    int64_t shape[4];
+    void *data;          /* malloc'd, bytes long */
+    size_t bytes;
+} cinfer_tensor;
+
+typedef struct cinfer_snapshot {
+    char *header;        /* malloc'd JSON */
+    int n_tensors;
+    cinfer_tensor *tensors; /* [n_tensors], malloc'd */
+} cinfer_snapshot;
+
+cinfer_status cinfer_seq_snapshot(cinfer_ctx *c, int seq, cinfer_snapshot **out);
+/* seq is cleared, then rebuilt from s; shapes, dtypes and the cache policy
+ * must match this context (EFORMAT with a message otherwise). */
+cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *s);
+void cinfer_snapshot_free(cinfer_snapshot *s);   /* NULL is fine */
+
 /* One forward over B token rows of padded length L (the design's forward
- * contract). ids [B][L]; lens[B] true lengths (NULL: all L); pos0[B] start
- * positions (NULL: continue each row from its cached length). Logits are
- * computed only at the positions requested:
+ * contract); row b extends sequence b. ids [B][L]; lens[B] true lengths
+ * (NULL: all L); pos0[B] start positions (NULL: continue each sequence from
+ * its length; a start before it overwrites, and so trims, the tail).
+ * Logits are computed only at the positions requested:
  *   - out_rows == NULL: the last true position of each row -> logits [B][vocab]
  *   - otherwise n_out (row, position) pairs out_rows[2*i], out_rows[2*i+1]
  *     -> logits [n_out][vocab].
- * logits may be NULL (prefill only). */
+ * logits may be NULL (prefill only). Everything is checked before any
+ * state changes: a call that fails leaves every sequence as it was. */
 cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens,
                              const int *pos0, const int *out_rows, int n_out, float *logits);
+/* The same with row b extending sequence seqs[b] (distinct ids); seqs NULL
+ * is cinfer_forward. Rows of different sequences and lengths run in one
+ * batch. */
+cinfer_status cinfer_forward_seqs(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs,
+                                  const int *lens, const int *pos0, const int *out_rows, int n_out,
+                                  float *logits);
 
 /* Convenience for one row: feeds ids[n] after the cached tokens, writes the
  * logits of every fed position (all=1, [n][vocab]) or only the last

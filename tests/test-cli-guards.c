@@ -18,7 +18,7 @@
 static char out[1 << 20], args[4096];
 
 static json_t *run_json(const char *a, int *rc) {
-    *rc = run(a, out, sizeof out);
+    *rc = sh_run(a, out, sizeof out);
     return json_loads(out, 0, NULL);   /* the whole stdout: one object and nothing else */
 }
 
@@ -39,11 +39,11 @@ static void make_chat_model(char *dir, size_t n) {
 }
 
 static void test_generate_output(void) {
-    int rc = run("generate -m " M " -p 'Once upon a time' -n 12", out, sizeof out);
+    int rc = sh_run("generate -m " M " -p 'Once upon a time' -n 12", out, sizeof out);
     CHECK(rc == 0 && !strncmp(out, ", there was a little girl named Lily.", 37) && !strstr(out, "Once upon") &&
           out[strlen(out) - 1] == '\n', "generate prints the continuation only, then a newline: '%.50s'", out);
     CHECK(strstr(run_err(), "Generation: 12 tokens"), "the statistics go to stderr");
-    rc = run("generate -m " M " -p 'Once upon a time' -n 12 --quiet", out, sizeof out);
+    rc = sh_run("generate -m " M " -p 'Once upon a time' -n 12 --quiet", out, sizeof out);
     CHECK(rc == 0 && !run_err()[0], "--quiet: nothing on stderr ('%.40s')", run_err());
 
     json_t *j = run_json("generate -m " M " -p 'Once upon a time' -n 8 --json", &rc);
@@ -73,6 +73,11 @@ static void test_generate_output(void) {
           "-n 600 stops at the 512-position context with finish_reason context (%lld)",
           (long long)json_integer_value(json_object_get(j, "generation_tokens")));
     json_decref(j);
+    j = run_json("generate -m " M " -n 600 --max-kv-size 64 --json", &rc);
+    CHECK(rc == 0 && json_integer_value(json_object_get(j, "generation_tokens")) == 600 &&
+          !strcmp(json_string_value(json_object_get(j, "finish_reason")) ?: "", "length"),
+          "--max-kv-size 64 (a rotating cache) lifts the context stop, as mlx-lm: 600 tokens, finish_reason length");
+    json_decref(j);
     j = run_json("generate -m " M " -n -1 --json", &rc);
     CHECK(rc == 0 && j && json_integer_value(json_object_get(j, "prompt_tokens")) + json_integer_value(json_object_get(j, "generation_tokens")) <= 512,
           "-n -1 runs until EOS or the context limit (rc %d)", rc);
@@ -80,7 +85,7 @@ static void test_generate_output(void) {
     char *big = malloc(600 * 4 + 64);
     int k = sprintf(big, "generate -m " M " -n 2 --tokens 1");
     for (int i = 0; i < 600; i++) k += sprintf(big + k, ",%d", 300 + i % 100);
-    rc = run(big, out, sizeof out);
+    rc = sh_run(big, out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "context"), "a 601-token prompt is refused: %.120s", run_err());
     free(big);
 
@@ -89,7 +94,7 @@ static void test_generate_output(void) {
     snprintf(cmd, sizeof cmd, "mkdir -p %s/notok && cp " M "/config.json " M "/model.safetensors %s/notok/", cli_tmp, cli_tmp);
     int ok = system(cmd) == 0;
     snprintf(args, sizeof args, "generate -m %s/notok --tokens 1,403,407,261,378 -n 3 -q", cli_tmp);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(ok && rc == 0 && !strcmp(out, "432 383 286\n"), "a tokenizer-less model prints the ids: '%s'", out);
 }
 
@@ -106,10 +111,10 @@ static void test_chat_template(void) {
     char dir[256];
     make_chat_model(dir, sizeof dir);
     snprintf(args, sizeof args, "generate -m %s -p Once -n 5 -q", dir);
-    int rc = run(args, out, sizeof out);
+    int rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0 && !strcmp(out, ", there was a little\n"), "the chat template applies by default: '%s'", out);
     snprintf(args, sizeof args, "generate -m %s -p Once -n 5 -q --ignore-chat-template", dir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0 && strcmp(out, ", there was a little\n") != 0, "--ignore-chat-template feeds the prompt as is: '%s'", out);
     snprintf(args, sizeof args, "generate -m %s -p upon -n 3 --system-prompt Once --json", dir);
     json_t *j = run_json(args, &rc);
@@ -118,17 +123,17 @@ static void test_chat_template(void) {
           (int)json_integer_value(json_object_get(j, "prompt_tokens")));
     json_decref(j);
     snprintf(args, sizeof args, "generate -m %s --system-prompt Once -n 3", dir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 2 && strstr(run_err(), "needs a prompt"), "--system-prompt without a prompt says so: %.80s", run_err());
-    rc = run("chat -m " M " < /dev/null", out, sizeof out);
+    rc = sh_run("chat -m " M " < /dev/null", out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "--chat-template"), "chat without a template fails at start and offers --chat-template: %.100s", run_err());
     snprintf(args, sizeof args, "chat -m " M " -n 5 --chat-template '{{ bos_token }}{%% for m in messages %%}{{ m.content }}{%% endfor %%}' "
              "< %s", input_file("in1", "Once upon a time\n", 17));
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0 && !strncmp(out, ", there was a little", 20), "chat --chat-template TEXT: '%.30s'", out);
     /* q, r, h as mlx_lm.chat; a line longer than 8 KB is one turn */
     snprintf(args, sizeof args, "chat -m %s -n 4 < %s", dir, input_file("in2", "Once\nr\nOnce\nh\nq\nLily\n", 21));
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     int turns = 0;
     for (const char *p = run_err(); (p = strstr(p, "tok/s]")); p++) turns++;
     CHECK(rc == 0 && turns == 2 && !strcmp(out, ", there was a\n, there was a\n") && strstr(run_err(), "(conversation reset)") &&
@@ -139,7 +144,7 @@ static void test_chat_template(void) {
     for (int i = 0; f && i < 3000; i++) fputs("ab ", f);
     if (f) { fputc('\n', f); fclose(f); }
     snprintf(args, sizeof args, "chat -m %s -n 4 < %s", dir, path);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     const char *e = run_err();
     int refused = 0;
     for (const char *p = e; (p = strstr(p, "does not fit")); p++) refused++;
@@ -156,17 +161,17 @@ static void keep(char *a, size_t n) {
 
 static void test_sampling(void) {
     char a[1 << 12] = "";
-    int rc = run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 -q", out, sizeof out);
+    int rc = sh_run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 -q", out, sizeof out);
     keep(a, sizeof a);
-    int rc2 = run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 -q", out, sizeof out);
+    int rc2 = sh_run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 -q", out, sizeof out);
     CHECK(rc == 0 && rc2 == 0 && strcmp(a, out), "unseeded runs differ");
-    rc = run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 --seed 5 -q", out, sizeof out);
+    rc = sh_run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 --seed 5 -q", out, sizeof out);
     keep(a, sizeof a);
-    rc2 = run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 --seed 5 -q", out, sizeof out);
+    rc2 = sh_run("generate -m " M " -p 'Once upon a time' -n 30 --temp 1 --seed 5 -q", out, sizeof out);
     CHECK(rc == 0 && rc2 == 0 && !strcmp(a, out), "--seed 5 reproduces");
-    rc = run("generate -m " M " -p 'Once upon a time' -n 3 --temp 1 --seed -1 -q", out, sizeof out);
+    rc = sh_run("generate -m " M " -p 'Once upon a time' -n 3 --temp 1 --seed -1 -q", out, sizeof out);
     CHECK(rc == 0, "--seed -1 is random, as llama.cpp (rc %d)", rc);
-    rc = run("generate -m " M " -p 'Once upon a time' -n 20 --stop little -q", out, sizeof out);
+    rc = sh_run("generate -m " M " -p 'Once upon a time' -n 20 --stop little -q", out, sizeof out);
     CHECK(rc == 0 && !strcmp(out, ", there was a \n"), "--stop cuts before the stop string: '%s'", out);
     int jrc;
     json_t *j = run_json("generate -m " M " -p 'Once upon a time' -n 20 --stop 'girl named' --stop zzz --json", &jrc);
@@ -185,26 +190,26 @@ static void test_inputs(void) {
     FILE *f = fopen(path, "w");
     if (f) { fputs("Once upon a time", f); fclose(f); }
     snprintf(args, sizeof args, "generate -m " M " -f %s -n 5 -q", path);
-    int rc = run(args, out, sizeof out);
+    int rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0 && !strcmp(out, ", there was a little\n"), "-f FILE reads the prompt: '%s'", out);
-    rc = run("generate -m " M " -p - -n 3 -q < /dev/null", out, sizeof out);
+    rc = sh_run("generate -m " M " -p - -n 3 -q < /dev/null", out, sizeof out);
     CHECK(rc == 0, "-p - reads standard input");
     snprintf(args, sizeof args, "generate -m " M " -p - -n 3 -q < %s", input_file("nul", "Once\0upon", 9));
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc != 0 && strstr(run_err(), "NUL"), "a NUL byte in the prompt is an error, not a silent cut: %.80s", run_err());
-    rc = run("generate -m " M " -f /dev/zero -n 3", out, sizeof out);
+    rc = sh_run("generate -m " M " -f /dev/zero -n 3", out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "not a regular file"), "-f /dev/zero: not a regular file (%.80s)", run_err());
-    rc = run("generate -m " M " --tokens 1,403 -p x", out, sizeof out);
+    rc = sh_run("generate -m " M " --tokens 1,403 -p x", out, sizeof out);
     CHECK(rc == 2 && strstr(run_err(), "--tokens"), "--tokens with -p is refused: %.80s", run_err());
-    rc = run("logits -m " M " --tokens 1 2 3", out, sizeof out);
+    rc = sh_run("logits -m " M " --tokens 1 2 3", out, sizeof out);
     CHECK(rc == 2 && strstr(run_err(), "'2'"), "logits --tokens 1 2 3: the stray '2' is named: %.80s", run_err());
-    rc = run("generate -m " M " -ngl 99", out, sizeof out);
+    rc = sh_run("generate -m " M " -ngl 99", out, sizeof out);
     CHECK(rc == 2 && strstr(run_err(), "'-ngl'"), "-ngl 99 is an unknown option, by name: %.80s", run_err());
-    rc = run("perplexity -m " M " --data x --frobnicate", out, sizeof out);
+    rc = sh_run("perplexity -m " M " --data x --frobnicate", out, sizeof out);
     CHECK(rc == 2 && strstr(run_err(), "'--frobnicate'"), "perplexity names an unknown flag: %.80s", run_err());
-    rc = run("chat -m " M " --json", out, sizeof out);
+    rc = sh_run("chat -m " M " --json", out, sizeof out);
     CHECK(rc == 2 && strstr(run_err(), "--json"), "chat --json is refused, not ignored");
-    rc = run("generate -m " M " -n 3 --device cuda", out, sizeof out);
+    rc = sh_run("generate -m " M " -n 3 --device cuda", out, sizeof out);
     const char *e = run_err();
     CHECK(rc == 0 /* a GPU is there */ || (rc == 1 && (strstr(e, "driver") || strstr(e, "no CUDA device") || strstr(e, "without CUDA") || strstr(e, "(driver"))),
           "--device cuda without a GPU says why: %.120s", e);
@@ -224,9 +229,9 @@ static void test_inputs(void) {
     strcat(lp, "\"}\n");
     const char *lp1 = "{\"prompt\": \"Once\", \"response\": \" upon\"}\n";
     snprintf(args, sizeof args, "logprobs -m " M " --data %s", input_file("lp.jsonl", lp1, strlen(lp1)));
-    int rc1 = run(args, out, sizeof out);
+    int rc1 = sh_run(args, out, sizeof out);
     snprintf(args, sizeof args, "logprobs -m " M " --data %s", input_file("lp2.jsonl", lp, strlen(lp)));
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc1 == 0 && rc == 1 && strstr(run_err(), "lp2.jsonl:1:") && strstr(run_err(), "context"),
           "logprobs: a pair longer than the context is refused with file:line: %.100s", run_err());
     j = run_json("kl --base " M " --model " M " --data tests/fixtures/score/data.jsonl --sequence-length 16 --num-samples 2 --json", &rc);
@@ -237,7 +242,7 @@ static void test_inputs(void) {
     gb = json_real_value(json_object_get(j, "peak_memory_gb"));
     CHECK(rc == 0 && gb > 1.0e-3 && gb < 0.02, "perplexity --json: peak memory counts the model and its caches (%.4f GB)", gb);
     json_decref(j);
-    rc = run("perplexity -m " M " --sequence-length 600 --data tests/fixtures/score/data.jsonl", out, sizeof out);
+    rc = sh_run("perplexity -m " M " --sequence-length 600 --data tests/fixtures/score/data.jsonl", out, sizeof out);
     CHECK(rc == 1 && strstr(run_err(), "context"), "--sequence-length 600 on a 512-position model is refused: %.100s", run_err());
 }
 
@@ -253,7 +258,7 @@ static void test_writes(void) {
     };
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         snprintf(args, sizeof args, "%s > /dev/full", cmds[i]);
-        int rc = run(args, out, sizeof out);
+        int rc = sh_run(args, out, sizeof out);
         CHECK(rc == 1 && strstr(run_err(), "writing"), "'%s > /dev/full' fails with a message (rc %d)", cmds[i], rc);
     }
     char fifo[128];
@@ -261,11 +266,11 @@ static void test_writes(void) {
     struct stat st;
     int made = mkfifo(fifo, 0644) == 0;
     snprintf(args, sizeof args, "logits -m " M " --tokens 1,403 --npy %s", fifo);
-    int rc = run(args, out, sizeof out);
+    int rc = sh_run(args, out, sizeof out);
     CHECK(made && rc == 1 && lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode) && strstr(run_err(), "not a regular file"),
           "--npy onto a FIFO: refused, the FIFO stays: %.100s", run_err());
     snprintf(args, sizeof args, "kl --base " M " --data tests/fixtures/score/data.jsonl --sequence-length 16 --num-samples 1 --save-base %s", fifo);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 1 && lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "kl --save-base onto a FIFO: refused, the FIFO stays");
 }
 
@@ -274,15 +279,15 @@ static void test_nan_model(void) {
     char dir[256];
     int ok = copy_model_nan(cli_tmp, "nan", dir, sizeof dir);
     snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 5 --json", dir);
-    int rc = run(args, out, sizeof out);
+    int rc = sh_run(args, out, sizeof out);
     CHECK(ok && rc == 1 && !out[0] && strstr(run_err(), "NaN"), "generate on NaN weights: exit 1, a message: %.90s", run_err());
     snprintf(args, sizeof args, "perplexity -m %s --data tests/fixtures/score/data.jsonl --sequence-length 16 --num-samples 2 --json", dir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(ok && rc == 1 && !out[0] && strstr(run_err(), "NaN"), "perplexity --json on NaN weights: exit 1, no 'nan' JSON: %.90s", run_err());
 }
 
 static void test_version(void) {
-    int rc = run("--version", out, sizeof out);
+    int rc = sh_run("--version", out, sizeof out);
     int a, b, c;
     CHECK(rc == 0 && sscanf(out, "cinfer %d.%d.%d", &a, &b, &c) == 3, "cinfer --version: %s", out);
 }

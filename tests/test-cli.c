@@ -17,11 +17,11 @@ int main(int argc, char **argv) {
     const char *sh = "models/stories260k";   /* shipped in the repository */
 
     snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 20", sh);
-    int rc = run(args, out, sizeof out);
+    int rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0 && !strncmp(out, ", there was a little girl named Lily.", 37), "generate prints the story after the prompt (rc %d): %.60s", rc, out);
 
     snprintf(args, sizeof args, "generate -m %s -n 5 --json", sh);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     json_t *j = json_loads(out, 0, NULL);
     CHECK(rc == 0 && j && json_integer_value(json_object_get(j, "generation_tokens")) == 5 &&
           json_is_number(json_object_get(j, "generation_tps")), "generate --json prints parseable statistics");
@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
     char npy[128];
     snprintf(npy, sizeof npy, "%s/l.npy", cli_tmp);
     snprintf(args, sizeof args, "logits -m %s --tokens 1,403,407,261,378 --top 3 --npy %s --json", sh, npy);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     j = json_loads(out, 0, NULL);
     json_t *pos = json_object_get(j, "positions");
     json_t *last = json_array_get(pos, 4);
@@ -51,16 +51,16 @@ int main(int argc, char **argv) {
     free(a);
     free(b);
 
-    rc = run("generate --help", out, sizeof out);
+    rc = sh_run("generate --help", out, sizeof out);
     CHECK(rc == 0 && strstr(out, "--top-p") && strstr(out, "--seed"), "generate --help documents the flags");
-    rc = run("logits --help", out, sizeof out);
+    rc = sh_run("logits --help", out, sizeof out);
     CHECK(rc == 0 && strstr(out, "--npy"), "logits --help documents the flags");
-    rc = run("generate -m x --temp abc", out, sizeof out);
+    rc = sh_run("generate -m x --temp abc", out, sizeof out);
     CHECK(rc == 2, "a bad flag value is a usage error (exit 2)");
-    rc = run("frobnicate", out, sizeof out);
+    rc = sh_run("frobnicate", out, sizeof out);
     CHECK(rc == 2, "an unknown command is a usage error (exit 2)");
     snprintf(args, sizeof args, "logits -m %s --tokens 1,999999", sh);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 1, "a token id outside the vocabulary fails cleanly (exit %d)", rc);
 
     /* chat and generate --chat through a chat template added to a copy of stories260k */
@@ -78,12 +78,12 @@ int main(int argc, char **argv) {
         json_decref(tc);
     }
     snprintf(args, sizeof args, "generate --chat -m %s -p 'Once upon a time' -n 8", mdir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(copied && tc && rc == 0 && !strncmp(out, ", there was a little girl", 25), "generate --chat renders the template (rc %d): %.40s", rc, out);
     snprintf(args, sizeof args, "chat -m %s -n 12 < /dev/null", mdir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0, "chat ends cleanly at end of input (rc %d)", rc);
-    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nLily and Ben\\n' | %s chat -m %s -n 12 > %s/chat.out 2>&1", cli_bin, mdir, cli_tmp);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nLily and Ben\\n' | %s chat -m %s -n 12 > %s/chat.out 2>&1", cli, mdir, cli_tmp);
     rc = system(cmd);
     snprintf(cmd, sizeof cmd, "%s/chat.out", cli_tmp);
     FILE *cf = fopen(cmd, "r");
@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
     for (char *q = out; (q = strstr(q, "tok/s]")); q++) turns++;
     CHECK(rc == 0 && turns == 2 && strstr(out, ", there was a little girl"), "chat answers two turns (%d turns)", turns);
     snprintf(args, sizeof args, "generate --chat -m %s -p hi -n 2", sh);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 1, "generate --chat on a model without a chat template fails cleanly (rc %d)", rc);
 
     cli_cleanup();

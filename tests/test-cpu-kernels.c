@@ -22,6 +22,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemv.h"
 #include "check.h"
+#include "paged.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) {  /* uniform [-1, 1) */
@@ -242,42 +243,43 @@ static void test_gemm_bf16(void) {
     ops->ctx_free(c);
 }
 
-/* attention through sgemm vs be_ref_attention: GQA, padding, windows, f16 cache */
+/* attention through sgemm vs be_ref_attention over random paged layouts:
+ * GQA, padding, windows with and without sink tokens, f32/f16/bf16 pools */
 static void test_attention(int threads) {
     const be_ops *ops = be_cpu();
     be_ctx *c = NULL;
     if (ops->ctx_new(&c, threads) || !c) return;
-    static const struct { int B, L, nh, nkv, hd, win, p0, p1, len1; } cs[] = {
-        { 1, 1, 8, 2, 64, 0, 0, 0, 1 },      /* first decode step */
-        { 2, 1, 8, 2, 64, 0, 37, 5, 1 },     /* batched decode */
-        { 1, 9, 4, 4, 40, 0, 0, 0, 9 },      /* MHA prefill, odd hd */
-        { 2, 7, 8, 2, 64, 0, 3, 0, 4 },      /* second row padded */
-        { 1, 300, 8, 1, 32, 0, 0, 0, 300 },  /* MQA, several query blocks */
-        { 2, 140, 6, 2, 16, 5, 10, 0, 133 }, /* sliding window */
-        { 1, 3, 4, 2, 64, 2, 50, 0, 3 },     /* window, continuing row */
+    static const struct { int B, L, nh, nkv, hd, win, keep, p0, p1, len1, page; } cs[] = {
+        { 1, 1, 8, 2, 64, 0, 0, 0, 0, 1, 16 },       /* first decode step */
+        { 2, 1, 8, 2, 64, 0, 0, 37, 5, 1, 4 },       /* batched decode */
+        { 1, 9, 4, 4, 40, 0, 0, 0, 0, 9, 128 },      /* MHA prefill, odd hd */
+        { 2, 7, 8, 2, 64, 0, 0, 3, 0, 4, 2 },        /* second row padded */
+        { 1, 300, 8, 1, 32, 0, 0, 0, 0, 300, 64 },   /* MQA, several query blocks */
+        { 2, 140, 6, 2, 16, 5, 0, 10, 0, 133, 8 },   /* sliding window */
+        { 1, 3, 4, 2, 64, 2, 0, 50, 0, 3, 1 },       /* window, continuing row, 1-slot pages */
+        { 2, 40, 4, 2, 32, 16, 4, 60, 90, 1, 4 },    /* rotating window with 4 sinks, run0 > keep */
+        { 2, 1, 4, 2, 32, 16, 4, 200, 17, 1, 8 },    /* its decode step */
     };
-    for (int d = 0; d < 2; d++) {
-        be_dtype kv = d ? BE_F16 : BE_F32;
+    for (int d = 0; d < 3; d++) {
+        be_dtype kv = (be_dtype)d;
         double worst = 0;
         int ok = 1;
         for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
             int pos0[2] = { cs[ci].p0, cs[ci].p1 }, len[2] = { cs[ci].L, cs[ci].len1 };
             if (cs[ci].B == 1) len[0] = cs[ci].len1;
-            int cap = 0;
-            for (int b = 0; b < cs[ci].B; b++) if (pos0[b] + cs[ci].L > cap) cap = pos0[b] + cs[ci].L;
             be_attn a = { .B = cs[ci].B, .L = cs[ci].L, .n_head = cs[ci].nh, .n_kv_head = cs[ci].nkv,
-                          .head_dim = cs[ci].hd, .cap = cap, .pos0 = pos0, .len = len, .window = cs[ci].win,
-                          .scale = 1.0f / sqrtf((float)cs[ci].hd) };
+                          .head_dim = cs[ci].hd, .pos0 = pos0, .len = len, .scale = 1.0f / sqrtf((float)cs[ci].hd) };
+            paged_layout pl;
+            int np = paged_init(&pl, &a, cs[ci].page, cs[ci].win, cs[ci].keep, 1234 + ci);
             size_t nq = (size_t)a.B * a.L * a.n_head * a.head_dim;
-            size_t nk = (size_t)a.B * a.n_kv_head * cap * a.head_dim;
+            size_t nk = (size_t)np * a.n_kv_head * a.page * a.head_dim;
             float *q = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float));
             float *ref = malloc(nq * sizeof(float));
             void *k = malloc(nk * 4), *v = malloc(nk * 4);
             for (size_t i = 0; i < nq; i++) { q[i] = 2 * frand(); o[i] = NAN; }
             for (size_t i = 0; i < nk; i++) {
-                float x = frand(), y = frand();
-                if (kv == BE_F32) { ((float *)k)[i] = x; ((float *)v)[i] = y; }
-                else { ((uint16_t *)k)[i] = be_f32_to_f16(x); ((uint16_t *)v)[i] = be_f32_to_f16(y); }
+                be_kv_put(k, kv, i, frand());
+                be_kv_put(v, kv, i, frand());
             }
             be_ref_attention(&a, q, k, v, kv, ref);
             if (cpu_attention_gemm(c, &a, q, k, v, kv, o)) ok = 0;
@@ -286,8 +288,9 @@ static void test_attention(int threads) {
                 if (!(e <= worst)) worst = e;
             }
             free(q); free(o); free(ref); free(k); free(v);
+            paged_free(&pl);
         }
-        CHECK(ok && worst <= 1.0, "attention via sgemm, %s cache, %d threads: worst |err| %.3g x 1e-5",
+        CHECK(ok && worst <= 1.0, "attention via sgemm, paged %s pools, %d threads: worst |err| %.3g x 1e-5",
               be_dtype_name(kv), threads, worst);
     }
     ops->ctx_free(c);

@@ -357,7 +357,8 @@ static void test_blas_threads(void) {
     char err[512];
     cinfer_model *m = NULL;
     cinfer_ctx *a = NULL, *b = NULL;
-    cinfer_ctx_opts o = {2, 0};
+    cinfer_ctx_opts o = {0};
+    o.n_threads = 2;
     int ok = !cinfer_model_load(MODEL, NULL, &m, err, sizeof err) && !cinfer_ctx_new(m, &o, &a, err, sizeof err);
     int before = openblas_get_num_threads();
     ok = ok && !cinfer_ctx_new(m, &o, &b, err, sizeof err);

@@ -37,8 +37,8 @@ int main(int argc, char **argv) {
     (void)argc;
     if (!cli_setup(argv[0])) return 1;
     char build[PATH_MAX], cwd[PATH_MAX], cmd[8192], out[8192];
-    snprintf(build, sizeof build, "%s", cli_bin);
-    *strrchr(build, '/') = 0;   /* cli_bin is BUILD/tests/../cinfer */
+    snprintf(build, sizeof build, "%s", cli);
+    *strrchr(build, '/') = 0;   /* cli is BUILD/tests/../cinfer */
     if (!getcwd(cwd, sizeof cwd)) return 1;
 #if defined(__SANITIZE_ADDRESS__)
     const char *san = "SAN=1", *cflags = "-fsanitize=address,undefined";

@@ -7,6 +7,7 @@
  * start positions and right padding. Also the f16/bf16 conversions.
  */
 #include "check.h"
+#include "paged.h"
 #include "backend/cpu/cpu.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -21,32 +22,41 @@ static double maxdiff(const float *a, const float *b, size_t n) {
     return m;
 }
 
-static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, int nkv, int hd, int window, be_dtype dt) {
+/* kv_write then attention over a random paged layout: every row's history
+ * before pos0 is random, the new keys come through kv_write; the fast op
+ * (scalar loop or sgemm) against be_ref_attention, and kv_write against
+ * be_ref_kv_write byte for byte */
+static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, int nkv, int hd, int window, int keep,
+                           int page, be_dtype dt) {
     int pos0[4] = {0, 5, 2, 9}, len[4] = {L, L - 2 > 0 ? L - 2 : 1, 1, L};
-    int cap = 64;
-    be_attn a = {.B = B, .L = L, .n_head = nh, .n_kv_head = nkv, .head_dim = hd, .cap = cap, .pos0 = pos0, .len = len,
-                 .window = window, .scale = 1.0f / sqrtf((float)hd)};
-    size_t cache_n = (size_t)B * nkv * cap * hd, qn = (size_t)B * L * nh * hd, kn = (size_t)B * L * nkv * hd;
-    void *k = calloc(cache_n, 4), *v = calloc(cache_n, 4);
+    be_attn a = {.B = B, .L = L, .n_head = nh, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len,
+                 .scale = 1.0f / sqrtf((float)hd)};
+    paged_layout pl;
+    int np = paged_init(&pl, &a, page, window, keep, 99 + (uint64_t)L * 7 + page);
+    size_t pool_n = (size_t)np * nkv * page * hd, qn = (size_t)B * L * nh * hd, kn = (size_t)B * L * nkv * hd;
+    size_t el = be_dtype_size(dt);
+    void *k = malloc(pool_n * el), *v = malloc(pool_n * el), *k2 = malloc(pool_n * el), *v2 = malloc(pool_n * el);
     float *q = malloc(qn * 4), *kk = malloc(kn * 4), *vv = malloc(kn * 4), *o1 = malloc(qn * 4), *o2 = malloc(qn * 4);
-    /* history before pos0 filled with random keys, then the new ones written by kv_write */
-    float *hist = malloc(cache_n * 4);
-    fill(hist, cache_n, 1.0f);
-    for (size_t i = 0; i < cache_n; i++) {
-        if (dt == BE_F32) ((float *)k)[i] = hist[i], ((float *)v)[i] = -hist[i];
-        else ((uint16_t *)k)[i] = be_f32_to_f16(hist[i]), ((uint16_t *)v)[i] = be_f32_to_f16(-hist[i]);
-    }
+    for (size_t i = 0; i < pool_n; i++) be_kv_put(k, dt, i, frand()), be_kv_put(v, dt, i, frand());
+    memcpy(k2, k, pool_n * el);
+    memcpy(v2, v, pool_n * el);
     fill(q, qn, 1.0f);
     fill(kk, kn, 1.0f);
     fill(vv, kn, 1.0f);
     be->kv_write(c, &a, kk, k, dt);
     be->kv_write(c, &a, vv, v, dt);
+    be_ref_kv_write(&a, kk, k2, dt);
+    be_ref_kv_write(&a, vv, v2, dt);
+    CHECK(!memcmp(k, k2, pool_n * el) && !memcmp(v, v2, pool_n * el), "kv_write B=%d L=%d page %d %s equals the reference",
+          B, L, page, be_dtype_name(dt));
     for (size_t i = 0; i < qn; i++) o1[i] = 12345.0f;   /* sentinel: padded rows must be zeroed */
     be->attention(c, &a, q, k, v, dt, o1);
     be_ref_attention(&a, q, k, v, dt, o2);
     double d = maxdiff(o1, o2, qn);
-    CHECK(d < 1e-5, "attention B=%d L=%d heads %d/%d hd %d window %d %s: max diff %.2e", B, L, nh, nkv, hd, window, be_dtype_name(dt), d);
-    free(k); free(v); free(q); free(kk); free(vv); free(o1); free(o2); free(hist);
+    CHECK(d < 1e-5, "attention B=%d L=%d heads %d/%d hd %d window %d keep %d page %d %s: max diff %.2e", B, L, nh, nkv,
+          hd, window, keep, page, be_dtype_name(dt), d);
+    free(k); free(v); free(k2); free(v2); free(q); free(kk); free(vv); free(o1); free(o2);
+    paged_free(&pl);
 }
 
 int main(void) {
@@ -122,15 +132,18 @@ int main(void) {
     be_ref_swiglu(x, x + D, y2, (N - 1) * D);
     CHECK(maxdiff(y1, y2, (N - 1) * D) < 1e-5, "swiglu");
 
-    test_attention(be, c, 1, 1, 4, 2, 16, 0, BE_F32);
-    test_attention(be, c, 1, 9, 8, 2, 32, 0, BE_F32);
-    test_attention(be, c, 3, 6, 4, 4, 16, 0, BE_F32);
-    test_attention(be, c, 4, 7, 6, 2, 24, 4, BE_F32);
-    test_attention(be, c, 4, 7, 6, 3, 64, 0, BE_F16);
-    test_attention(be, c, 2, 5, 4, 1, 128, 3, BE_F16);
+    test_attention(be, c, 1, 1, 4, 2, 16, 0, 0, 16, BE_F32);
+    test_attention(be, c, 1, 9, 8, 2, 32, 0, 0, 4, BE_F32);
+    test_attention(be, c, 3, 6, 4, 4, 16, 0, 0, 1, BE_F32);
+    test_attention(be, c, 4, 7, 6, 2, 24, 4, 0, 2, BE_F32);
+    test_attention(be, c, 4, 7, 6, 3, 64, 0, 0, 8, BE_F16);
+    test_attention(be, c, 2, 5, 4, 1, 128, 3, 0, 4, BE_BF16);
+    test_attention(be, c, 4, 9, 4, 2, 16, 6, 2, 2, BE_F32);     /* rotating window with 2 sinks */
+    test_attention(be, c, 3, 1, 4, 2, 16, 5, 4, 1, BE_BF16);    /* its decode step, 1-slot pages */
     /* large enough to take the sgemm path of the CPU attention */
-    test_attention(be, c, 3, 40, 8, 2, 64, 0, BE_F32);
-    test_attention(be, c, 4, 24, 8, 4, 64, 16, BE_F16);
+    test_attention(be, c, 3, 40, 8, 2, 64, 0, 0, 16, BE_F32);
+    test_attention(be, c, 4, 24, 8, 4, 64, 16, 0, 8, BE_F16);
+    test_attention(be, c, 2, 40, 8, 2, 64, 20, 4, 4, BE_BF16);
     be->ctx_free(c);
     return CHECK_DONE();
 }

@@ -311,7 +311,7 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
     for (int r = 0; r < 8; r++) {
         int on = r % 2;
         setenv(var, on ? onv : "0", 1);
-        cinfer_ctx_opts co = {0, 1};
+        cinfer_ctx_opts co = {.kv_f16 = 1};
         cinfer_ctx *ctx = NULL;
         char err[512];
         if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
@@ -358,7 +358,7 @@ int main(int argc, char **argv) {
     size_t head_bytes = (size_t)c->n_vocab * c->hidden * 2 + (size_t)c->hidden * 2;
     size_t step_bytes = layer_bytes + head_bytes;   /* weights read per decoded token (the embedding row aside) */
     double layer_params = (double)layer_bytes / 2;
-    cinfer_ctx_opts co = {0, 1};   /* f16 KV cache */
+    cinfer_ctx_opts co = {.kv_f16 = 1};   /* f16 KV cache */
     cinfer_ctx *ctx = NULL;
     if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
     int V = c->n_vocab;

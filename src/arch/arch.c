@@ -29,6 +29,7 @@ typedef struct binder {
     char *err;
     size_t n;
     cinfer_status status;
+    model_weights *w;     /* every bound matrix is listed in w->mats */
 } binder;
 
 /* rows == 0 means a 1-D tensor of `cols` elements */
@@ -41,10 +42,7 @@ static void bind(binder *b, be_mat *m, const char *name, int64_t rows, int64_t c
         return;
     }
     const char *file = b->st->paths[t->file];
-    if (!strcmp(t->dtype, "F32")) m->dt = BE_F32;
-    else if (!strcmp(t->dtype, "F16")) m->dt = BE_F16;
-    else if (!strcmp(t->dtype, "BF16")) m->dt = BE_BF16;
-    else {
+    if (!be_dtype_from_st(t->dtype, &m->dt)) {
         b->status = cf_err(b->err, b->n, CINFER_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file, name, t->dtype);
         return;
     }
@@ -61,18 +59,22 @@ static void bind(binder *b, be_mat *m, const char *name, int64_t rows, int64_t c
     m->data = t->data;
     m->rows = rows ? rows : 1;
     m->cols = cols;
+    if (!b->status && b->w->n_mats < b->w->cap_mats) b->w->mats[b->w->n_mats++] = m;
 }
 
 cinfer_status weights_bind(const model_config *c, const st_set *st, const char *dir, model_weights *w, char *err, size_t n) {
     memset(w, 0, sizeof *w);
-    binder b = {st, dir, err, n, CINFER_OK};
+    binder b = {st, dir, err, n, CINFER_OK, w};
+    w->cap_mats = 3 + (int)(sizeof(layer_weights) / sizeof(be_mat)) * c->n_layer;
+    w->mats = calloc((size_t)w->cap_mats, sizeof *w->mats);
+    if (!w->mats) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
     int64_t H = c->hidden, hd = c->head_dim, qd = (int64_t)c->n_head * hd, kvd = (int64_t)c->n_kv_head * hd;
     bind(&b, &w->tok_embd, "model.embed_tokens.weight", c->n_vocab, H, 1);
     bind(&b, &w->out_norm, "model.norm.weight", 0, H, 1);
     if (c->tie_embeddings || !st_find(st, "lm_head.weight")) {
         if (!c->tie_embeddings && !b.status)
             b.status = cf_err(err, n, CINFER_EFORMAT, "%s: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", dir);
-        w->lm_head = w->tok_embd;
+        w->lm_head = w->tok_embd;   /* a copy of the handle: prepared with tok_embd, not listed twice */
     } else {
         bind(&b, &w->lm_head, "lm_head.weight", c->n_vocab, H, 1);
     }
@@ -115,6 +117,7 @@ cinfer_status weights_bind(const model_config *c, const st_set *st, const char *
 void weights_free(model_weights *w) {
     if (!w) return;
     free(w->layers);
+    free(w->mats);
     free(w->inv_freq);
     memset(w, 0, sizeof *w);
 }
@@ -143,4 +146,25 @@ float *rope_inv_freq(const model_config *c, int *rot_dims) {
         f[i] = inv;
     }
     return f;
+}
+
+int arch_layer_window(const arch_def *a, const model_config *cfg, int l) {
+    return a->layer_window ? a->layer_window(cfg, l) : cfg->sliding_window;
+}
+
+int arch_known(const char *model_type) { return arch_find(model_type) != NULL; }
+
+cinfer_status arch_bind(const arch_def *a, const model_config *cfg, const st_set *st, const char *dir,
+                        model_weights *w, char *err, size_t n) {
+    return (a->bind ? a->bind : weights_bind)(cfg, st, dir, w, err, n);
+}
+
+cinfer_status arch_forward(const arch_def *a, const be_ops *be, be_ctx *bc, const model_config *cfg,
+                           const model_weights *w, kv_group *const *groups, kv_cache *const *caches,
+                           const block_batch *bb, float *x, float *scratch) {
+    return (a->forward ? a->forward : block_forward)(be, bc, cfg, w, groups, caches, bb, x, scratch);
+}
+
+size_t arch_scratch_floats(const arch_def *a, const model_config *cfg, int n_tokens) {
+    return (a->scratch_floats ? a->scratch_floats : block_scratch_floats)(cfg, n_tokens);
 }

@@ -10,29 +10,8 @@
 #define CINFER_ARCH_H
 #include "backend/backend.h"
 #include "cache/cache.h"
+#include "io/config.h"
 #include "io/safetensors.h"
-
-enum { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3, ROPE_DYNAMIC };
-
-typedef struct model_config {
-    char model_type[32];
-    int hidden, n_layer, n_head, n_kv_head, head_dim, ffn, n_vocab, max_pos;
-    float eps;
-    float rope_theta;
-    int rope_type;            /* ROPE_* */
-    float rope_factor, rope_low_freq, rope_high_freq;
-    int rope_orig_max_pos;
-    float partial_rotary;     /* fraction of head_dim rotated (1.0) */
-    int tie_embeddings;
-    int attention_bias;       /* q/k/v biases */
-    int o_bias;               /* bias on o_proj (llama/mistral attention_bias) */
-    int mlp_bias;             /* biases on gate/up/down */
-    int qk_norm;              /* RMSNorm over head_dim on q and k before RoPE */
-    int sliding_window;       /* 0 = none (mistral may set one) */
-    int bos;                  /* -1 unknown */
-    int n_eos;
-    int eos[8];
-} model_config;
 
 typedef struct layer_weights {
     be_mat attn_norm;         /* [1][hidden] */
@@ -54,21 +33,49 @@ typedef struct model_weights {
     layer_weights *layers;    /* [n_layer] */
     float *inv_freq;          /* [rot_dims/2] RoPE inverse frequencies after scaling */
     int rot_dims;
+    be_mat **mats;            /* [n_mats] every bound matrix (what the backend prepares and releases) */
+    int n_mats, cap_mats;
 } model_weights;
+
+/* a forward batch: B rows of padded length L */
+typedef struct block_batch {
+    int B, L;
+    const int *pos0;          /* [B] */
+    const int *len;           /* [B] */
+    const int *pos;           /* [B*L] absolute position of every token */
+} block_batch;
 
 struct arch_def;
 typedef struct arch_def {
     const char *model_type;
     /* fills config fields the generic parser cannot know (e.g. qk_norm) */
     void (*adjust)(model_config *cfg);
+    /* the sliding window of layer l (0: full attention); NULL: cfg->sliding_window for every layer */
+    int (*layer_window)(const model_config *cfg, int l);
+    /* hooks an architecture with its own tensors or blocks sets (NULL: the llama
+     * family's weights_bind, block_forward and block_scratch_floats) */
+    cinfer_status (*bind)(const model_config *cfg, const st_set *st, const char *dir, model_weights *w, char *err,
+                          size_t n);
+    cinfer_status (*forward)(const be_ops *be, be_ctx *bc, const model_config *cfg, const model_weights *w,
+                             kv_group *const *groups, kv_cache *const *caches, const block_batch *bb, float *x,
+                             float *scratch);
+    size_t (*scratch_floats)(const model_config *cfg, int n_tokens);
 } arch_def;
 
+/* the hooks, with the llama family's defaults */
+int arch_layer_window(const arch_def *a, const model_config *cfg, int l);
+cinfer_status arch_bind(const arch_def *a, const model_config *cfg, const st_set *st, const char *dir,
+                        model_weights *w, char *err, size_t n);
+cinfer_status arch_forward(const arch_def *a, const be_ops *be, be_ctx *bc, const model_config *cfg,
+                           const model_weights *w, kv_group *const *groups, kv_cache *const *caches,
+                           const block_batch *bb, float *x, float *scratch);
+size_t arch_scratch_floats(const arch_def *a, const model_config *cfg, int n_tokens);
+
 const arch_def *arch_find(const char *model_type);
+int arch_known(const char *model_type);
 /* comma-separated list of supported model types, for error messages */
 const char *arch_supported(void);
 
-/* config.json (+ generation_config.json) -> cfg */
-cinfer_status config_load(const char *dir, model_config *cfg, char *err, size_t n);
 
 /* binds every tensor of the llama-family layout, checking names, shapes, dtypes */
 cinfer_status weights_bind(const model_config *cfg, const st_set *st, const char *dir,
@@ -77,16 +84,14 @@ void weights_free(model_weights *w);
 
 /* the decoder forward over a batch: hidden [B*L][hidden] in, out. Scratch is
  * owned by the caller (blocks.c sizes it via block_scratch_floats). */
-typedef struct block_batch {
-    int B, L;
-    const int *pos0;          /* [B] */
-    const int *len;           /* [B] */
-    const int *pos;           /* [B*L] absolute position of every token */
-} block_batch;
+
 
 size_t block_scratch_floats(const model_config *cfg, int n_tokens);
+/* groups[l], caches[l]: layer l's cache group (which fills the paging and mask
+ * fields of its attention) and storage; the step was prepared by the caller */
 cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *cfg, const model_weights *w,
-                            kv_cache **caches, const block_batch *bb, float *x, float *scratch);
+                            kv_group *const *groups, kv_cache *const *caches, const block_batch *bb, float *x,
+                            float *scratch);
 
 /* RoPE inverse frequencies for cfg (default/linear/llama3 scaling) */
 float *rope_inv_freq(const model_config *cfg, int *rot_dims);

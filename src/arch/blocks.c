@@ -47,7 +47,8 @@ static void matmul_add(const be_ops *be, be_ctx *bc, const float *t, int T, cons
 }
 
 cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c, const model_weights *w,
-                            kv_cache **caches, const block_batch *bb, float *x, float *scratch) {
+                            kv_group *const *groups, kv_cache *const *caches, const block_batch *bb, float *x,
+                            float *scratch) {
     int T = bb->B * bb->L, hd = c->head_dim, H = c->hidden;
     size_t qd = (size_t)c->n_head * hd, kvd = (size_t)c->n_kv_head * hd;
     float *xn = scratch;                       /* [T][H] */
@@ -60,7 +61,7 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
     float *up = gate + (size_t)T * c->ffn;     /* [T][ffn] */
     be_attn a = {
         .B = bb->B, .L = bb->L, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-        .pos0 = bb->pos0, .len = bb->len, .window = c->sliding_window, .scale = 1.0f / sqrtf((float)hd),
+        .pos0 = bb->pos0, .len = bb->len, .scale = 1.0f / sqrtf((float)hd),
         .pos = bb->pos, .inv_freq = w->inv_freq, .rot_dims = w->rot_dims, .neox = 1,   /* the cache ropes q, k */
     };
     for (int l = 0; l < c->n_layer; l++) {
@@ -72,8 +73,8 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
             be->rmsnorm(bc, q, T * c->n_head, hd, &lw->q_norm, 0.0f, c->eps, q);
             be->rmsnorm(bc, k, T * c->n_kv_head, hd, &lw->k_norm, 0.0f, c->eps, k);
         }
-        cinfer_status st = caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
-        if (st) return st;
+        kv_group_describe(groups[l], &a);
+        caches[l]->vt->update_attend(caches[l], &a, k, v, q, att);
         matmul_add(be, bc, att, T, &lw->wo, opt(&lw->bo), x, tmp);
         const be_mat *wgu[2] = {&lw->w_gate, &lw->w_up}, *bgu[2] = {opt(&lw->b_gate), opt(&lw->b_up)};
         float *ygu[2] = {gate, up};

@@ -12,4 +12,4 @@ static void llama_adjust(model_config *c) {
     c->o_bias = c->attention_bias; /* LlamaAttention puts the bias on all four projections */
 }
 
-const arch_def arch_llama = {"llama", llama_adjust};
+const arch_def arch_llama = {"llama", .adjust = llama_adjust};

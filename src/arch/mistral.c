@@ -11,4 +11,4 @@ static void mistral_adjust(model_config *c) {
     c->mlp_bias = 0;
 }
 
-const arch_def arch_mistral = {"mistral", mistral_adjust};
+const arch_def arch_mistral = {"mistral", .adjust = mistral_adjust};

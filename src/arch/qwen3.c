@@ -13,4 +13,4 @@ static void qwen3_adjust(model_config *c) {
     c->mlp_bias = 0;
 }
 
-const arch_def arch_qwen3 = {"qwen3", qwen3_adjust};
+const arch_def arch_qwen3 = {"qwen3", .adjust = qwen3_adjust};

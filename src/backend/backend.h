@@ -19,8 +19,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum be_dtype { BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2 } be_dtype;
+typedef enum be_dtype { BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2, BE_N_DTYPES } be_dtype;
 
+/* Everything cinfer knows about a stored element type, one entry per type
+ * (dtype.c): code that handles "any type" goes through this table, and a new
+ * stored type (a packed quantized one) is one new entry plus its kernels in
+ * the backends' per-type tables (indexed by be_dtype, BE_N_DTYPES long). */
+typedef struct be_type_traits {
+    const char *name;      /* "f32", "f16", "bf16" (also KV dtype names) */
+    const char *st_name;   /* safetensors dtype: "F32", "F16", "BF16" */
+    size_t size;           /* bytes per element */
+    float (*get)(const void *p, size_t i);        /* element i as float */
+    void (*put)(void *p, size_t i, float x);      /* store, round to nearest even */
+} be_type_traits;
+
+const be_type_traits *be_traits(be_dtype t);
+/* the type a safetensors dtype names; 0 when none */
+int be_dtype_from_st(const char *st_name, be_dtype *out);
+/* the type a name ("f32", "f16", "bf16") names; 0 when none */
+int be_dtype_from_name(const char *name, be_dtype *out);
 size_t be_dtype_size(be_dtype t);
 const char *be_dtype_name(be_dtype t);
 
@@ -33,20 +50,74 @@ typedef struct be_mat {
 
 typedef struct be_ctx be_ctx;   /* backend-owned state: thread pool, handles, streams */
 
-/* Attention geometry shared by the cache and the attention op. */
+/* Host/device qualifier for the few inline helpers both C and CUDA code call. */
+#ifdef __CUDACC__
+#define BE_HD __host__ __device__
+#else
+#define BE_HD
+#endif
+
+/* Attention over a paged KV cache: the one descriptor every kernel reads.
+ *
+ * Storage. A layer's K (and V) pool is [n_pages][n_kv][page][hd] in kv_dt;
+ * the key of logical position j of sequence s lives in page
+ * pt[s][j / page] at slot j % page. The page table pt [n_seq][n_pt] holds
+ * page ids (-1: not held) in backend memory (device memory on CUDA);
+ * pt_host is the same table in host memory. Row b of the batch extends
+ * sequence seq[b].
+ *
+ * The mask (be_span, the one rule): a query of row b at position p sees
+ * the keys j <= p that are held and inside the window. A windowed cache
+ * keeps `keep` sink tokens (positions < keep) and a run of recent
+ * positions starting at run0[b] (>= keep); a sink j counts as if it stood
+ * at virtual position j + run0[b] - keep, right before the run, so the
+ * window W (0 = none) reads:  visible iff v(j) > p - W  and  j <= p.
+ * keep = 0, run0 = 0 is Mistral's / HF's sliding window (p - W < j <= p);
+ * keep = 4, W = N is mlx-lm's RotatingKVCache(N, keep=4) for both its
+ * concatenating (multi-token) and its ring (single-token) update. */
 typedef struct be_attn {
     int B, L;            /* rows, padded query length */
     int n_head, n_kv_head, head_dim;
-    int cap;             /* cache slots per row */
     const int *pos0;     /* [B] position of each row's first query (host) */
     const int *len;      /* [B] true query length of each row (host) */
-    int window;          /* 0: full causal; W: key j visible to query p iff p-W < j <= p */
     float scale;
+    /* paged storage (see above) */
+    int page;                /* slots per page, a power of two */
+    int n_pt;                /* page-table entries per sequence (row stride of pt) */
+    const int32_t *pt;       /* [n_seq][n_pt] page ids in backend memory */
+    const int32_t *pt_host;  /* [n_seq][n_pt] the same in host memory */
+    const int *seq;          /* [B] sequence of each row (host) */
+    /* the mask */
+    int window;              /* 0: causal; W: see above */
+    int keep;                /* sink tokens kept by a windowed cache */
+    const int *run0;         /* [B] first position of the kept run (host); >= keep */
+    int max_span;            /* upper bound of the keys any query of the batch sees (sizing only) */
     /* RoPE the cache applies to q and k before use (inv_freq NULL: q and k arrive rotated) */
     const int *pos;          /* [B*L] position of each query token (host) */
     const float *inv_freq;   /* [rot_dims/2] */
     int rot_dims, neox;
 } be_attn;
+
+/* The one mask rule: a query at position p of a row whose kept run starts at
+ * run0 sees the sinks [*s_lo, *s_hi) and the run [*r_lo, p] (either may be
+ * empty: lo >= hi, r_lo > p). Every attention kernel calls this. */
+static inline BE_HD void be_span(int p, int window, int keep, int run0, int *s_lo, int *s_hi, int *r_lo) {
+    int lo = window ? p - window + 1 : 0;          /* first visible virtual position */
+    int shift = run0 - keep;                       /* sinks stand at j + shift */
+    *r_lo = lo > run0 ? lo : run0;
+    *s_lo = lo - shift > 0 ? lo - shift : 0;
+    *s_hi = keep < p + 1 ? keep : p + 1;
+    if (*s_lo > *s_hi) *s_lo = *s_hi;
+    if (*r_lo < *s_hi) *r_lo = *s_hi;              /* run0 == keep: one contiguous range */
+}
+
+/* byte offset of slot (head h, position j) of a sequence inside a pool, or
+ * -1 when its page is not held; el = element size */
+static inline BE_HD int64_t be_kv_off(const int32_t *pt_row, int page, int n_kv, int hd, int h, int j, int el) {
+    int32_t id = pt_row[j / page];
+    if (id < 0) return -1;
+    return ((((int64_t)id * n_kv + h) * page) + (j % page)) * hd * el;
+}
 
 typedef struct be_ops {
     const char *name;
@@ -84,11 +155,13 @@ typedef struct be_ops {
     /* y[i][:] = x[rows[i]][:] for i < n (gather token rows before the LM head) */
     void (*gather)(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y);
 
-    /* KV: write src[B][L][n_kv][hd] into cache[B][n_kv][cap][hd] at slots
-     * pos0[b]+i for i < len[b]; cache dtype f32 or f16 (kv_dt). */
+    /* KV: write src[B][L][n_kv][hd] into a pool (be_attn: pages of sequence
+     * seq[b]) at positions pos0[b]+i for i < len[b]; pool dtype kv_dt
+     * (f32, f16, bf16); every page written is held. */
     void (*kv_write)(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype kv_dt);
-    /* out[B][L][n_head][hd] = softmax(q k^T * scale + mask) v over the cached
-     * keys; padded queries (i >= len[b]) get zeros. */
+    /* out[B][L][n_head][hd] = softmax(q k^T * scale + mask) v over the keys
+     * of the pools k, v that be_span lets each query see; padded queries
+     * (i >= len[b]) get zeros. */
     void (*attention)(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v,
                       be_dtype kv_dt, float *out);
 
@@ -96,6 +169,8 @@ typedef struct be_ops {
     /* 0 while every op so far succeeded; else non-zero and a message in msg[n]
      * (ops return void: a device backend records its first failure here) */
     int (*status)(be_ctx *c, char *msg, size_t n);
+    /* bytes of memory this backend can still allocate (host MemAvailable, free device memory) */
+    size_t (*mem_available)(be_ctx *c);
     /* bracket one forward; a backend may capture the ops between as a graph
      * and replay it when a later bracket issues the same ops (decode steps) */
     void (*step_begin)(be_ctx *c);
@@ -131,6 +206,9 @@ static inline float be_bf16_to_f32(uint16_t b) {
     return v.f;
 }
 uint16_t be_f32_to_bf16(float f);
+/* element i of an array of dtype dt (f32/f16/bf16) as float, and its store (round to nearest even) */
+float be_kv_get(const void *p, be_dtype dt, size_t i);
+void be_kv_put(void *p, be_dtype dt, size_t i, float x);
 /* element i of a weight row as float */
 float be_mat_get(const be_mat *m, int64_t r, int64_t c);
 

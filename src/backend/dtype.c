@@ -5,11 +5,6 @@
 #include <string.h>
 #include "backend/backend.h"
 
-size_t be_dtype_size(be_dtype t) { return t == BE_F32 ? 4 : 2; }
-
-const char *be_dtype_name(be_dtype t) {
-    return t == BE_F32 ? "f32" : t == BE_F16 ? "f16" : "bf16";
-}
 
 float be_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -60,12 +55,38 @@ uint16_t be_f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
-float be_mat_get(const be_mat *m, int64_t r, int64_t c) {
-    size_t i = (size_t)r * (size_t)m->cols + (size_t)c;
-    switch (m->dt) {
-    case BE_F32: return ((const float *)m->data)[i];
-    case BE_F16: return be_f16_to_f32(((const uint16_t *)m->data)[i]);
-    case BE_BF16: return be_bf16_to_f32(((const uint16_t *)m->data)[i]);
-    }
+static float get_f32(const void *p, size_t i) { return ((const float *)p)[i]; }
+static float get_f16(const void *p, size_t i) { return be_f16_to_f32(((const uint16_t *)p)[i]); }
+static float get_bf16(const void *p, size_t i) { return be_bf16_to_f32(((const uint16_t *)p)[i]); }
+static void put_f32(void *p, size_t i, float x) { ((float *)p)[i] = x; }
+static void put_f16(void *p, size_t i, float x) { ((uint16_t *)p)[i] = be_f32_to_f16(x); }
+static void put_bf16(void *p, size_t i, float x) { ((uint16_t *)p)[i] = be_f32_to_bf16(x); }
+
+static const be_type_traits traits[BE_N_DTYPES] = {
+    [BE_F32] = {"f32", "F32", 4, get_f32, put_f32},
+    [BE_F16] = {"f16", "F16", 2, get_f16, put_f16},
+    [BE_BF16] = {"bf16", "BF16", 2, get_bf16, put_bf16},
+};
+
+const be_type_traits *be_traits(be_dtype t) { return &traits[t]; }
+size_t be_dtype_size(be_dtype t) { return traits[t].size; }
+const char *be_dtype_name(be_dtype t) { return traits[t].name; }
+
+int be_dtype_from_st(const char *st_name, be_dtype *out) {
+    for (int t = 0; t < BE_N_DTYPES; t++)
+        if (!strcmp(st_name, traits[t].st_name)) { *out = (be_dtype)t; return 1; }
     return 0;
 }
+
+int be_dtype_from_name(const char *name, be_dtype *out) {
+    for (int t = 0; name && t < BE_N_DTYPES; t++)
+        if (!strcmp(name, traits[t].name)) { *out = (be_dtype)t; return 1; }
+    return 0;
+}
+
+float be_mat_get(const be_mat *m, int64_t r, int64_t c) {
+    return traits[m->dt].get(m->data, (size_t)r * (size_t)m->cols + (size_t)c);
+}
+
+float be_kv_get(const void *p, be_dtype dt, size_t i) { return traits[dt].get(p, i); }
+void be_kv_put(void *p, be_dtype dt, size_t i, float x) { traits[dt].put(p, i, x); }

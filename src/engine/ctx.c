@@ -12,12 +12,11 @@
 #include "engine/engine.h"
 #include "util.h"
 
+
 #define OUT_CHUNK 64
 enum { OUT_LAST, OUT_ALL, OUT_LIST };
 
-static cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) {
+cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -28,10 +27,10 @@ static cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, .
 void cinfer_ctx_free(cinfer_ctx *c) {
     if (!c) return;
     const be_ops *be = c->m->be;
-    if (c->caches)
-        for (int l = 0; l < c->m->cfg.n_layer; l++)
-            if (c->caches[l]) c->caches[l]->vt->free(c->caches[l]);
-    free(c->caches);
+    for (int g = 0; g < c->n_groups; g++) kv_group_free(c->groups[g]);
+    free(c->groups);
+    free(c->layer_group);
+    free(c->layer_cache);
     if (c->bc) {
         be->free(c->bc, c->x);
         be->free(c->bc, c->scratch);
@@ -45,6 +44,65 @@ void cinfer_ctx_free(cinfer_ctx *c) {
     free(c);
 }
 
+/* the cache policy of layer l: the model's window, or --max-kv-size's
+ * rotating window with 4 sink tokens (a model window no longer than it wins) */
+static void layer_policy(const cinfer_ctx *c, int l, int *window, int *keep) {
+    int w = arch_layer_window(c->m->arch, &c->m->cfg, l);
+    *window = w;
+    *keep = 0;
+    if (c->max_kv > 0 && (!w || w > c->max_kv)) {
+        *window = c->max_kv;
+        *keep = c->max_kv > 4 ? 4 : c->max_kv - 1;
+    }
+}
+
+/* one group per distinct layer policy; each layer's storage joins its group */
+static cinfer_status build_groups(cinfer_ctx *c, char *err, size_t n) {
+    const model_config *cfg = &c->m->cfg;
+    c->groups = calloc((size_t)cfg->n_layer, sizeof *c->groups);
+    c->layer_group = calloc((size_t)cfg->n_layer, sizeof *c->layer_group);
+    c->layer_cache = calloc((size_t)cfg->n_layer, sizeof *c->layer_cache);
+    if (!c->groups || !c->layer_group || !c->layer_cache) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
+    for (int l = 0; l < cfg->n_layer; l++) {
+        int w, k, gk;
+        layer_policy(c, l, &w, &k);
+        kv_group *g = NULL;
+        for (int i = 0; i < c->n_groups && !g; i++)
+            if (kv_group_window(c->groups[i], &gk) == w && gk == k) g = c->groups[i];
+        if (!g) {
+            g = kv_group_new(c->m->be, c->bc, &c->budget, c->n_seq, c->kv_page, w, k);
+            if (!g) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
+            c->groups[c->n_groups++] = g;
+        }
+        kv_cache *kc = kv_dense_new(c->m->be, c->bc, cfg->n_kv_head, cfg->head_dim, c->kv_dt, c->kv_page);
+        if (!kc || kv_group_add(g, kc)) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
+        c->layer_group[l] = g;
+        c->layer_cache[l] = kc;
+    }
+    return CINFER_OK;
+}
+
+static cinfer_status kv_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err, size_t n) {
+    c->kv_dt = o && o->kv_f16 ? BE_F16 : BE_F32;
+    const char *dt = o ? o->kv_dtype : NULL;
+    if (dt && !be_dtype_from_name(dt, &c->kv_dt))
+        return cf_err(err, n, CINFER_EINVAL, "KV dtype '%s' is not one of f32, f16, bf16", dt);
+    c->n_seq = o && o->max_seqs ? o->max_seqs : 64;
+    c->kv_page = o && o->kv_page ? o->kv_page : 128;
+    c->max_kv = o ? o->max_kv_size : 0;
+    c->prefill_step = o && o->prefill_step_size ? o->prefill_step_size : 2048;
+    if (c->prefill_step < 1) return cf_err(err, n, CINFER_EINVAL, "prefill_step_size %d < 1", c->prefill_step);
+    if (c->n_seq < 1 || c->n_seq > 65536) return cf_err(err, n, CINFER_EINVAL, "max_seqs %d outside [1, 65536]", c->n_seq);
+    if (c->kv_page < 1 || c->kv_page > 65536 || (c->kv_page & (c->kv_page - 1)))
+        return cf_err(err, n, CINFER_EINVAL, "KV page size %d is not a power of two in [1, 65536]", c->kv_page);
+    if (c->max_kv < 0 || c->max_kv == 1)
+        return cf_err(err, n, CINFER_EINVAL, "max_kv_size %d: must be 0 (off) or at least 2", c->max_kv);
+    const be_ops *be = c->m->be;
+    size_t avail = be->mem_available ? be->mem_available(c->bc) : (size_t)4 << 30;
+    c->budget.limit = o && o->kv_memory ? o->kv_memory : avail / 4 * 3;
+    return CINFER_OK;
+}
+
 cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_ctx **out, char *err, size_t n) {
     *out = NULL;
     cinfer_ctx *c = calloc(1, sizeof *c);
@@ -52,15 +110,11 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
     c->m = m;
     int nt = o && o->n_threads > 0 ? o->n_threads : m->n_threads;
     if (m->be->ctx_new(&c->bc, nt)) { free(c); return cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name); }
-    c->caches = calloc((size_t)m->cfg.n_layer, sizeof *c->caches);
-    be_dtype kdt = o && o->kv_f16 ? BE_F16 : BE_F32;
-    for (int l = 0; c->caches && l < m->cfg.n_layer; l++) {
-        c->caches[l] = kv_full_new(m->be, c->bc, m->cfg.n_kv_head, m->cfg.head_dim, kdt, m->cfg.sliding_window);
-        if (!c->caches[l]) break;
-    }
-    if (!c->caches || !c->caches[m->cfg.n_layer - 1]) {
+    cinfer_status st = kv_options(c, o, err, n);
+    if (!st) st = build_groups(c, err, n);
+    if (st) {
         cinfer_ctx_free(c);
-        return cf_err(err, n, CINFER_ENOMEM, "out of memory");
+        return st;
     }
     *out = c;
     return CINFER_OK;
@@ -68,27 +122,12 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
 
 const char *cinfer_ctx_error(const cinfer_ctx *c) { return c ? c->err : "NULL context"; }
 
-
-void cinfer_ctx_trim(cinfer_ctx *c, int n) {
-    for (int l = 0; l < c->m->cfg.n_layer; l++) c->caches[l]->vt->trim(c->caches[l], -1, n < 0 ? 0 : n);
-}
-
-void cinfer_ctx_reset(cinfer_ctx *c) { cinfer_ctx_trim(c, 0); }
-
-int cinfer_ctx_pos(const cinfer_ctx *c) { return c->caches[0]->vt->row_len(c->caches[0], 0); }
-
-size_t cinfer_ctx_cache_bytes(const cinfer_ctx *c) {
-    size_t s = 0;
-    for (int l = 0; l < c->m->cfg.n_layer; l++) s += c->caches[l]->vt->bytes(c->caches[l]);
-    return s;
-}
-
 size_t cinfer_ctx_memory_bytes(const cinfer_ctx *c) {
     const model_config *cfg = &c->m->cfg;
     size_t b = c->m->st.total_bytes + cinfer_ctx_cache_bytes(c);
     if (c->cap_tokens)
         b += c->cap_tokens * (cfg->hidden * sizeof(float) + sizeof *c->pos + sizeof *c->ids) +
-             block_scratch_floats(cfg, (int)c->cap_tokens) * sizeof(float);
+             arch_scratch_floats(c->m->arch, cfg, (int)c->cap_tokens) * sizeof(float);
     if (c->xo) b += (size_t)OUT_CHUNK * cfg->hidden * sizeof(float);
     if (c->lo) b += (size_t)OUT_CHUNK * cfg->n_vocab * sizeof(float);
     return b;
@@ -105,7 +144,7 @@ static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
         free(c->pos);
         free(c->ids);
         c->x = be->alloc(c->bc, T * cfg->hidden * sizeof(float));
-        c->scratch = be->alloc(c->bc, block_scratch_floats(cfg, (int)T) * sizeof(float));
+        c->scratch = be->alloc(c->bc, arch_scratch_floats(c->m->arch, cfg, (int)T) * sizeof(float));
         c->pos = malloc(T * sizeof *c->pos);
         c->ids = malloc(T * sizeof *c->ids);
         c->cap_tokens = (!c->x || !c->scratch || !c->pos || !c->ids) ? 0 : T;
@@ -118,7 +157,7 @@ static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
     }
     if (B > c->cap_rows) {
         free(c->rows);
-        c->rows = malloc(sizeof(int) * (size_t)B * 2);
+        c->rows = malloc(sizeof(int) * (size_t)B * 3);
         if (!c->rows) { c->cap_rows = 0; return ctx_fail(c, CINFER_ENOMEM, "out of memory"); }
         c->cap_rows = B;
     }
@@ -134,27 +173,69 @@ static cinfer_status backend_status(cinfer_ctx *c) {
     return CINFER_OK;
 }
 
+/* prepares the step in every group; on failure the groups prepared so far are undone */
+static cinfer_status prepare_groups(cinfer_ctx *c, int B, const int *seq, const int *pos0, const int *len) {
+    char msg[400];
+    for (int g = 0; g < c->n_groups; g++) {
+        cinfer_status st = kv_group_prepare(c->groups[g], B, seq, pos0, len, msg, sizeof msg);
+        if (st) {
+            while (g-- > 0) kv_group_abort(c->groups[g]);
+            return ctx_fail(c, st, "forward: %s", msg);
+        }
+    }
+    return CINFER_OK;
+}
+
+static void finish_groups(cinfer_ctx *c, int ok) {
+    for (int g = 0; g < c->n_groups; g++) {
+        if (ok) kv_group_commit(c->groups[g]);
+        else kv_group_abort(c->groups[g]);
+    }
+}
+
+/* the (row, position) of each logits row: the hidden-state row it reads */
+static cinfer_status out_row(cinfer_ctx *c, int mode, int k, int B, int L, const int *len, const int *out_rows, int *row) {
+    if (mode == OUT_LAST) *row = k * L + len[k] - 1;
+    else if (mode == OUT_ALL) *row = k;
+    else {
+        int b = out_rows[2 * k], p = out_rows[2 * k + 1];
+        if (b < 0 || b >= B || p < 0 || p >= len[b])
+            return ctx_fail(c, CINFER_EINVAL, "forward: output (row %d, position %d) is not a true position of the batch", b, p);
+        *row = b * L + p;
+    }
+    return CINFER_OK;
+}
+
 /* logits [rows][vocab] to the host, or (argmax != NULL, a backend with an
- * argmax op) only each row's greedy token */
-static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0_in,
-                             int mode, const int *out_rows, int n_out, float *logits, int32_t *argmax) {
+ * argmax op) only each row's greedy token. Everything is validated and every
+ * page reserved before the first op runs. */
+static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
+                             const int *pos0_in, int mode, const int *out_rows, int n_out, float *logits,
+                             int32_t *argmax) {
     cinfer_model *m = c->m;
     const model_config *cfg = &m->cfg;
     const be_ops *be = m->be;
     c->err[0] = 0;
     if (B < 1 || L < 1 || !ids) return ctx_fail(c, CINFER_EINVAL, "forward: need B >= 1 and L >= 1 (got %d, %d)", B, L);
+    if (mode == OUT_LIST && (n_out < 0 || (n_out > 0 && !out_rows)))
+        return ctx_fail(c, CINFER_EINVAL, "forward: %d output positions requested", n_out);
     size_t T = (size_t)B * L;
     cinfer_status st = reserve(c, T, B);
     if (st) return st;
-    int *len = c->rows, *pos0 = c->rows + B;
+    int *len = c->rows, *pos0 = c->rows + B, *seq = c->rows + 2 * B;
     for (int b = 0; b < B; b++) {
+        seq[b] = seqs ? seqs[b] : b;
+        if (seq[b] < 0 || seq[b] >= c->n_seq)
+            return ctx_fail(c, CINFER_EINVAL, "forward: row %d names sequence %d; the context holds sequences 0..%d%s", b,
+                            seq[b], c->n_seq - 1, seqs ? "" : " (raise max_seqs for larger batches)");
         len[b] = lens ? lens[b] : L;
         if (len[b] < 0 || len[b] > L) return ctx_fail(c, CINFER_EINVAL, "forward: row %d has length %d outside [0, %d]", b, len[b], L);
         if (mode == OUT_LAST && len[b] < 1) return ctx_fail(c, CINFER_EINVAL, "forward: row %d is empty", b);
-        int have = c->caches[0]->vt->row_len(c->caches[0], b);
+        int have = cinfer_seq_len(c, seq[b]);
         pos0[b] = pos0_in ? pos0_in[b] : have;
         if (pos0[b] < 0 || pos0[b] > have)
-            return ctx_fail(c, CINFER_EINVAL, "forward: row %d starts at position %d but holds %d cached tokens", b, pos0[b], have);
+            return ctx_fail(c, CINFER_EINVAL, "forward: row %d starts at position %d but sequence %d holds %d tokens", b,
+                            pos0[b], seq[b], have);
         for (int i = 0; i < L; i++) {
             int32_t id = i < len[b] ? ids[(size_t)b * L + i] : 0;
             if (id < 0 || id >= cfg->n_vocab)
@@ -163,35 +244,19 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
             c->pos[(size_t)b * L + i] = pos0[b] + i;
         }
     }
+    int total = mode == OUT_LAST ? B : mode == OUT_ALL ? (int)T : n_out, rows[OUT_CHUNK];
+    for (int k = 0; k < total && mode == OUT_LIST; k++)
+        if ((st = out_row(c, mode, k, B, L, len, out_rows, rows))) return st;
+    if ((st = prepare_groups(c, B, seq, pos0, len))) return st;
     /* small forwards (decode) are bracketed so a device backend may replay them as a graph */
     int step = be->step_begin && T <= 8;
     if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
     block_batch bb = {B, L, pos0, len, c->pos};
-    st = block_forward(be, c->bc, cfg, &m->w, c->caches, &bb, c->x, c->scratch);
-    if (st) {
-        if (step) be->step_end(c->bc);
-        return ctx_fail(c, st, "forward: the KV cache refused the batch (%s: batch shape changed with cached tokens, or out of memory)", cinfer_status_str(st));
-    }
-    if (!logits && !argmax) {
-        if (step) be->step_end(c->bc);
-        return backend_status(c);
-    }
-    int total = mode == OUT_LAST ? B : mode == OUT_ALL ? (int)T : n_out;
-    int rows[OUT_CHUNK];
-    for (int r0 = 0; r0 < total; r0 += OUT_CHUNK) {
+    arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
+    for (int r0 = 0; r0 < total && (logits || argmax); r0 += OUT_CHUNK) {
         int nr = total - r0 < OUT_CHUNK ? total - r0 : OUT_CHUNK;
-        for (int i = 0; i < nr; i++) {
-            int k = r0 + i;
-            if (mode == OUT_LAST) rows[i] = k * L + len[k] - 1;
-            else if (mode == OUT_ALL) rows[i] = k;
-            else {
-                int b = out_rows[2 * k], p = out_rows[2 * k + 1];
-                if (b < 0 || b >= B || p < 0 || p >= len[b])
-                    return ctx_fail(c, CINFER_EINVAL, "forward: output (row %d, position %d) is not a true position of the batch", b, p);
-                rows[i] = b * L + p;
-            }
-        }
+        for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, 0.0f, cfg->eps, c->xo);
         be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
@@ -199,7 +264,10 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
         if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
         else be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
     }
-    return backend_status(c);
+    if (step) be->step_end(c->bc);
+    st = backend_status(c);
+    finish_groups(c, st == CINFER_OK);
+    return st;
 }
 
 /* NaN/Inf logits mean the weights or activations overflowed: an error, never
@@ -214,19 +282,23 @@ static cinfer_status finite_logits(cinfer_ctx *c, cinfer_status st, const float 
     return CINFER_OK;
 }
 
+cinfer_status cinfer_forward_seqs(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
+                                  const int *pos0, const int *out_rows, int n_out, float *logits) {
+    cinfer_status st = forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL);
+    return finite_logits(c, st, logits, out_rows ? (size_t)(n_out > 0 ? n_out : 0) : (size_t)B);
+}
+
 cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
                              const int *out_rows, int n_out, float *logits) {
-    if (out_rows && n_out < 0) return ctx_fail(c, CINFER_EINVAL, "forward: n_out %d < 0", n_out);
-    cinfer_status st = forward(c, ids, B, L, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL);
-    return finite_logits(c, st, logits, out_rows ? (size_t)n_out : (size_t)B);
+    return cinfer_forward_seqs(c, ids, B, L, NULL, lens, pos0, out_rows, n_out, logits);
 }
 
 cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits) {
-    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
+    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
     return finite_logits(c, st, logits, all ? (size_t)n : 1);
 }
 
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {
     if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
-    return forward(c, ids, 1, n, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
+    return forward(c, ids, 1, n, NULL, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
 }

@@ -26,8 +26,17 @@ struct cinfer_model {
 struct cinfer_ctx {
     cinfer_model *m;
     be_ctx *bc;
-    kv_cache **caches;      /* [n_layer] */
-    int B;                  /* rows the caches hold */
+    /* the state layer: groups of layers with one cache policy, each sharing
+     * one page table per sequence (src/cache/cache.h) */
+    kv_budget budget;
+    int n_seq;                /* sequences 0..n_seq-1 */
+    int n_groups;
+    kv_group **groups;        /* [n_groups] */
+    kv_group **layer_group;   /* [n_layer] the group of each layer */
+    kv_cache **layer_cache;   /* [n_layer] each layer's storage (owned by its group) */
+    be_dtype kv_dt;
+    int kv_page, max_kv;
+    int prefill_step;         /* cinfer_generate's prompt step (mlx-lm's prefill_step_size) */
     /* backend buffers, grown on demand to the largest batch seen */
     size_t cap_tokens;      /* tokens the buffers below hold */
     float *x;               /* [cap_tokens][hidden] */
@@ -39,9 +48,12 @@ struct cinfer_ctx {
     int *pos;               /* [cap_tokens] */
     int32_t *ids;           /* [cap_tokens] */
     int cap_rows;
-    int *rows;              /* [2][cap_rows]: lengths, start positions */
+    int *rows;              /* [3][cap_rows]: lengths, start positions, sequences */
     char err[512];
 };
+
+/* sets the context's message (printf-style) and returns s */
+cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* cinfer_eval of the last position reduced to its greedy token on the
  * device (backends with an argmax op): decode copies back a token, not a

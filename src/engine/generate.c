@@ -12,9 +12,9 @@
  *
  * The context limit: a sequence never holds more than max_position_embeddings
  * positions (prompt + generated). A prompt that does not fit is refused before
- * any work; generation stops at the limit with CINFER_FINISH_CONTEXT.
- * gen_opts.max_context is the hook a rotating cache (--max-kv-size) uses to
- * lift the stop (-1 = unlimited).
+ * any work; generation stops at the limit with CINFER_FINISH_CONTEXT. A
+ * context whose cache rotates (--max-kv-size) lifts the stop, as mlx-lm
+ * does; gen_opts.max_context sets another limit (-1 = none).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -45,10 +45,25 @@ cinfer_gen_opts cinfer_gen_defaults(void) {
     return o;
 }
 
-/* positions the sequence may reach: the model's unless the caller lifts it */
-static long context_limit(const cinfer_model *m, const cinfer_gen_opts *o) {
-    if (o->max_context < 0) return -1;
-    return o->max_context > 0 ? o->max_context : m->cfg.max_pos;
+/* positions the sequence may reach: the model's, unless the caller lifts it
+ * or the context's cache rotates (--max-kv-size: mlx-lm lets it run on) */
+static long context_limit(const cinfer_ctx *c, const cinfer_gen_opts *o) {
+    if (o->max_context < 0 || c->max_kv > 0) return -1;
+    return o->max_context > 0 ? o->max_context : c->m->cfg.max_pos;
+}
+
+/* the prompt as mlx-lm's generate_step feeds it: all but the last token in
+ * steps of prefill_step tokens, then the last token alone, whose logits (or
+ * greedy token) start the generation. With a rotating window the step shape
+ * decides what each query sees, so this is what makes --max-kv-size match. */
+static cinfer_status prefill(cinfer_ctx *c, const int32_t *prompt, int n, int dev_greedy, float *logits, int32_t *next) {
+    for (int done = 0; done < n - 1;) {
+        int k = n - 1 - done < c->prefill_step ? n - 1 - done : c->prefill_step;
+        cinfer_status st = cinfer_eval(c, prompt + done, k, 0, NULL);
+        if (st) return st;
+        done += k;
+    }
+    return dev_greedy ? ctx_eval_greedy(c, prompt + n - 1, 1, next) : cinfer_eval(c, prompt + n - 1, 1, 0, logits);
 }
 
 cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_prompt, const cinfer_sampler_params *sp,
@@ -62,7 +77,7 @@ cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_pro
         snprintf(c->err, sizeof c->err, "generate: need a prompt of at least one token and max_tokens >= -1");
         return CINFER_EINVAL;
     }
-    long limit = context_limit(m, o), have = cinfer_ctx_pos(c);
+    long limit = context_limit(c, o), have = cinfer_ctx_pos(c);
     if (limit >= 0 && have + n_prompt > limit) {
         snprintf(c->err, sizeof c->err,
                  "generate: the prompt (%d tokens%s) does not fit the model's context of %ld positions "
@@ -98,7 +113,7 @@ cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_pro
     int32_t next = 0;
     gs.finish_reason = CINFER_FINISH_LENGTH;
     double t0 = cf_now();
-    st = dev_greedy ? ctx_eval_greedy(c, prompt, n_prompt, &next) : cinfer_eval(c, prompt, n_prompt, 0, logits);
+    st = prefill(c, prompt, n_prompt, dev_greedy, logits, &next);
     gs.prompt_tokens = n_prompt;
     gs.prompt_s = cf_now() - t0;
     double t1 = cf_now();

@@ -12,16 +12,7 @@
 void cinfer_model_free(cinfer_model *m) {
     if (!m) return;
     if (m->bc) {
-        model_weights *w = &m->w;
-        if (w->layers) {
-            for (int l = 0; l < m->cfg.n_layer; l++) {
-                be_mat *mats = (be_mat *)&w->layers[l];
-                for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat); i++) m->be->mat_release(m->bc, &mats[i]);
-            }
-            m->be->mat_release(m->bc, &w->tok_embd);
-            m->be->mat_release(m->bc, &w->out_norm);
-            if (w->lm_head.data != w->tok_embd.data) m->be->mat_release(m->bc, &w->lm_head);
-        }
+        for (int i = 0; i < m->w.n_mats; i++) m->be->mat_release(m->bc, m->w.mats[i]);
         m->be->ctx_free(m->bc);
     }
     weights_free(&m->w);
@@ -49,14 +40,9 @@ static void cuda_why(char *why, size_t n) { snprintf(why, n, "built without CUDA
 
 static cinfer_status prepare(cinfer_model *m, char *err, size_t n) {
     model_weights *w = &m->w;
-    int bad = m->be->mat_prepare(m->bc, &w->tok_embd) || m->be->mat_prepare(m->bc, &w->out_norm);
-    if (w->lm_head.data == w->tok_embd.data) w->lm_head = w->tok_embd;
-    else bad |= m->be->mat_prepare(m->bc, &w->lm_head);
-    for (int l = 0; l < m->cfg.n_layer && !bad; l++) {
-        be_mat *mats = (be_mat *)&w->layers[l];
-        for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat) && !bad; i++)
-            if (mats[i].data) bad |= m->be->mat_prepare(m->bc, &mats[i]);
-    }
+    int bad = 0;
+    for (int i = 0; i < w->n_mats && !bad; i++) bad |= m->be->mat_prepare(m->bc, w->mats[i]);
+    if (w->lm_head.data == w->tok_embd.data) w->lm_head = w->tok_embd;   /* tied: the prepared handle */
     return bad ? cf_err(err, n, CINFER_EBACKEND, "%s: could not prepare the weights on the %s backend", m->dir, m->be->name)
                : CINFER_OK;
 }
@@ -69,12 +55,13 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
         return cf_err(err, n, CINFER_EIO, "%s: not a directory (expected a model directory with config.json)", dir);
     cinfer_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) { free(m); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
-    cinfer_status st = config_load(dir, &m->cfg, err, n);
+    cinfer_status st = config_load(dir, arch_known, arch_supported(), &m->cfg, err, n);
     if (!st) {
         m->arch = arch_find(m->cfg.model_type);
+        m->arch->adjust(&m->cfg);
         st = st_open_dir(dir, &m->st, err, n);
     }
-    if (!st) st = weights_bind(&m->cfg, &m->st, dir, &m->w, err, n);
+    if (!st) st = arch_bind(m->arch, &m->cfg, &m->st, dir, &m->w, err, n);
     const char *dev = opts && opts->device ? opts->device : "cpu";
     if (!st) {
         if (!strcmp(dev, "cpu")) m->be = be_cpu();

@@ -11,7 +11,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
-#include "arch/arch.h"
+#include "io/config.h"
 #include "util.h"
 
 typedef struct cfgp {
@@ -118,7 +118,8 @@ static int check_ranges(cfgp *p, model_config *c) {
     return 1;
 }
 
-cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n) {
+cinfer_status config_load(const char *dir, int (*known)(const char *model_type), const char *supported,
+                          model_config *c, char *err, size_t n) {
     memset(c, 0, sizeof *c);
     char *path = cf_path(dir, "config.json");
     if (!path) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
@@ -137,10 +138,9 @@ cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n)
     json_t *mt = json_object_get(p.root, "model_type");
     if (!json_is_string(mt)) { p.st = cf_err(err, n, CINFER_EFORMAT, "%s: missing \"model_type\"", path); goto out; }
     snprintf(c->model_type, sizeof c->model_type, "%s", json_string_value(mt));
-    const arch_def *ad = arch_find(c->model_type);
-    if (!ad) {
+    if (known && !known(c->model_type)) {
         p.st = cf_err(err, n, CINFER_EUNSUPPORTED, "%s: unknown model_type \"%s\" (supported: %s)", path,
-                      json_string_value(mt), arch_supported());
+                      json_string_value(mt), supported ? supported : "");
         goto out;
     }
     if (!get_int(&p, "hidden_size", 0, 1, 1, &c->hidden) || !get_int(&p, "num_hidden_layers", 0, 1, 1, &c->n_layer) ||
@@ -149,7 +149,8 @@ cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n)
         !get_int(&p, "intermediate_size", 0, 1, 1, &c->ffn) || !get_int(&p, "vocab_size", 0, 1, 1, &c->n_vocab) ||
         !get_int(&p, "max_position_embeddings", 2048, 0, 1, &c->max_pos) ||
         !get_int(&p, "head_dim", c->hidden / c->n_head, 0, 1, &c->head_dim) ||
-        !get_int(&p, "sliding_window", 0, 0, 0, &c->sliding_window) || !get_int(&p, "bos_token_id", -1, 0, 0, &c->bos))
+        !get_int(&p, "sliding_window", 0, 0, 0, &c->sliding_window) || !get_int(&p, "bos_token_id", -1, 0, 0, &c->bos) ||
+        !get_int(&p, "max_window_layers", -1, 0, 0, &c->max_window_layers))
         goto out;
     if (c->n_head % c->n_kv_head) {
         p.st = cf_err(err, n, CINFER_EFORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->n_head, c->n_kv_head);
@@ -164,12 +165,17 @@ cinfer_status config_load(const char *dir, model_config *c, char *err, size_t n)
     if (!parse_rope(&p, "rope_parameters", json_object_get(p.root, "rope_parameters"), c) ||
         !parse_rope(&p, "rope_scaling", json_object_get(p.root, "rope_scaling"), c) || !check_ranges(&p, c))
         goto out;
+    /* values that turn every logit into NaN/inf: theta^(-2i/d) needs theta > 0, the norm eps >= 0 */
+    if (!(c->rope_theta > 0 && isfinite(c->rope_theta)) || !(eps >= 0 && isfinite(eps))) {
+        p.st = cf_err(err, n, CINFER_EFORMAT, "%s: rope_theta must be > 0 (got %g) and rms_norm_eps >= 0 (got %g)", path,
+                      (double)c->rope_theta, (double)eps);
+        goto out;
+    }
     c->tie_embeddings = get_bool(p.root, "tie_word_embeddings", 0);
     c->attention_bias = get_bool(p.root, "attention_bias", 0);
     c->mlp_bias = get_bool(p.root, "mlp_bias", 0);
     read_eos(json_object_get(p.root, "eos_token_id"), c);
     if (!get_bool(p.root, "use_sliding_window", 1)) c->sliding_window = 0;
-    ad->adjust(c);
 
     /* generation_config.json overrides bos/eos when present */
     char *gpath = cf_path(dir, "generation_config.json");

@@ -186,3 +186,43 @@ void cli_json_printf(const char *fmt, ...) {
     }
     free(b);
 }
+
+int cli_size(const char *v, size_t *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || errno || !(x > 0)) return 0;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || x * mul > 1e15 || x * mul < 1) return 0;
+    *out = (size_t)(x * mul);
+    return 1;
+}
+
+int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co) {
+    switch (code) {
+    case KV_MEMORY:
+        if (cli_size(v, &co->kv_memory)) return 1;
+        fprintf(stderr, "cinfer %s: bad value for --kv-memory: '%s' (a size such as 4G, 512M or a byte count)\n", cmd, v);
+        return -1;
+    case KV_DTYPE:
+        if (!strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16")) { co->kv_dtype = v; return 1; }
+        fprintf(stderr, "cinfer %s: bad value for --kv-dtype: '%s' (f32, f16 or bf16)\n", cmd, v);
+        return -1;
+    case KV_MAX_SIZE: return cli_int(cmd, "--max-kv-size", v, 2, 1 << 30, &co->max_kv_size) ? 1 : -1;
+    case KV_PREFILL: return cli_int(cmd, "--prefill-step-size", v, 1, 1 << 30, &co->prefill_step_size) ? 1 : -1;
+    case KV_PAGE:
+        if (cli_int(cmd, "--kv-page", v, 1, 65536, &co->kv_page) && !(co->kv_page & (co->kv_page - 1))) return 1;
+        fprintf(stderr, "cinfer %s: bad value for --kv-page: '%s' (a power of two up to 65536)\n", cmd, v);
+        return -1;
+    default: return 0;
+    }
+}

@@ -45,6 +45,25 @@ int cli_no_more_args(const char *cmd, int argc, char **argv);
 void cli_json_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* getopt's '?': names the argument */
 void cli_bad_option(const char *cmd, char **argv, int opt);
+/* The KV-cache flags of every command that runs a model: add CLI_KV_LONGOPTS
+ * to the option table and CLI_KV_HELP to the help, and pass each option to
+ * cli_kv_flag first: 1 = taken into *co, 0 = not a KV flag, -1 = bad value
+ * (message printed). */
+enum { KV_MEMORY = 0x200, KV_DTYPE, KV_MAX_SIZE, KV_PREFILL, KV_PAGE };
+#define CLI_KV_LONGOPTS                                                                                      \
+    {"kv-memory", 1, 0, KV_MEMORY}, {"kv-dtype", 1, 0, KV_DTYPE}, {"max-kv-size", 1, 0, KV_MAX_SIZE},       \
+        {"prefill-step-size", 1, 0, KV_PREFILL}, {"kv-page", 1, 0, KV_PAGE}
+#define CLI_KV_HELP                                                                                          \
+    "      --kv-memory SIZE       memory the KV cache may use, e.g. 4G, 512M (default: 75%% of what\n"       \
+    "                             is available when the model starts)\n"                                     \
+    "      --kv-dtype f32|f16|bf16  KV cache precision (default f32; --kv-f16 = f16)\n"                     \
+    "      --max-kv-size N        keep the first 4 tokens and the most recent N-4 (mlx-lm's rotating\n"    \
+    "                             cache): memory stays bounded and generation may pass the context\n"       \
+    "      --prefill-step-size N  prompt tokens per forward when generating (default 2048)\n"               \
+    "      --kv-page N            token slots per KV page, a power of two (default 128)\n"
+int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co);
+/* "4G", "512M", "1.5GiB", "1000000" -> bytes; 0 on a malformed or absurd size */
+int cli_size(const char *v, size_t *out);
 /* loads a model dir, printing the error; NULL on failure */
 cinfer_model *cli_load_model(const char *cmd, const char *dir, const char *device, int n_threads);
 #endif

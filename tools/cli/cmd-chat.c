@@ -48,6 +48,7 @@ static int chat_turn_run(const gen_opts *o, cinfer_ctx *c, const cinfer_tokenize
     int keep = 0, have = cinfer_ctx_pos(c);
     while (keep < have && keep < n - 1 && keep < fed->n && fed->v[keep] == ids[keep]) keep++;
     cinfer_ctx_trim(c, keep);
+    if (cinfer_ctx_pos(c) < keep) keep = cinfer_ctx_pos(c);   /* a window that dropped keys cannot go back */
     fed->n = keep;
     chat_turn turn = {{.o = o, .stream = 1}, {0}};
     cinfer_gen_stats s;
@@ -87,7 +88,9 @@ int cmd_chat(int argc, char **argv) {
     char err[512];
     int32_t eos[GEN_MAX_EOS];
     int n_eos = 0;
-    cinfer_ctx_opts co = {o.threads, o.kv_f16};
+    cinfer_ctx_opts co = o.co;
+    co.n_threads = o.threads;
+    co.kv_f16 = o.kv_f16;
     if (!t) { fprintf(stderr, "cinfer chat: %s has no tokenizer.json\n", o.model); rc = 1; }
     else if (!o.chat_template && !cinfer_tokenizer_has_chat_template(t)) {
         fprintf(stderr, "cinfer chat: %s has no chat template (tokenizer_config.json \"chat_template\"); give one with --chat-template FILE|TEXT\n", o.model);

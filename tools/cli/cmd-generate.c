@@ -117,7 +117,9 @@ int cmd_generate(int argc, char **argv) {
     char err[512];
     rc = m ? prompt_ids(&o, m, text, len, &ids, &n) : 1;
     if (!rc && !gen_extra_eos("generate", &o, m, eos, &n_eos)) rc = 2;
-    cinfer_ctx_opts co = {o.threads, o.kv_f16};
+    cinfer_ctx_opts co = o.co;
+    co.n_threads = o.threads;
+    co.kv_f16 = o.kv_f16;
     if (!rc && cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer generate: %s\n", err); rc = 1; }
     if (!rc) {
         cinfer_gen_stats s;

@@ -46,6 +46,7 @@ static void kl_help(FILE *f) {
         "      --json               one JSON object on stdout\n"
         "      --progress / --no-progress\n"
         "  -t, --threads N, --device cpu|cuda\n"
+        CLI_KV_HELP
         "  -h, --help\n");
 }
 
@@ -117,12 +118,16 @@ int cmd_kl(int argc, char **argv) {
         {"num-samples", 1, 0, DF_NUM}, {"seed", 1, 0, DF_SEED}, {"shuffle", 1, 0, DF_SHUF}, {"batch-size", 1, 0, 3},
         {"save-base", 1, 0, 4}, {"base-logprobs", 1, 0, 5}, {"per-token", 1, 0, 6}, {"json", 0, 0, 7},
         {"progress", 0, 0, 8}, {"no-progress", 0, 0, 9}, {"threads", 1, 0, 't'}, {"device", 1, 0, 10},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     const char *base = NULL, *model = NULL, *data = NULL, *save = NULL, *blp = NULL, *ptf = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();
+    cinfer_ctx_opts co = {0};
     if (!cli_getopt_begin("kl", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
+        int kv = cli_kv_flag("kl", c, optarg, &co);
+        if (kv < 0) return 2;
+        if (kv) continue;
         int d = score_cli_data_flag("kl", c, optarg, &o);
         if (d < 0) return 2;
         if (d) continue;
@@ -153,6 +158,7 @@ int cmd_kl(int argc, char **argv) {
     if (blp && data) fprintf(stderr, "cinfer kl: note: the rows come from %s; --data is ignored\n", blp);
 
     char err[1024];
+    co.max_seqs = batch > 64 ? batch : 0;   /* one sequence per row of a batch */
     int rc = 0, n_rows = 0;
     int32_t *rows = NULL;
     cinfer_model *mb = NULL, *mm = NULL;
@@ -172,8 +178,8 @@ int cmd_kl(int argc, char **argv) {
         fprintf(stderr, "cinfer kl: %s\n", err);
         rc = 1;
     }
-    if (!rc && mb && cinfer_ctx_new(mb, NULL, &cb, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
-    if (!rc && mm && cinfer_ctx_new(mm, NULL, &cm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+    if (!rc && mb && cinfer_ctx_new(mb, &co, &cb, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+    if (!rc && mm && cinfer_ctx_new(mm, &co, &cm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
     score_progress p;
     score_cli_progress_init(&p, prog, save ? "base" : "kl");
     double t0 = cf_now();
@@ -194,7 +200,7 @@ int cmd_kl(int argc, char **argv) {
             rows = NULL;
             if (!(mm = cli_load_model("kl", model, device, threads))) rc = 1;
             if (!rc && cinfer_kl_base_open(save, &file, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
-            if (!rc && cinfer_ctx_new(mm, NULL, &cm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+            if (!rc && cinfer_ctx_new(mm, &co, &cm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
             save = NULL;
         }
     }

@@ -31,6 +31,7 @@ static void lp_help(FILE *f) {
         "      --json           one JSON object per line on stdout\n"
         "      --progress / --no-progress\n"
         "  -t, --threads N, --device cpu|cuda\n"
+        CLI_KV_HELP
         "  -h, --help\n");
 }
 
@@ -70,11 +71,15 @@ typedef struct { int line, pair; } lp_item;
 int cmd_logprobs(int argc, char **argv) {
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"data", 1, 0, 1}, {"batch-size", 1, 0, 2},
                                        {"json", 0, 0, 3}, {"progress", 0, 0, 4}, {"no-progress", 0, 0, 5},
-                                       {"threads", 1, 0, 't'}, {"device", 1, 0, 6}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                                       {"threads", 1, 0, 't'}, {"device", 1, 0, 6}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
+    cinfer_ctx_opts co = {0};
     if (!cli_getopt_begin("logprobs", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
+        int kv = cli_kv_flag("logprobs", c, optarg, &co);
+        if (kv < 0) return 2;
+        if (kv) continue;
         switch (c) {
         case 'm': model = optarg; break;
         case 1: data = optarg; break;
@@ -163,8 +168,9 @@ int cmd_logprobs(int argc, char **argv) {
     double *sum = rc ? NULL : malloc(sizeof *sum * n);
     cinfer_ctx *ctx = NULL;
     char err[1024];
+    co.max_seqs = batch > 64 ? batch : 0;   /* one sequence per row of a batch */
     if (!rc && !sum) { fprintf(stderr, "cinfer logprobs: out of memory\n"); rc = 1; }
-    if (!rc && cinfer_ctx_new(m, NULL, &ctx, err, sizeof err)) { fprintf(stderr, "cinfer logprobs: %s\n", err); rc = 1; }
+    if (!rc && cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "cinfer logprobs: %s\n", err); rc = 1; }
     score_progress pg;
     score_cli_progress_init(&pg, prog, "logprobs");
     if (!rc && cinfer_response_logprobs(ctx, seqs, n, batch, sum, NULL, score_cli_progress, &pg, err, sizeof err)) {

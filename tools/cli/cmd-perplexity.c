@@ -96,6 +96,7 @@ static void ppl_help(FILE *f) {
         "      --progress / --no-progress   progress bar on stderr (default: when a terminal)\n"
         "  -t, --threads N          CPU threads\n"
         "      --device cpu|cuda\n"
+        CLI_KV_HELP
         "  -h, --help\n");
 }
 
@@ -104,12 +105,16 @@ int cmd_perplexity(int argc, char **argv) {
         {"model", 1, 0, 'm'}, {"data", 1, 0, 1}, {"data-path", 1, 0, 1}, {"sequence-length", 1, 0, DF_SEQ}, {"num-samples", 1, 0, DF_NUM},
         {"seed", 1, 0, DF_SEED}, {"shuffle", 1, 0, DF_SHUF}, {"batch-size", 1, 0, 2}, {"json", 0, 0, 3},
         {"progress", 0, 0, 4}, {"no-progress", 0, 0, 5}, {"threads", 1, 0, 't'}, {"device", 1, 0, 6},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();
+    cinfer_ctx_opts co = {0};
     if (!cli_getopt_begin("perplexity", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
+        int kv = cli_kv_flag("perplexity", c, optarg, &co);
+        if (kv < 0) return 2;
+        if (kv) continue;
         int d = score_cli_data_flag("perplexity", c, optarg, &o);
         if (d < 0) return 2;
         if (d) continue;
@@ -131,6 +136,7 @@ int cmd_perplexity(int argc, char **argv) {
     cinfer_model *m = cli_load_model("perplexity", model, device, threads);
     if (!m) return 1;
     char err[1024];
+    co.max_seqs = batch > 64 ? batch : 0;   /* one sequence per row of a batch */
     int32_t *rows = NULL;
     int n_rows = 0, rc = 0;
     cinfer_ctx *ctx = NULL;
@@ -140,7 +146,7 @@ int cmd_perplexity(int argc, char **argv) {
         fprintf(stderr, "cinfer perplexity: %s\n", err);
         rc = 1;
     }
-    if (!rc && cinfer_ctx_new(m, NULL, &ctx, err, sizeof err)) { fprintf(stderr, "cinfer perplexity: %s\n", err); rc = 1; }
+    if (!rc && cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "cinfer perplexity: %s\n", err); rc = 1; }
     cinfer_ppl_result r;
     score_progress p;
     score_cli_progress_init(&p, prog, "perplexity");

@@ -34,6 +34,7 @@ static void gen_help(FILE *f, const char *cmd) {
         "  -t, --threads N            CPU threads (default: all cores)\n"
         "      --device cpu|cuda      backend (default cpu)\n"
         "      --kv-f16               keep the KV cache in f16\n"
+        CLI_KV_HELP
         "%s"
         "  -h, --help                 this help\n",
         cmd,
@@ -74,7 +75,7 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
         {"chat", 0, 0, 9}, {"system", 1, 0, 10}, {"system-prompt", 1, 0, 10}, {"json", 0, 0, 11},
         {"kv-f16", 0, 0, 12}, {"tokens", 1, 0, 13}, {"file", 1, 0, 'f'}, {"stop", 1, 0, 14},
         {"extra-eos-token", 1, 0, 15}, {"ignore-chat-template", 0, 0, 16}, {"chat-template", 1, 0, 17},
-        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     static const char *shortopts = "m:p:n:t:f:qh";
     int chat = !strcmp(cmd, "chat");
     memset(o, 0, sizeof *o);
@@ -84,6 +85,9 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
     if (!cli_getopt_begin(cmd, argc, argv, shortopts, lo)) return 2;
     int c, seed = -1;
     while ((c = getopt_long(argc, argv, shortopts, lo, NULL)) != -1) {
+        int kv = cli_kv_flag(cmd, c, optarg, &o->co);
+        if (kv < 0) return 2;
+        if (kv) continue;
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;

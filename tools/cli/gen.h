@@ -19,6 +19,7 @@ typedef struct gen_opts {
     int max_tokens, threads, chat, no_chat, json, kv_f16, quiet, seeded;
     char *template_text;     /* --chat-template FILE's contents (malloc'd) or NULL */
     cinfer_sampler_params sp;
+    cinfer_ctx_opts co;      /* the KV-cache flags (cli_kv_flag) */
 } gen_opts;
 
 /* parses the flags; 0 ok, 2 usage error, -1 help printed */

@@ -1,23 +1,26 @@
 /*
- * attention-gemm.c — causal attention over the KV cache through OpenBLAS
+ * attention-gemm.c — attention over the paged KV cache through OpenBLAS
  * sgemm: the CPU attention op's fast path (same contract as be_ops.attention,
  * checked against be_ref_attention in tests/test-cpu-kernels.c).
  *
  * Work is split over the pool by (row b, kv head, block of <= ATT_QB
- * queries). For one item, the keys any of its queries may see are
- * t in [t_lo, t_hi] (t_hi = the last query's position; t_lo = 0, or the
- * window start of the first query); then, for each query head of the group:
- *     S[M][T] = scale * Q[M][hd] . K[T][hd]^T         (sgemm)
- *     per row: softmax over its visible keys, 0 elsewhere (causal / window)
- *     O[M][hd] = S[M][T] . V[T][hd]                    (sgemm, into out)
- * With one query per row (decode), the group's query heads are adjacent in q
- * and share their mask, so they go as one [grp][hd] matrix. The masked
- * upper triangle is computed and discarded: sgemm at ~100 GFLOP/s per core
- * wins over exact-triangle scalar loops by far. f16 caches are widened to
- * f32 for the item's key range first (in the thread's workspace).
+ * queries). For one item the keys any of its queries may see are the union
+ * of be_span's ranges over its queries: sinks [s_lo of the first query,
+ * s_hi of the last) and the run [r_lo of the first query, last position].
+ * They are laid out as the columns of S, split into segments that each lie
+ * in one page; then, for each query head of the group:
+ *     S[M][T] = scale * Q[M][hd] . K_seg[n][hd]^T     (sgemm per segment)
+ *     per row: softmax over its own be_span columns, 0 elsewhere
+ *     O[M][hd] = sum over segments S[:, seg] . V_seg   (sgemm, into out)
+ * With one query per row (decode) the group's query heads are adjacent in
+ * q and share their mask, so they go as one [grp][hd] matrix. The masked
+ * part of S is computed and discarded: sgemm at ~100 GFLOP/s per core wins
+ * over exact scalar loops by far. f16/bf16 pages are widened to f32 into
+ * the thread's workspace first, segment by segment.
  *
  * Workspace: the context's attention buffer (c->att), grown on first use to
- * n_threads x (ATT_QB*T + 2*T*hd) floats, T <= longest row + L. Like
+ * n_threads x (ATT_QB*T + 2*T*hd) floats + the segment list,
+ * T <= max_span + ATT_QB + keep. Like
  * cpu_matmul, it keeps OpenBLAS single-threaded: the pool runs the threads.
  * Padded queries (i >= len[b]) get zeros.
  */
@@ -33,30 +36,55 @@
 typedef struct ag_job {
     const be_attn *a;
     const float *q;          /* [B][L][n_head][hd] */
-    const void *k, *v;       /* [B][n_kv][cap][hd] */
+    const void *k, *v;       /* pools [n_pages][n_kv][page][hd] */
     be_dtype dt;
     float *out;              /* [B][L][n_head][hd] */
     float *ws;               /* [nth][ws_per] */
     size_t ws_per;
-    int tmax;                /* longest key range of any item */
+    int tmax;                /* most keys of any item */
     int nqb;                 /* query blocks per row */
 } ag_job;
 
-static void widen(const void *src, be_dtype dt, size_t off, size_t n, float *dst) {
-    if (dt == BE_F32) { memcpy(dst, (const float *)src + off, n * sizeof(float)); return; }
-    const uint16_t *s = (const uint16_t *)src + off;
-    for (size_t i = 0; i < n; i++) dst[i] = be_f16_to_f32(s[i]);
+/* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere */
+static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1) {
+    float mx = -INFINITY, sum = 0;
+    for (int t = a0; t < a1; t++) if (s[t] > mx) mx = s[t];
+    for (int t = b0; t < b1; t++) if (s[t] > mx) mx = s[t];
+    for (int t = 0; t < T; t++) {
+        int in = (t >= a0 && t < a1) || (t >= b0 && t < b1);
+        s[t] = in ? expf(s[t] - mx) : 0.0f;
+        sum += s[t];
+    }
+    float inv = 1.0f / sum;
+    for (int t = 0; t < T; t++) s[t] *= inv;
 }
 
-/* softmax of s[0..T) restricted to [lo, hi] (relative), zero elsewhere */
-static void masked_softmax(float *s, int T, int lo, int hi) {
-    float mx = -INFINITY, sum = 0;
-    for (int t = lo; t <= hi; t++) if (s[t] > mx) mx = s[t];
-    for (int t = lo; t <= hi; t++) sum += (s[t] = expf(s[t] - mx));
-    float inv = 1.0f / sum;
-    for (int t = 0; t < lo; t++) s[t] = 0;
-    for (int t = lo; t <= hi; t++) s[t] *= inv;
-    for (int t = hi + 1; t < T; t++) s[t] = 0;
+typedef struct seg { int col, n; const float *k, *v; } seg;
+
+/* the item's key columns as segments inside one page each; 16-bit pages are
+ * widened into kf/vf at their column. Returns the number of segments. */
+static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4], float *kf, float *vf, seg *sg) {
+    const be_attn *a = j->a;
+    int hd = a->head_dim, el = (int)be_dtype_size(j->dt), ns = 0, col = 0;
+    for (int g = 0; g < 4; g += 2)
+        for (int t = rng[g]; t < rng[g + 1];) {
+            int n = a->page - t % a->page;
+            if (n > rng[g + 1] - t) n = rng[g + 1] - t;
+            size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, kh, t, el) / el;
+            seg s = {col, n, (const float *)j->k + off, (const float *)j->v + off};
+            if (j->dt != BE_F32) {
+                for (size_t e = 0; e < (size_t)n * hd; e++) {
+                    kf[(size_t)col * hd + e] = be_kv_get(j->k, j->dt, off + e);
+                    vf[(size_t)col * hd + e] = be_kv_get(j->v, j->dt, off + e);
+                }
+                s.k = kf + (size_t)col * hd;
+                s.v = vf + (size_t)col * hd;
+            }
+            sg[ns++] = s;
+            col += n;
+            t += n;
+        }
+    return ns;
 }
 
 static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
@@ -68,21 +96,17 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     for (int i = live > i0 ? live : i0; i < i1; i++)   /* padding: zeros */
         memset(j->out + ((size_t)b * a->L + i) * ld + (size_t)kh * grp * hd, 0, sizeof(float) * grp * hd);
     if (live <= i0) return;
-    int p0 = a->pos0[b] + i0, p1 = a->pos0[b] + live - 1;
-    int t_lo = a->window && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0, T = p1 - t_lo + 1;
-    size_t base = ((size_t)b * a->n_kv_head + kh) * a->cap * hd + (size_t)t_lo * hd;
-    float *S = ws;
-    const float *K, *V;
-    if (j->dt == BE_F32) {
-        K = (const float *)j->k + base;
-        V = (const float *)j->v + base;
-    } else {
-        float *kf = ws + (size_t)ATT_QB * j->tmax, *vf = kf + (size_t)j->tmax * hd;
-        widen(j->k, j->dt, base, (size_t)T * hd, kf);
-        widen(j->v, j->dt, base, (size_t)T * hd, vf);
-        K = kf;
-        V = vf;
-    }
+    int p0 = a->pos0[b] + i0, p1 = a->pos0[b] + live - 1, f[3], l[3];
+    be_span(p0, a->window, a->keep, a->run0[b], &f[0], &f[1], &f[2]);
+    be_span(p1, a->window, a->keep, a->run0[b], &l[0], &l[1], &l[2]);
+    int rng[4] = {f[0], l[1], f[2], p1 + 1};
+    if (rng[1] < rng[0]) rng[1] = rng[0];
+    if (rng[2] > rng[3]) rng[2] = rng[3];   /* every query still among the sinks (p < keep): no run */
+    int n1 = rng[1] - rng[0], T = n1 + rng[3] - rng[2];
+    float *S = ws, *kf = ws + (size_t)ATT_QB * j->tmax, *vf = kf + (size_t)j->tmax * hd;
+    seg *sg = (seg *)(vf + (size_t)j->tmax * hd);
+    const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
+    int ns = segments(j, pt, kh, rng, kf, vf, sg);
     int M = live - i0;
     /* one query per row: the group's heads are adjacent rows of q with one mask */
     int rows = M == 1 ? grp : M, heads = M == 1 ? 1 : grp;
@@ -90,15 +114,19 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     for (int g = 0; g < heads; g++) {
         const float *Q = j->q + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
         float *O = j->out + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, T, hd, a->scale, Q, lda, K, hd, 0.0f,
-                    S, T);
+        for (int e = 0; e < ns; e++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, sg[e].n, hd, a->scale, Q, lda, sg[e].k, hd,
+                        0.0f, S + sg[e].col, T);
         for (int r = 0; r < rows; r++) {
-            int p = a->pos0[b] + i0 + (M == 1 ? 0 : r);
-            int lo = a->window && p - a->window + 1 > t_lo ? p - a->window + 1 : t_lo;
-            masked_softmax(S + (size_t)r * T, T, lo - t_lo, p - t_lo);
+            int p = a->pos0[b] + i0 + (M == 1 ? 0 : r), s[3];
+            be_span(p, a->window, a->keep, a->run0[b], &s[0], &s[1], &s[2]);
+            int c0 = s[0] - rng[0], c1 = s[1] - rng[0];
+            if (c1 < c0) c1 = c0;
+            masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + s[2] - rng[2], n1 + p + 1 - rng[2]);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, T, 1.0f, S, T, V, hd, 0.0f, O,
-                    lda);
+        for (int e = 0; e < ns; e++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, sg[e].n, 1.0f, S + sg[e].col, T,
+                        sg[e].v, hd, e ? 1.0f : 0.0f, O, lda);
     }
 }
 
@@ -116,15 +144,11 @@ static void ag_task(void *arg, int ith, int nth) {
 
 int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v,
                        be_dtype kv_dt, float *out) {
-    int tmax = 1;
-    for (int b = 0; b < a->B; b++) {
-        int span = a->len[b] < ATT_QB ? a->len[b] : ATT_QB;
-        int t = a->window && a->window + span < a->pos0[b] + a->len[b] ? a->window + span
-                                                                       : a->pos0[b] + a->len[b];
-        if (t > tmax) tmax = t;
-    }
+    /* an item's keys: at most max_span for its first query plus one per later query */
+    int tmax = (a->max_span > 0 ? a->max_span : 1) + (a->L < ATT_QB ? a->L : ATT_QB) + a->keep;
     int nth = cpu_pool_size(c->pool);
-    size_t per = (size_t)ATT_QB * tmax + (kv_dt == BE_F32 ? 0 : 2 * (size_t)tmax * a->head_dim);
+    size_t segs = (size_t)(tmax / a->page + a->keep + 8) * sizeof(seg) / sizeof(float) + 1;
+    size_t per = (size_t)ATT_QB * tmax + 2 * (size_t)tmax * a->head_dim + segs;
     per = (per + 15) & ~(size_t)15;
     if (c->att_n < per * nth) {
         float *p = realloc(c->att, per * nth * sizeof(float));

@@ -44,4 +44,5 @@ void be_ref_rope(float *x, int n, int heads, int hd, int rot_dims, const int *po
 void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n);
 void be_ref_attention(const be_attn *a, const float *q, const void *k, const void *v,
                       be_dtype kv_dt, float *out);
+void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype kv_dt);
 #endif

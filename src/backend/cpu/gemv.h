@@ -29,11 +29,11 @@ typedef void (*prep_x_fn)(const float *x, int n, int64_t k, float *xp);
 
 typedef struct gemv_kernels {
     const char *isa;          /* "avx512", "avx2", "scalar" */
-    gemv_fn gemv[3];          /* indexed by be_dtype */
-    rows_f32_fn rows_f32[3];
+    gemv_fn gemv[BE_N_DTYPES];          /* indexed by be_dtype */
+    rows_f32_fn rows_f32[BE_N_DTYPES];
     /* NULL: gemv[dt] takes x as is; else gemv[dt] must be given prep_x[dt]'s
      * rearranged copy of x in place of x (same size, n*k floats) */
-    prep_x_fn prep_x[3];
+    prep_x_fn prep_x[BE_N_DTYPES];
 } gemv_kernels;
 
 /* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice) */

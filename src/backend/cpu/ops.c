@@ -10,7 +10,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemv.h"
 
@@ -151,17 +153,9 @@ static void cpu_gather(be_ctx *c, const float *x, int dim, const int *rows, int 
     for (int i = 0; i < n; i++) memcpy(y + (size_t)i * dim, x + (size_t)rows[i] * dim, sizeof(float) * dim);
 }
 
-static void cpu_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt) {
+static void cpu_kv_write(be_ctx *c, const be_attn *a, const float *src, void *pool, be_dtype dt) {
     (void)c;
-    int hd = a->head_dim;
-    for (int b = 0; b < a->B; b++)
-        for (int i = 0; i < a->len[b]; i++)
-            for (int h = 0; h < a->n_kv_head; h++) {
-                const float *s = src + (((size_t)b * a->L + i) * a->n_kv_head + h) * hd;
-                size_t off = (((size_t)b * a->n_kv_head + h) * a->cap + a->pos0[b] + i) * hd;
-                if (dt == BE_F32) memcpy((float *)cache + off, s, sizeof(float) * hd);
-                else for (int d = 0; d < hd; d++) ((uint16_t *)cache)[off + d] = be_f32_to_f16(s[d]);
-            }
+    be_ref_kv_write(a, src, pool, dt);
 }
 
 typedef struct att_job {
@@ -170,21 +164,22 @@ typedef struct att_job {
     const void *k, *v;
     be_dtype dt;
     float *out;
-    float *scr;   /* [nth][cap] */
+    float *scr;   /* [nth][max_span] */
 } att_job;
 
 static inline float kv_dot(const void *k, be_dtype dt, size_t off, const float *q, int hd) {
     float d = 0;
     if (dt == BE_F32) { const float *kk = (const float *)k + off; for (int e = 0; e < hd; e++) d += q[e] * kk[e]; }
-    else { const uint16_t *kk = (const uint16_t *)k + off; for (int e = 0; e < hd; e++) d += q[e] * be_f16_to_f32(kk[e]); }
+    else for (int e = 0; e < hd; e++) d += q[e] * be_kv_get(k, dt, off + e);
     return d;
 }
 
+/* one query head at a time over be_span's ranges: small attentions (decode of small models) */
 static void att_task(void *arg, int ith, int nth) {
     att_job *j = arg;
     const be_attn *a = j->a;
-    int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
-    float *s = j->scr + (size_t)ith * a->cap;
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, el = (int)be_dtype_size(j->dt);
+    float *s = j->scr + (size_t)ith * a->max_span;
     size_t total = (size_t)a->B * a->L * a->n_head;
     size_t w0 = total * ith / nth, w1 = total * (ith + 1) / nth;
     for (size_t w = w0; w < w1; w++) {
@@ -192,31 +187,37 @@ static void att_task(void *arg, int ith, int nth) {
         float *o = j->out + w * hd;
         memset(o, 0, sizeof(float) * hd);
         if (i >= a->len[b]) continue;
-        int p = a->pos0[b] + i, lo = a->window && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
+        int p = a->pos0[b] + i, r[4], n = 0;
+        be_span(p, a->window, a->keep, a->run0[b], &r[0], &r[1], &r[2]);
+        r[3] = p + 1;
         const float *qq = j->q + w * hd;
-        size_t base = ((size_t)b * a->n_kv_head + h / grp) * a->cap * hd;
         float mx = -INFINITY, sum = 0;
-        for (int t = lo; t <= p; t++) {
-            s[t] = kv_dot(j->k, j->dt, base + (size_t)t * hd, qq, hd) * a->scale;
-            if (s[t] > mx) mx = s[t];
-        }
-        for (int t = lo; t <= p; t++) sum += (s[t] = expf(s[t] - mx));
+        for (int g = 0; g < 4; g += 2)
+            for (int t = r[g]; t < r[g + 1]; t++, n++) {
+                size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, h / grp, t, el) / el;
+                s[n] = kv_dot(j->k, j->dt, off, qq, hd) * a->scale;
+                if (s[n] > mx) mx = s[n];
+            }
+        for (int t = 0; t < n; t++) sum += (s[t] = expf(s[t] - mx));
         float inv = 1.0f / sum;
-        for (int t = lo; t <= p; t++) {
-            float pw = s[t] * inv;
-            size_t off = base + (size_t)t * hd;
-            if (j->dt == BE_F32) { const float *vv = (const float *)j->v + off; for (int d = 0; d < hd; d++) o[d] += pw * vv[d]; }
-            else { const uint16_t *vv = (const uint16_t *)j->v + off; for (int d = 0; d < hd; d++) o[d] += pw * be_f16_to_f32(vv[d]); }
-        }
+        n = 0;
+        for (int g = 0; g < 4; g += 2)
+            for (int t = r[g]; t < r[g + 1]; t++, n++) {
+                float pw = s[n] * inv;
+                size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, h / grp, t, el) / el;
+                if (j->dt == BE_F32) { const float *vv = (const float *)j->v + off; for (int d = 0; d < hd; d++) o[d] += pw * vv[d]; }
+                else for (int d = 0; d < hd; d++) o[d] += pw * be_kv_get(j->v, j->dt, off + d);
+            }
     }
 }
 
 static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
     /* waking the pool costs microseconds: tiny attentions (small models, short
      * contexts) run on the calling thread */
-    double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->pos0[0] + a->L);
+    double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->max_span > 0 ? a->max_span : 1);
     if (work >= 65536.0 && cpu_attention_gemm(c, a, q, k, v, dt, out) == 0) return;
-    size_t need = (size_t)c->n_threads * a->cap;
+    size_t need = (size_t)c->n_threads * (a->max_span > 0 ? a->max_span : 1);
     if (c->att_n < need) {
         float *p = realloc(c->att, need * sizeof(float));
         if (!p) { be_ref_attention(a, q, k, v, dt, out); return; }
@@ -226,6 +227,20 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
     att_job j = {a, q, k, v, dt, out, c->att};
     if (work < 65536.0) att_task(&j, 0, 1);
     else cpu_pool_run(c->pool, att_task, &j);
+}
+
+/* MemAvailable from /proc/meminfo (page cache counts as available), else free pages */
+static size_t cpu_mem_available(be_ctx *c) {
+    (void)c;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return (size_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), sz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && sz > 0 ? (size_t)pages * (size_t)sz : (size_t)1 << 30;
 }
 
 static const be_ops cpu_ops = {
@@ -250,6 +265,7 @@ static const be_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .matmul_multi = cpu_matmul_multi,
+    .mem_available = cpu_mem_available,
 };
 
 const be_ops *be_cpu(void) { return &cpu_ops; }

@@ -45,41 +45,48 @@ void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = (float)(gate[i] / (1.0 + exp(-(double)gate[i])) * up[i]);
 }
 
-static double kv_get(const void *p, be_dtype dt, size_t i) {
-    return dt == BE_F32 ? ((const float *)p)[i] : be_f16_to_f32(((const uint16_t *)p)[i]);
+void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype dt) {
+    int hd = a->head_dim, el = (int)be_dtype_size(dt);
+    for (int b = 0; b < a->B; b++)
+        for (int i = 0; i < a->len[b]; i++)
+            for (int h = 0; h < a->n_kv_head; h++) {
+                int64_t off = be_kv_off(a->pt_host + (size_t)a->seq[b] * a->n_pt, a->page, a->n_kv_head, hd, h,
+                                        a->pos0[b] + i, el);
+                const float *s = src + (((size_t)b * a->L + i) * a->n_kv_head + h) * hd;
+                for (int d = 0; d < hd; d++) be_kv_put(pool, dt, (size_t)off / el + d, s[d]);
+            }
 }
 
+/* the definition: every key of be_span's two ranges, double sums, keys read
+ * through the host page table */
 void be_ref_attention(const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
-    int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
-    double *s = malloc(sizeof(double) * (size_t)(a->cap > 0 ? a->cap : 1));
-    if (!s) return;
-    for (int b = 0; b < a->B; b++)
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, el = (int)be_dtype_size(dt);
+    for (int b = 0; b < a->B; b++) {
+        const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
         for (int i = 0; i < a->L; i++)
             for (int h = 0; h < a->n_head; h++) {
                 float *o = out + (((size_t)b * a->L + i) * a->n_head + h) * hd;
-                if (i >= a->len[b]) {
-                    for (int d = 0; d < hd; d++) o[d] = 0;
-                    continue;
-                }
-                int p = a->pos0[b] + i, kh = h / grp;
+                for (int d = 0; d < hd; d++) o[d] = 0;
+                if (i >= a->len[b]) continue;
+                int p = a->pos0[b] + i, kh = h / grp, r[4];
+                be_span(p, a->window, a->keep, a->run0[b], &r[0], &r[1], &r[2]);
+                r[3] = p + 1;
                 const float *qq = q + (((size_t)b * a->L + i) * a->n_head + h) * hd;
-                size_t base = ((size_t)b * a->n_kv_head + kh) * a->cap * hd;
-                double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= p; j++) {
-                    int vis = !a->window || j > p - a->window;
-                    s[j] = -INFINITY;
-                    if (!vis) continue;
-                    double d = 0;
-                    for (int e = 0; e < hd; e++) d += qq[e] * kv_get(k, dt, base + (size_t)j * hd + e);
-                    s[j] = d * a->scale;
-                    if (s[j] > mx) mx = s[j];
-                }
-                for (int j = 0; j <= p; j++) sum += (s[j] = exp(s[j] - mx));
-                for (int d = 0; d < hd; d++) {
-                    double acc = 0;
-                    for (int j = 0; j <= p; j++) acc += s[j] * kv_get(v, dt, base + (size_t)j * hd + d);
-                    o[d] = (float)(acc / sum);
-                }
+                double mx = -INFINITY, sum = 0, acc[hd];
+                for (int d = 0; d < hd; d++) acc[d] = 0;
+                for (int pass = 0; pass < 2; pass++)      /* 0: max, 1: sums */
+                    for (int s = 0; s < 4; s += 2)
+                        for (int j = r[s]; j < r[s + 1]; j++) {
+                            size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, kh, j, el) / el;
+                            double dot = 0;
+                            for (int e = 0; e < hd; e++) dot += qq[e] * (double)be_kv_get(k, dt, off + e);
+                            dot *= a->scale;
+                            if (!pass) { if (dot > mx) mx = dot; continue; }
+                            double w = exp(dot - mx);
+                            sum += w;
+                            for (int d = 0; d < hd; d++) acc[d] += w * be_kv_get(v, dt, off + d);
+                        }
+                for (int d = 0; d < hd; d++) o[d] = (float)(acc[d] / sum);
             }
-    free(s);
+    }
 }
