@@ -32,7 +32,9 @@ fi
 COMMIT=${COMMIT:-unknown}
 stamp() { echo "# commit $COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC'), PART=${PART:-all}"; }
 # the backend-generic tests (test-backend-ops, test-cache, test-seq) run on CUDA here
-export CINFER_TEST_DEVICE=cuda CINFER_SHARED="$(dirname "$MODELS")"
+# (test-seq reads stories260k from $CINFER_SHARED/models, which must look like ../shared)
+mkdir -p $T/shared && ln -s "$(cd "$MODELS" && pwd)" $T/shared/models && echo "models for the GPU tests" >$T/shared/README.md
+export CINFER_TEST_DEVICE=cuda CINFER_SHARED=$T/shared
 if ldd $B/test-backend-ops | grep -q 'not found'; then
   lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):$LD_LIBRARY_PATH"

@@ -74,7 +74,9 @@ static void check_decode(const char *name, cinfer_model *m, const int32_t *ids, 
     int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && golden_decode_err(c, ids, n, V, full, &worst);
     long caps = 0, reps = 0;
     if (c) cuda_graph_stats(c->bc, &caps, &reps);
-    CHECK(ok && worst <= tol && reps >= n - 2, "%s: token-by-token decode == prefill (max error %.2e of range, tol %.3g; graph captured %ld, replayed %ld)",
+    /* every step after the first is replayed, or captured afresh when the attention geometry
+     * (bucketed by the keys it spans) changes: at most 2 steps run eagerly */
+    CHECK(ok && worst <= tol && reps + caps >= n - 2, "%s: token-by-token decode == prefill (max error %.2e of range, tol %.3g; graph captured %ld, replayed %ld)",
           name, worst, tol, caps, reps);
     cinfer_ctx_free(c);
 }
