@@ -5,7 +5,7 @@ CC      ?= cc
 BUILD   ?= build
 SAN     ?= 0
 CUDA    ?= auto
-PKGS     = jansson libpcre2-8 libutf8proc
+PKGS     = jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
