@@ -65,6 +65,8 @@ $(BUILD)/cinfer: $(CLIOBJ) $(BUILD)/libcinfer.a
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libcinfer.a $(wildcard tests/*.h include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)
+# the server's parser is compiled into its test from tools/cli
+$(BUILD)/tests/test-serve-parse: $(wildcard tools/cli/serve-*.c tools/cli/serve*.h)
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libcinfer.a $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)

@@ -160,6 +160,7 @@ static int parse_common(srv *s, json_t *o, srv_req *r, perr *e) {
     double x;
     long long k;
     int rc;
+    r->sp = cinfer_sampler_defaults();   /* the repetition penalty stays 1 here: the engine applies it */
     json_t *mt = json_object_get(o, "max_completion_tokens");
     if (!mt || json_is_null(mt)) mt = json_object_get(o, "max_tokens");
     if (mt && !json_is_null(mt)) {
