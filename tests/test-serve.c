@@ -20,7 +20,7 @@
 #include "check.h"
 #include "serve-util.h"
 
-static char bin[600], model[600];
+static char bin[700], model[600];
 static int port;
 
 static json_t *post(const char *path, const char *body, int *status) {
@@ -153,6 +153,17 @@ static void t_logprobs_chat_n(void) {
     CHECK(st == 200 && json_array_size(toks) == 8 && !strcmp(joined, json_string_value(json_object_get(c0, "text"))) &&
           json_object_size(top0) == 3 && l0 <= 0 && json_array_size(json_object_get(lp, "text_offset")) == 8,
           "completions logprobs: 8 tokens joining to the text, 3 alternatives each, text_offset");
+    json_decref(j);
+
+    j = post("/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"logprobs\":1,\"echo\":true}", &st);
+    c0 = json_array_get(json_object_get(j, "choices"), 0);
+    lp = json_object_get(c0, "logprobs");
+    int np = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_t *tl = json_object_get(lp, "token_logprobs");
+    const char *etext = json_string_value(json_object_get(c0, "text"));
+    CHECK(st == 200 && etext && !strncmp(etext, "Once upon a time", 16) && (int)json_array_size(tl) == np + 4 &&
+          json_is_null(json_array_get(tl, 0)) && json_number_value(json_array_get(tl, 1)) < 0,
+          "echo + logprobs: the prompt's text and log-probs first (the first null), then the completion's");
     json_decref(j);
 
     j = post("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":8,"

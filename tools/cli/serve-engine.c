@@ -28,6 +28,7 @@
 #include "serve.h"
 
 enum { PH_FREE = 0, PH_PREFILL, PH_FORKWAIT, PH_DECODE };
+enum { ECHO_CHUNK = 32 };   /* prompt positions per forward when their log-probs are wanted */
 
 typedef struct slot {
     srv_req *r;
@@ -54,6 +55,8 @@ struct srv_engine {
     int n_wait;
     float *logits;          /* [n_slot][V] */
     float *lp;              /* [V] log-softmax work */
+    float *plogits;         /* [ECHO_CHUNK][V] prompt logits of an echo + logprobs request */
+    int out_rows[2 * 32];
     int32_t *ids;           /* [n_slot] */
     int *seqs;              /* [n_slot] */
     long tick;
@@ -308,9 +311,15 @@ static void admit(srv *s) {
             if (!c) first = i;
             c++;
         }
+        if (ok && r->echo && r->logprobs) {
+            r->pev = calloc((size_t)r->n_prompt, sizeof *r->pev);
+            ok = r->pev != NULL;
+            if (ok) r->pev[0].token = r->prompt[0];
+        }
         if (!ok) { req_fail(s, r, 500, "out of memory"); continue; }
-        /* reuse the longest cached prefix, leaving at least the last token to feed */
-        int src = -1, m = pfx_lookup(e->pfx, r->prompt, r->n_prompt - 1, &src);
+        /* reuse the longest cached prefix, leaving at least the last token to feed (not when
+         * the prompt's own log-probs are wanted: they come from its forward) */
+        int src = -1, m = r->pev ? 0 : pfx_lookup(e->pfx, r->prompt, r->n_prompt - 1, &src);
         if (m > 0 && !cinfer_seq_fork(e->ctx, src, first) && !cinfer_seq_trim(e->ctx, first, m)) e->sl[first].fed = m;
         else { cinfer_seq_free(e->ctx, first); m = 0; }
         pthread_mutex_lock(&r->mu);
@@ -334,10 +343,11 @@ static void fail_newest(srv *s) {
 
 /* a forward that evicts cached prefixes while the budget is short; 0 ok,
  * 1 when it failed (a request was failed instead, the step is to be redone) */
-static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, float *logits) {
+static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, const int *out_rows, int n_out,
+                   float *logits) {
     srv_engine *e = s->eng;
     for (;;) {
-        cinfer_status st = cinfer_forward_seqs(e->ctx, ids, B, L, seqs, NULL, NULL, NULL, 0, logits);
+        cinfer_status st = cinfer_forward_seqs(e->ctx, ids, B, L, seqs, NULL, NULL, out_rows, n_out, logits);
         if (!st) return 0;
         if (st == CINFER_ENOMEM && pfx_evict_lru(e->pfx, e->ctx)) continue;
         if (st == CINFER_ENOMEM) fail_newest(s);
@@ -362,7 +372,17 @@ static void prefill(srv *s, int budget) {
         srv_req *r = q->r;
         int left = r->n_prompt - 1 - q->fed, k = left < budget ? left : budget;
         if (k > step) k = step;
-        if (forward(s, r->prompt + q->fed, 1, k, &bi, NULL)) return;
+        if (r->pev) {   /* echo + logprobs: every position's logits, in small chunks */
+            if (k > ECHO_CHUNK) k = ECHO_CHUNK;
+            for (int p = 0; p < k; p++) { e->out_rows[2 * p] = 0; e->out_rows[2 * p + 1] = p; }
+        }
+        if (forward(s, r->prompt + q->fed, 1, k, &bi, r->pev ? e->out_rows : NULL, r->pev ? k : 0, r->pev ? e->plogits : NULL))
+            return;
+        for (int p = 0; r->pev && p < k; p++) {   /* position fed+p predicts prompt token fed+p+1 */
+            srv_event *ev = &r->pev[q->fed + p + 1];
+            logprobs(e->plogits + (size_t)p * s->n_vocab, s->n_vocab, r->prompt[q->fed + p + 1], r->top_logprobs, ev);
+            ev->token = r->prompt[q->fed + p + 1];
+        }
         q->fed += k;
         budget -= k;
         if (q->fed >= r->n_prompt - 1) start_decode(s, r);
@@ -377,7 +397,7 @@ static void decode(srv *s) {
             e->ids[B] = e->sl[i].pending;
             e->seqs[B++] = i;
         }
-    if (!B || forward(s, e->ids, B, 1, e->seqs, e->logits)) return;
+    if (!B || forward(s, e->ids, B, 1, e->seqs, NULL, 0, e->logits)) return;
     for (int b = 0; b < B; b++)
         if (e->sl[e->seqs[b]].phase == PH_DECODE) take_token(s, e->seqs[b], e->logits + (size_t)b * s->n_vocab);
 }
@@ -431,9 +451,10 @@ static int engine_load(srv *s) {
     free(aid);
     e->logits = malloc(sizeof(float) * (size_t)e->n_slot * info.n_vocab);
     e->lp = malloc(sizeof(float) * (size_t)info.n_vocab);
+    e->plogits = malloc(sizeof(float) * ECHO_CHUNK * (size_t)info.n_vocab);
     e->pfx = pfx_new(s->o.prompt_cache, e->n_slot);
     s->m = m;
-    if (!e->logits || !e->lp || !e->pfx) return -1;
+    if (!e->logits || !e->lp || !e->plogits || !e->pfx) return -1;
     return 0;
 }
 
@@ -536,7 +557,7 @@ void srv_engine_free(srv *s) {
     cinfer_ctx_free(e->ctx);
     cinfer_model_free(s->m);
     s->m = NULL;
-    free(e->sl); free(e->wait); free(e->ids); free(e->seqs); free(e->logits); free(e->lp);
+    free(e->sl); free(e->wait); free(e->ids); free(e->seqs); free(e->logits); free(e->lp); free(e->plogits);
     free(s->queue);
     free(e);
     s->eng = NULL;

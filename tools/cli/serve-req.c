@@ -32,6 +32,7 @@ void srv_req_unref(srv_req *r) {
     for (int i = 0; i < r->n_ev; i++) { free(r->ev[i].text); free(r->ev[i].tok_text); }
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->ev);
+    free(r->pev);
     free(r->prompt);
     free(r->prompt_text);
     free(r->bias_id);
@@ -378,6 +379,8 @@ int srv_parse_request(srv *s, int kind, const char *body, size_t len, srv_req **
                  "the prompt has %d tokens; the model's context is %d tokens", r->n_prompt, s->max_pos);
     if (!rc && !s->o.co.max_kv_size && r->n_prompt + r->max_tokens > s->max_pos)
         r->max_tokens = s->max_pos - r->n_prompt;   /* ends with finish_reason "length" */
+    if (!rc && r->echo && !r->prompt_text && s->tok && cinfer_detokenize(s->tok, r->prompt, r->n_prompt, 0, &r->prompt_text))
+        rc = 500;
     json_t *m = json_object_get(o, "model");
     snprintf(r->model, sizeof r->model, "%s", json_is_string(m) && *json_string_value(m) ? json_string_value(m) : s->o.model_id);
     json_decref(o);

@@ -75,6 +75,25 @@ static void cmpl_lp_add(const srv *s, json_t *lp, const srv_event *ev, size_t of
     json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
 }
 
+/* echo + logprobs: the prompt's tokens first (the first has no log-prob), each
+ * with the text it decodes to in the prompt */
+static void cmpl_lp_prompt(const srv *s, srv_req *r, json_t *lp) {
+    cinfer_detok_stream *ds = s->tok ? cinfer_detok_stream_new(s->tok, 1) : NULL;
+    size_t off = 0;
+    for (int i = 0; i < r->n_prompt && ds; i++) {
+        srv_event ev = r->pev[i];
+        const char *t = cinfer_detok_stream_push(ds, r->prompt[i]);
+        ev.tok_text = (char *)(t ? t : "");
+        cmpl_lp_add(s, lp, &ev, off);
+        off += strlen(ev.tok_text);
+        if (!i) {
+            json_array_set_new(json_object_get(lp, "token_logprobs"), 0, json_null());
+            json_array_set_new(json_object_get(lp, "top_logprobs"), 0, json_null());
+        }
+    }
+    cinfer_detok_stream_free(ds);
+}
+
 static json_t *cmpl_lp_new(void) {
     return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
 }
@@ -103,6 +122,7 @@ char *srv_final_json(const srv *s, srv_req *r) {
         if (r->echo && r->prompt_text) srv_buf_put(&text, &len, &cap, r->prompt_text, strlen(r->prompt_text));
         json_t *lp = r->logprobs ? (chat ? json_pack("{s:[]}", "content") : cmpl_lp_new()) : json_null();
         const char *finish = "length";
+        if (r->pev && !chat) cmpl_lp_prompt(s, r, lp);
         for (int i = 0; i < r->n_ev; i++) {
             srv_event *ev = &r->ev[i];
             if (ev->choice != c) continue;

@@ -77,6 +77,7 @@ typedef struct srv_req {
     pthread_cond_t cv;
     srv_event *ev;
     int n_ev, cap_ev;
+    srv_event *pev;         /* echo + logprobs: [n_prompt] the prompt's log-probs (pev[0] has none) */
     int done;               /* the engine has emitted everything */
     int err_status;         /* != 0: failed with this HTTP status and err */
     char err[256];
