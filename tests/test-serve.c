@@ -267,6 +267,7 @@ static void *load_job(void *arg) {
     return NULL;
 }
 
+static long g_preempted;
 static int live_after(int *running, int *waiting) {
     for (double t0 = now_s(); now_s() - t0 < 20; usleep(50000)) {
         char *b = NULL;
@@ -274,6 +275,7 @@ static int live_after(int *running, int *waiting) {
         json_t *j = b ? json_loads(b, 0, NULL) : NULL;
         *running = (int)json_integer_value(json_object_get(j, "running"));
         *waiting = (int)json_integer_value(json_object_get(j, "waiting"));
+        g_preempted = (long)json_integer_value(json_object_get(j, "preempted"));
         json_decref(j);
         free(b);
         if (!*running && !*waiting) return 0;
@@ -417,6 +419,58 @@ static void t_small_server(void) {
     g_key = "sk-test";
 }
 
+/* a KV budget far below what the running requests need: choices are
+ * preempted and recomputed, every request still completes, with the text it
+ * has alone */
+typedef struct kvjob { int port, status; char prompt[64]; char *text; } kvjob;
+static void *kv_job(void *arg) {
+    kvjob *k = arg;
+    char body[256], *b = NULL;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":400}", k->prompt);
+    k->status = http(k->port, "POST", "/v1/completions", body, &b);
+    json_t *j = b ? json_loads(b, 0, NULL) : NULL;
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    k->text = t ? strdup(t) : NULL;
+    json_decref(j);
+    free(b);
+    return NULL;
+}
+
+static void t_kv_pressure(void) {
+    server s3;
+    const char *args[] = {"-m", model, "-t", "1", "--max-batch", "8", "--kv-memory", "1M", "--kv-page", "16", "-q", NULL};
+    g_key = "";
+    if (start_server(&s3, bin, args)) { CHECK(0, "a third server starts"); g_key = "sk-test"; return; }
+    enum { N = 8 };
+    kvjob jobs[N], solo;
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        jobs[i] = (kvjob){.port = s3.port};
+        snprintf(jobs[i].prompt, sizeof jobs[i].prompt, "%s %s", words[i], words[i + 5]);
+        pthread_create(&th[i], NULL, kv_job, &jobs[i]);
+    }
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    int ok = 0, same = 0;
+    for (int i = 0; i < N; i++) {
+        ok += jobs[i].status == 200;
+        solo = (kvjob){.port = s3.port};
+        memcpy(solo.prompt, jobs[i].prompt, sizeof solo.prompt);
+        kv_job(&solo);
+        same += jobs[i].text && solo.text && !strcmp(jobs[i].text, solo.text);
+        free(jobs[i].text);
+        free(solo.text);
+    }
+    int running = -1, waiting = -1, port0 = port;
+    port = s3.port;
+    live_after(&running, &waiting);
+    port = port0;
+    CHECK(ok == N && same == N && g_preempted > 0,
+          "8 x 400 tokens in a 1 MB KV budget: %ld preemptions, all 200 (%d), each equal to alone (%d)", g_preempted, ok, same);
+    CHECK(running == 0 && stop_server(&s3) == 0, "after memory pressure: zero live sequences, clean exit");
+    unlink(s3.log);
+    g_key = "sk-test";
+}
+
 /* the official openai npm client, installed by this test into the build folder */
 static void t_openai(const char *build_dir) {
     if (system("node --version >/dev/null 2>&1")) { printf("SKIP openai client: node is not installed\n"); return; }
@@ -472,5 +526,6 @@ int main(int argc, char **argv) {
     CHECK(stop_server(&s) == 0, "SIGTERM after the load: exit 0");
     unlink(s.log);
     t_small_server();
+    t_kv_pressure();
     return CHECK_DONE();
 }

@@ -27,13 +27,15 @@
 #include "serve-prefix.h"
 #include "serve.h"
 
-enum { PH_FREE = 0, PH_PREFILL, PH_FORKWAIT, PH_DECODE };
+/* PH_RESUME: a choice preempted under memory pressure recomputes its prompt and generated tokens */
+enum { PH_FREE = 0, PH_PREFILL, PH_FORKWAIT, PH_DECODE, PH_RESUME };
 enum { ECHO_CHUNK = 32 };   /* prompt positions per forward when their log-probs are wanted */
 
 typedef struct slot {
     srv_req *r;
     int choice, phase;
-    long admitted;          /* arrival order (prefill order, newest fails first) */
+    long admitted;          /* arrival order (prefill order; the newest is preempted first) */
+    long wait_fin;          /* preempted: resumes once more than this many choices have ended (-1: not waiting) */
     int fed;                /* prompt tokens in the cache (prefill progress) */
     int32_t pending;        /* the token the next decode row feeds */
     int32_t *hist;          /* [n_prompt + max_tokens] prompt then generated tokens */
@@ -60,6 +62,8 @@ struct srv_engine {
     int32_t *ids;           /* [n_slot] */
     int *seqs;              /* [n_slot] */
     long tick;
+    long n_fin;             /* choices ended so far */
+    long n_preempt;         /* choices preempted so far */
 };
 
 static int is_eos(const srv *s, int32_t t) {
@@ -98,6 +102,7 @@ static void slot_clear(srv *s, int i) {
     free(q->hist);
     free(q->hold);
     memset(q, 0, sizeof *q);
+    s->eng->n_fin++;
 }
 
 /* ends slot i; emits a final event with `finish` unless the request failed or was cancelled */
@@ -257,6 +262,7 @@ static int slot_init(srv *s, int i, srv_req *r, int choice) {
     q->r = r;
     q->choice = choice;
     q->admitted = ++s->eng->tick;
+    q->wait_fin = -1;
     q->hist = malloc(sizeof(int32_t) * ((size_t)r->n_prompt + r->max_tokens + 1));
     cinfer_sampler_params sp = r->sp;
     sp.rep_penalty = 1.0f;   /* applied by process_logits, before log-probs are read */
@@ -332,17 +338,30 @@ static void admit(srv *s) {
 
 /* ------------------------------------------------------------ forwards */
 
-/* the newest request with a slot fails: the KV budget cannot hold everything */
-static void fail_newest(srv *s) {
+/* The KV budget cannot hold every running sequence: the newest one with
+ * tokens is preempted (its pages freed; it recomputes its tokens once some
+ * other choice has ended and freed memory, as vLLM's recompute preemption),
+ * or fails with 503 when it is alone and still does not fit. */
+static void preempt_newest(srv *s) {
     srv_engine *e = s->eng;
-    int bi = -1;
-    for (int i = 0; i < e->n_slot; i++)
-        if (e->sl[i].r && (bi < 0 || e->sl[i].admitted > e->sl[bi].admitted)) bi = i;
-    if (bi >= 0) req_fail(s, e->sl[bi].r, 503, "the KV cache memory (--kv-memory) is exhausted; retry later");
+    int bi = -1, live = 0;
+    for (int i = 0; i < e->n_slot; i++) {
+        if (!e->sl[i].r || !cinfer_seq_len(e->ctx, i)) continue;
+        live++;
+        if (bi < 0 || e->sl[i].admitted > e->sl[bi].admitted) bi = i;
+    }
+    if (bi < 0) return;
+    slot *q = &e->sl[bi];
+    if (live == 1) { req_fail(s, q->r, 503, "the KV cache memory (--kv-memory) cannot hold this request"); return; }
+    cinfer_seq_free(e->ctx, bi);
+    e->n_preempt++;
+    q->fed = 0;
+    q->wait_fin = e->n_fin;
+    if (q->phase == PH_DECODE) q->phase = PH_RESUME;
 }
 
 /* a forward that evicts cached prefixes while the budget is short; 0 ok,
- * 1 when it failed (a request was failed instead, the step is to be redone) */
+ * 1 when it failed (a choice was preempted or failed instead; the step is to be redone) */
 static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, const int *out_rows, int n_out,
                    float *logits) {
     srv_engine *e = s->eng;
@@ -350,7 +369,7 @@ static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, co
         cinfer_status st = cinfer_forward_seqs(e->ctx, ids, B, L, seqs, NULL, NULL, out_rows, n_out, logits);
         if (!st) return 0;
         if (st == CINFER_ENOMEM && pfx_evict_lru(e->pfx, e->ctx)) continue;
-        if (st == CINFER_ENOMEM) fail_newest(s);
+        if (st == CINFER_ENOMEM) preempt_newest(s);
         else {   /* a bad row is a bug; fail its requests rather than spin */
             fprintf(stderr, "cinfer serve: forward failed: %s\n", cinfer_ctx_error(e->ctx));
             for (int b = 0; b < B; b++)
@@ -360,32 +379,44 @@ static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, co
     }
 }
 
+/* a slot prefills its prompt (PH_PREFILL) or, preempted, its prompt and generated tokens (PH_RESUME) */
+static int prefill_ready(const srv_engine *e, const slot *q) {
+    return (q->phase == PH_PREFILL || q->phase == PH_RESUME) && (q->wait_fin < 0 || e->n_fin > q->wait_fin);
+}
+
 static void prefill(srv *s, int budget) {
     srv_engine *e = s->eng;
-    int step = s->o.co.prefill_step_size > 0 ? s->o.co.prefill_step_size : 2048;
+    int step = s->o.co.prefill_step_size > 0 ? s->o.co.prefill_step_size : 2048, moving = 0;
+    for (int i = 0; i < e->n_slot; i++) moving += e->sl[i].phase == PH_DECODE || prefill_ready(e, &e->sl[i]);
+    for (int i = 0; i < e->n_slot && !moving; i++) e->sl[i].wait_fin = -1;   /* nothing else can end: resume */
     while (budget > 0) {
-        int bi = -1;   /* the oldest request still prefilling */
+        int bi = -1;   /* the oldest ready to prefill */
         for (int i = 0; i < e->n_slot; i++)
-            if (e->sl[i].phase == PH_PREFILL && (bi < 0 || e->sl[i].admitted < e->sl[bi].admitted)) bi = i;
+            if (prefill_ready(e, &e->sl[i]) && (bi < 0 || e->sl[i].admitted < e->sl[bi].admitted)) bi = i;
         if (bi < 0) return;
         slot *q = &e->sl[bi];
         srv_req *r = q->r;
-        int left = r->n_prompt - 1 - q->fed, k = left < budget ? left : budget;
+        int resume = q->phase == PH_RESUME, want = (resume ? q->n_hist : r->n_prompt) - 1;
+        const int32_t *ids = resume ? q->hist : r->prompt;
+        int left = want - q->fed, k = left < budget ? left : budget, echo = r->pev && !resume;
         if (k > step) k = step;
-        if (r->pev) {   /* echo + logprobs: every position's logits, in small chunks */
+        if (echo) {   /* echo + logprobs: every position's logits, in small chunks */
             if (k > ECHO_CHUNK) k = ECHO_CHUNK;
             for (int p = 0; p < k; p++) { e->out_rows[2 * p] = 0; e->out_rows[2 * p + 1] = p; }
         }
-        if (forward(s, r->prompt + q->fed, 1, k, &bi, r->pev ? e->out_rows : NULL, r->pev ? k : 0, r->pev ? e->plogits : NULL))
+        if (k > 0 && forward(s, ids + q->fed, 1, k, &bi, echo ? e->out_rows : NULL, echo ? k : 0, echo ? e->plogits : NULL))
             return;
-        for (int p = 0; r->pev && p < k; p++) {   /* position fed+p predicts prompt token fed+p+1 */
+        for (int p = 0; echo && p < k; p++) {   /* position fed+p predicts prompt token fed+p+1 */
             srv_event *ev = &r->pev[q->fed + p + 1];
             logprobs(e->plogits + (size_t)p * s->n_vocab, s->n_vocab, r->prompt[q->fed + p + 1], r->top_logprobs, ev);
             ev->token = r->prompt[q->fed + p + 1];
         }
         q->fed += k;
         budget -= k;
-        if (q->fed >= r->n_prompt - 1) start_decode(s, r);
+        if (q->fed < want) continue;
+        q->wait_fin = -1;
+        if (resume) q->phase = PH_DECODE;   /* its pending token is the last generated one */
+        else start_decode(s, r);
     }
 }
 
@@ -411,7 +442,7 @@ static void reap(srv *s, int stopping) {
         if (!r) continue;
         if (atomic_load(&r->cancelled)) slot_end(s, i, NULL, NULL, 0, NULL);
         else if (now > r->deadline || stopping > 1) {
-            if (e->sl[i].phase == PH_DECODE) slot_end(s, i, "length", NULL, 0, NULL);
+            if (e->sl[i].phase == PH_DECODE || e->sl[i].phase == PH_RESUME) slot_end(s, i, "length", NULL, 0, NULL);
             else req_fail(s, r, 503, stopping > 1 ? "the server is shutting down" : "the request timed out");
         }
     }
@@ -467,6 +498,7 @@ static void publish(srv *s) {   /* under s->mu */
     s->st.cached = pfx_count(e->pfx);
     s->st.kv_held = ki.bytes_held;
     s->st.kv_budget = ki.budget;
+    s->st.preempted = e->n_preempt;
 }
 
 static void *engine_main(void *arg) {

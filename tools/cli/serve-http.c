@@ -217,9 +217,10 @@ static enum MHD_Result handle_get(srv *s, struct MHD_Connection *c, const char *
     if (!strcmp(url, "/health")) {
         int ready = atomic_load(&s->ready);
         pthread_mutex_lock(&s->mu);
-        json_t *o = json_pack("{s:s,s:i,s:i,s:i,s:I,s:I}", "status", ready == 1 ? "ok" : ready < 0 ? "error" : "loading",
+        json_t *o = json_pack("{s:s,s:i,s:i,s:i,s:I,s:I,s:I}", "status", ready == 1 ? "ok" : ready < 0 ? "error" : "loading",
                               "running", s->st.running, "waiting", s->st.waiting + s->q_len, "cached_prefixes",
-                              s->st.cached, "kv_bytes", (json_int_t)s->st.kv_held, "kv_budget", (json_int_t)s->st.kv_budget);
+                              s->st.cached, "kv_bytes", (json_int_t)s->st.kv_held, "kv_budget", (json_int_t)s->st.kv_budget,
+                              "preempted", (json_int_t)s->st.preempted);
         pthread_mutex_unlock(&s->mu);
         char *b = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);

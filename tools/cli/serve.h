@@ -87,7 +87,7 @@ typedef struct srv_req {
     double t_start, t_first;  /* timing for the access log */
 } srv_req;
 
-typedef struct srv_stats { int running, waiting, cached, loaded, failed_load; size_t kv_held, kv_budget; long served; } srv_stats;
+typedef struct srv_stats { int running, waiting, cached; size_t kv_held, kv_budget; long preempted; } srv_stats;
 
 typedef struct srv_engine srv_engine;
 
