@@ -228,21 +228,21 @@ static void take_token(srv *s, int i, float *l) {
     r->completion_tokens++;
     if (!r->t_first) r->t_first = srv_now();
     pthread_mutex_unlock(&r->mu);
-    if (is_eos(s, tok)) {
+    if (!r->ignore_eos && is_eos(s, tok)) {
         char *rest = NULL;
-        const char *fl = cinfer_detok_stream_flush(q->ds);
+        const char *fl = q->ds ? cinfer_detok_stream_flush(q->ds) : NULL;
         if (fl) hold_put(q, fl, strlen(fl));
         stop_scan(r, q, 1, &rest);
         if (r->logprobs) { ev.text = strdup(""); ev.tok_text = strdup(""); srv_req_push(r, &ev); }
         slot_end(s, i, "stop", rest, 0, NULL);
         return;
     }
-    const char *t = cinfer_detok_stream_push(q->ds, tok);
+    const char *t = q->ds ? cinfer_detok_stream_push(q->ds, tok) : NULL;   /* no tokenizer: ids only, no text */
     if (!t) t = "";
     ev.tok_text = r->logprobs ? strdup(t) : NULL;
     hold_put(q, t, strlen(t));
     int last = q->n_gen >= r->max_tokens;
-    if (last) {
+    if (last && q->ds) {
         const char *fl = cinfer_detok_stream_flush(q->ds);
         if (fl) hold_put(q, fl, strlen(fl));
     }

@@ -196,6 +196,7 @@ static int parse_common(srv *s, json_t *o, srv_req *r, perr *e) {
     if ((rc = get_int(o, "n", 1, SRV_MAX_N, 1, &k, e))) return rc;
     r->n_choices = (int)k;
     if ((rc = get_bool(o, "stream", 0, &r->stream, e))) return rc;
+    if ((rc = get_bool(o, "ignore_eos", 0, &r->ignore_eos, e))) return rc;
     json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return bad(e, "stream_options", "'stream_options' must be an object");

@@ -67,6 +67,7 @@ typedef struct srv_req {
     int n_stop;
     char *stop[SRV_MAX_STOP];
     int has_tools;          /* chat: tools were given (tool-call parsing) */
+    int ignore_eos;         /* llama.cpp's and vLLM's extension: generate past eos ids (benchmarks) */
     double deadline;        /* cf_now() seconds after which the engine ends the request */
     char id[48];
     long created;
