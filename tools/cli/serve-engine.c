@@ -61,6 +61,9 @@ struct srv_engine {
     int out_rows[2 * 32];
     int32_t *ids;           /* [n_slot] */
     int *seqs;              /* [n_slot] */
+    int *plen, *prow;       /* [n_slot] prefill rows: chunk lengths, slots */
+    int32_t *pids;          /* [cap_pids] prefill rows, right-padded */
+    size_t cap_pids;
     long tick;
     long n_fin;             /* choices ended so far */
     long n_preempt;         /* choices preempted so far */
@@ -338,23 +341,27 @@ static void admit(srv *s) {
 
 /* ------------------------------------------------------------ forwards */
 
-/* The KV budget cannot hold every running sequence: the newest one with
- * tokens is preempted (its pages freed; it recomputes its tokens once some
- * other choice has ended and freed memory, as vLLM's recompute preemption),
- * or fails with 503 when it is alone and still does not fit. */
+/* The KV budget cannot hold every running sequence: the newest running
+ * choice is preempted (its pages freed; it recomputes its tokens once some
+ * other choice has ended, as vLLM's recompute preemption) or, when it holds
+ * no tokens yet, held back the same way. Alone, and still too large, it fails
+ * with 503. */
 static void preempt_newest(srv *s) {
     srv_engine *e = s->eng;
-    int bi = -1, live = 0;
+    int bi = -1, n = 0;
     for (int i = 0; i < e->n_slot; i++) {
-        if (!e->sl[i].r || !cinfer_seq_len(e->ctx, i)) continue;
-        live++;
-        if (bi < 0 || e->sl[i].admitted > e->sl[bi].admitted) bi = i;
+        const slot *q = &e->sl[i];
+        if (!q->r || q->phase == PH_FORKWAIT || (q->wait_fin >= 0 && e->n_fin <= q->wait_fin)) continue;
+        n++;
+        if (bi < 0 || q->admitted > e->sl[bi].admitted) bi = i;
     }
     if (bi < 0) return;
     slot *q = &e->sl[bi];
-    if (live == 1) { req_fail(s, q->r, 503, "the KV cache memory (--kv-memory) cannot hold this request"); return; }
-    cinfer_seq_free(e->ctx, bi);
-    e->n_preempt++;
+    if (n == 1) { req_fail(s, q->r, 503, "the KV cache memory (--kv-memory) cannot hold this request"); return; }
+    if (cinfer_seq_len(e->ctx, bi)) {
+        cinfer_seq_free(e->ctx, bi);
+        e->n_preempt++;
+    }
     q->fed = 0;
     q->wait_fin = e->n_fin;
     if (q->phase == PH_DECODE) q->phase = PH_RESUME;
@@ -362,11 +369,11 @@ static void preempt_newest(srv *s) {
 
 /* a forward that evicts cached prefixes while the budget is short; 0 ok,
  * 1 when it failed (a choice was preempted or failed instead; the step is to be redone) */
-static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, const int *out_rows, int n_out,
-                   float *logits) {
+static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, const int *lens, const int *out_rows,
+                   int n_out, float *logits) {
     srv_engine *e = s->eng;
     for (;;) {
-        cinfer_status st = cinfer_forward_seqs(e->ctx, ids, B, L, seqs, NULL, NULL, out_rows, n_out, logits);
+        cinfer_status st = cinfer_forward_seqs(e->ctx, ids, B, L, seqs, lens, NULL, out_rows, n_out, logits);
         if (!st) return 0;
         if (st == CINFER_ENOMEM && pfx_evict_lru(e->pfx, e->ctx)) continue;
         if (st == CINFER_ENOMEM) preempt_newest(s);
@@ -384,39 +391,91 @@ static int prefill_ready(const srv_engine *e, const slot *q) {
     return (q->phase == PH_PREFILL || q->phase == PH_RESUME) && (q->wait_fin < 0 || e->n_fin > q->wait_fin);
 }
 
+/* the tokens slot q still has to feed: its prompt but the last token, or (preempted) everything but its pending token */
+static const int32_t *prefill_ids(const slot *q, int *want) {
+    int resume = q->phase == PH_RESUME;
+    *want = (resume ? q->n_hist : q->r->n_prompt) - 1;
+    return resume ? q->hist : q->r->prompt;
+}
+
+static void prefill_done(srv *s, slot *q) {
+    q->wait_fin = -1;
+    if (q->phase == PH_RESUME) q->phase = PH_DECODE;   /* its pending token is the last generated one */
+    else start_decode(s, q->r);
+}
+
+/* echo + logprobs: one chunk of the prompt alone, with every position's logits */
+static void prefill_echo(srv *s, int i, int k) {
+    srv_engine *e = s->eng;
+    slot *q = &e->sl[i];
+    srv_req *r = q->r;
+    if (k > ECHO_CHUNK) k = ECHO_CHUNK;
+    for (int p = 0; p < k; p++) { e->out_rows[2 * p] = 0; e->out_rows[2 * p + 1] = p; }
+    if (forward(s, r->prompt + q->fed, 1, k, &i, NULL, e->out_rows, k, e->plogits)) return;
+    for (int p = 0; p < k; p++) {   /* position fed+p predicts prompt token fed+p+1 */
+        srv_event *ev = &r->pev[q->fed + p + 1];
+        logprobs(e->plogits + (size_t)p * s->n_vocab, s->n_vocab, r->prompt[q->fed + p + 1], r->top_logprobs, ev);
+        ev->token = r->prompt[q->fed + p + 1];
+    }
+    q->fed += k;
+    if (q->fed >= r->n_prompt - 1) prefill_done(s, q);
+}
+
+/* One forward over chunks of the oldest slots still prefilling, as many as
+ * the budget holds; rows are right-padded to the longest chunk, so a row is
+ * added only while the padded batch stays within 1.25x the budget. */
 static void prefill(srv *s, int budget) {
     srv_engine *e = s->eng;
-    int step = s->o.co.prefill_step_size > 0 ? s->o.co.prefill_step_size : 2048, moving = 0;
+    int step = s->o.co.prefill_step_size > 0 ? s->o.co.prefill_step_size : 2048, moving = 0, P = 0, L = 0;
     for (int i = 0; i < e->n_slot; i++) moving += e->sl[i].phase == PH_DECODE || prefill_ready(e, &e->sl[i]);
     for (int i = 0; i < e->n_slot && !moving; i++) e->sl[i].wait_fin = -1;   /* nothing else can end: resume */
-    while (budget > 0) {
-        int bi = -1;   /* the oldest ready to prefill */
-        for (int i = 0; i < e->n_slot; i++)
-            if (prefill_ready(e, &e->sl[i]) && (bi < 0 || e->sl[i].admitted < e->sl[bi].admitted)) bi = i;
-        if (bi < 0) return;
+    int total = budget, left = budget;
+    while (left > 0 && P < e->n_slot) {
+        int bi = -1;   /* the oldest ready slot not yet in the batch */
+        for (int i = 0; i < e->n_slot; i++) {
+            int taken = 0;
+            for (int p = 0; p < P && !taken; p++) taken = e->prow[p] == i;
+            if (!taken && prefill_ready(e, &e->sl[i]) && (bi < 0 || e->sl[i].admitted < e->sl[bi].admitted)) bi = i;
+        }
+        if (bi < 0) break;
         slot *q = &e->sl[bi];
-        srv_req *r = q->r;
-        int resume = q->phase == PH_RESUME, want = (resume ? q->n_hist : r->n_prompt) - 1;
-        const int32_t *ids = resume ? q->hist : r->prompt;
-        int left = want - q->fed, k = left < budget ? left : budget, echo = r->pev && !resume;
+        int want;
+        prefill_ids(q, &want);
+        int k = want - q->fed < left ? want - q->fed : left;
         if (k > step) k = step;
-        if (echo) {   /* echo + logprobs: every position's logits, in small chunks */
-            if (k > ECHO_CHUNK) k = ECHO_CHUNK;
-            for (int p = 0; p < k; p++) { e->out_rows[2 * p] = 0; e->out_rows[2 * p + 1] = p; }
+        if (q->r->pev && q->phase == PH_PREFILL) {   /* its logits are wanted: it goes alone */
+            if (!P) prefill_echo(s, bi, k);
+            break;
         }
-        if (k > 0 && forward(s, ids + q->fed, 1, k, &bi, echo ? e->out_rows : NULL, echo ? k : 0, echo ? e->plogits : NULL))
-            return;
-        for (int p = 0; echo && p < k; p++) {   /* position fed+p predicts prompt token fed+p+1 */
-            srv_event *ev = &r->pev[q->fed + p + 1];
-            logprobs(e->plogits + (size_t)p * s->n_vocab, s->n_vocab, r->prompt[q->fed + p + 1], r->top_logprobs, ev);
-            ev->token = r->prompt[q->fed + p + 1];
-        }
-        q->fed += k;
-        budget -= k;
-        if (q->fed < want) continue;
-        q->wait_fin = -1;
-        if (resume) q->phase = PH_DECODE;   /* its pending token is the last generated one */
-        else start_decode(s, r);
+        if (k <= 0) { prefill_done(s, q); continue; }
+        int nl = k > L ? k : L;
+        if (P && (size_t)(P + 1) * nl > (size_t)total + total / 4) break;
+        e->prow[P] = bi;
+        e->plen[P++] = k;
+        L = nl;
+        left -= k;
+    }
+    if (!P) return;
+    if ((size_t)P * L > e->cap_pids) {
+        int32_t *np = realloc(e->pids, sizeof *np * (size_t)P * L);
+        if (!np) return;
+        e->pids = np;
+        e->cap_pids = (size_t)P * L;
+    }
+    for (int p = 0; p < P; p++) {
+        slot *q = &e->sl[e->prow[p]];
+        int want;
+        const int32_t *ids = prefill_ids(q, &want);
+        memcpy(e->pids + (size_t)p * L, ids + q->fed, sizeof(int32_t) * e->plen[p]);
+        memset(e->pids + (size_t)p * L + e->plen[p], 0, sizeof(int32_t) * (L - e->plen[p]));
+    }
+    if (forward(s, e->pids, P, L, e->prow, e->plen, NULL, 0, NULL)) return;
+    for (int p = 0; p < P; p++) {
+        slot *q = &e->sl[e->prow[p]];
+        int want;
+        prefill_ids(q, &want);
+        q->fed += e->plen[p];
+        if (q->fed >= want) prefill_done(s, q);
     }
 }
 
@@ -428,7 +487,7 @@ static void decode(srv *s) {
             e->ids[B] = e->sl[i].pending;
             e->seqs[B++] = i;
         }
-    if (!B || forward(s, e->ids, B, 1, e->seqs, NULL, 0, e->logits)) return;
+    if (!B || forward(s, e->ids, B, 1, e->seqs, NULL, NULL, 0, e->logits)) return;
     for (int b = 0; b < B; b++)
         if (e->sl[e->seqs[b]].phase == PH_DECODE) take_token(s, e->seqs[b], e->logits + (size_t)b * s->n_vocab);
 }
@@ -554,8 +613,10 @@ int srv_engine_start(srv *s) {
     e->wait = calloc((size_t)s->o.max_queue, sizeof *e->wait);
     e->ids = calloc((size_t)e->n_slot, sizeof *e->ids);
     e->seqs = calloc((size_t)e->n_slot, sizeof *e->seqs);
+    e->prow = calloc((size_t)e->n_slot, sizeof *e->prow);
+    e->plen = calloc((size_t)e->n_slot, sizeof *e->plen);
     s->queue = calloc((size_t)s->o.max_queue, sizeof *s->queue);
-    if (!e->sl || !e->wait || !e->ids || !e->seqs || !s->queue) return -1;
+    if (!e->sl || !e->wait || !e->ids || !e->seqs || !e->prow || !e->plen || !s->queue) return -1;
     if (pthread_create(&e->th, NULL, engine_main, s)) return -1;
     e->started = 1;
     return 0;
@@ -589,7 +650,7 @@ void srv_engine_free(srv *s) {
     cinfer_ctx_free(e->ctx);
     cinfer_model_free(s->m);
     s->m = NULL;
-    free(e->sl); free(e->wait); free(e->ids); free(e->seqs); free(e->logits); free(e->lp); free(e->plogits);
+    free(e->sl); free(e->wait); free(e->ids); free(e->seqs); free(e->prow); free(e->plen); free(e->pids); free(e->logits); free(e->lp); free(e->plogits);
     free(s->queue);
     free(e);
     s->eng = NULL;
