@@ -312,6 +312,7 @@ static void admit(srv *s) {
         srv_req *r = e->wait[0];
         memmove(e->wait, e->wait + 1, sizeof *e->wait * --e->n_wait);
         if (atomic_load(&r->cancelled)) { req_done(r, 0, NULL); continue; }
+        if (srv_now() > r->deadline) { req_done(r, 503, "the request timed out in the queue"); continue; }
         int first = -1, ok = 1;
         for (int c = 0, i = 0; c < r->n_choices; i++) {
             if (e->sl[i].r) continue;

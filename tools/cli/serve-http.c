@@ -125,7 +125,10 @@ static void stream_free(void *cls) {
     pthread_mutex_lock(&st->s->mu);
     pthread_cond_signal(&st->s->cv);
     pthread_mutex_unlock(&st->s->mu);
-    access_log(st->s, "POST", st->path, 200, st->r->completion_tokens, st->r->t_start);
+    pthread_mutex_lock(&st->r->mu);
+    int toks = st->r->completion_tokens;
+    pthread_mutex_unlock(&st->r->mu);
+    access_log(st->s, "POST", st->path, 200, toks, st->r->t_start);
     srv_req_unref(st->r);
     free(st->buf);
     free(st);
