@@ -7,8 +7,9 @@
  *   1. ends choices whose client went away or whose deadline passed;
  *   2. admits queued requests while slots are free (a request takes one
  *      slot per choice), forking the longest cached prefix of the prompt;
- *   3. prefills admitted prompts in chunks, in arrival order, with the part
- *      of the step's token budget the decode rows leave;
+ *   3. prefills admitted prompts in chunks, oldest first, with the part of
+ *      the step's token budget the decode rows leave (one forward, a row per
+ *      prompt);
  *   4. decodes every choice in its decode phase as ONE batch
  *      (cinfer_forward_seqs, one row of one token per sequence), then
  *      applies each request's logits processors and sampler.
@@ -17,7 +18,9 @@
  * equals `cinfer generate`. With n > 1 the prompt is prefilled once and
  * forked into the other choices' sequences (pages shared). When the KV
  * budget runs out, cached prefixes are evicted least recently used first;
- * if none is left the newest request fails (503) and the others go on.
+ * then the newest running choice is preempted (recompute: its pages are
+ * freed and its tokens fed again once another choice has ended); a request
+ * that does not fit even alone fails with 503 and the others go on.
  */
 #include <math.h>
 #include <stdio.h>
