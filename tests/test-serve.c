@@ -83,7 +83,9 @@ static char *generate_cli(const char *prompt, int n) {
     size_t k = p ? fread(out, 1, sizeof out - 1, p) : 0;
     out[k] = 0;
     if (p) pclose(p);
-    return strncmp(out, prompt, strlen(prompt)) ? NULL : strdup(out + strlen(prompt));
+    /* generate prints only the generated text, then a newline (as mlx_lm.generate) */
+    if (k && out[k - 1] == '\n') out[k - 1] = 0;
+    return k ? strdup(out) : NULL;
 }
 
 /* ------------------------------------------------------------ basics */

@@ -13,11 +13,22 @@
  * References: mlx_lm/perplexity.py (0.32), mlx-bun src/eval/perplexity.ts.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "engine/score.h"
 #include "util.h"
 
+/* CINFER_SCORE_CHUNK=N forces chunks of N positions: the tests run the multi-chunk path
+ * (pos0 > 0 for every row of a batch) on rows shorter than the natural width. */
+static int forced_chunk(void) {
+    const char *e = getenv("CINFER_SCORE_CHUNK");
+    int n = e ? atoi(e) : 0;
+    return n > 0 ? n : 0;
+}
+
 int score_chunk_width(int n_vocab, int B, int cap) {
+    int forced = forced_chunk();
+    if (forced) return cap > 0 && forced > cap ? cap : forced;
     size_t rows = SCORE_OUT_BYTES / ((size_t)n_vocab * sizeof(float));
     if (rows < 64) rows = 64;
     size_t w = rows / (size_t)(B > 0 ? B : 1);
@@ -74,6 +85,10 @@ int score_plan_next(score_plan *p) {
 }
 
 cinfer_status score_plan_forward(cinfer_ctx *c, const score_plan *p, float *logits, char *err, size_t en) {
+    int ctx_len = c->m->cfg.max_pos;
+    if (p->max_n > ctx_len)   /* positions past the model's context score garbage: refuse */
+        return cf_err(err, en, CINFER_EINVAL, "a row feeds %d positions but the model's context holds %d "
+                      "(max_position_embeddings): use shorter rows (--sequence-length <= %d)", p->max_n, ctx_len, ctx_len + 1);
     if (p->s == 0) cinfer_ctx_reset(c);
     cinfer_status st = cinfer_forward(c, p->ids_c, p->B, p->w, p->lens_c, p->pos0, p->pairs, p->n_out,
                                       p->n_out ? logits : NULL);

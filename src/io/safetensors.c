@@ -129,8 +129,10 @@ cinfer_status st_open_file(const char *path, st_set *s, char *err, size_t n) {
     size_t *nl = realloc(s->map_len, (s->n_files + 1) * sizeof *nl);
     if (nl) s->map_len = nl;
     if (!np || !nm || !nl) { munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
+    char *pcopy = strdup(path);
+    if (!pcopy) { munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
     int fi = s->n_files++;
-    s->paths[fi] = strdup(path);
+    s->paths[fi] = pcopy;
     s->maps[fi] = map;
     s->map_len[fi] = len;
     const uint8_t *base = map;

@@ -128,7 +128,7 @@ int cmd_serve(int argc, char **argv) {
     if (!s.o.model_id) default_id(&s.o, idbuf, sizeof idbuf);
     if (s.o.chat_template) {   /* a readable file, else the template text itself */
         struct stat stt;
-        s.chat_template = stat(s.o.chat_template, &stt) == 0 && S_ISREG(stt.st_mode) ? cli_read_file(s.o.chat_template, NULL)
+        s.chat_template = stat(s.o.chat_template, &stt) == 0 && S_ISREG(stt.st_mode) ? cli_read_file(s.o.chat_template, NULL, NULL)
                                                                                    : strdup(s.o.chat_template);
         if (!s.chat_template) { fprintf(stderr, "cinfer serve: cannot read --chat-template\n"); return 1; }
     }
