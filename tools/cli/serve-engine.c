@@ -41,8 +41,8 @@ typedef struct slot {
     long wait_fin;          /* preempted: resumes once more than this many choices have ended (-1: not waiting) */
     int fed;                /* prompt tokens in the cache (prefill progress) */
     int32_t pending;        /* the token the next decode row feeds */
-    int32_t *hist;          /* [n_prompt + max_tokens] prompt then generated tokens */
-    int n_hist, n_gen;
+    int32_t *hist;          /* [cap_hist] prompt then generated tokens */
+    int n_hist, cap_hist, n_gen;
     cinfer_sampler *smp;
     cinfer_detok_stream *ds;
     char *hold;             /* text held back while it may start a stop string */
@@ -228,6 +228,13 @@ static void take_token(srv *s, int i, float *l) {
     int32_t tok = cinfer_sampler_sample(q->smp, l, NULL, 0);
     if (r->logprobs) logprobs(e->lp, V, tok, r->top_logprobs, &ev);
     ev.token = tok;
+    if (q->n_hist == q->cap_hist) {   /* grows with the output: max_tokens may be huge with a rotating window */
+        int nc = q->cap_hist * 2;
+        int32_t *nh = realloc(q->hist, sizeof *nh * (size_t)nc);
+        if (!nh) { slot_end(s, i, "length", NULL, 0, NULL); return; }
+        q->hist = nh;
+        q->cap_hist = nc;
+    }
     q->hist[q->n_hist++] = tok;
     q->n_gen++;
     pthread_mutex_lock(&r->mu);
@@ -269,7 +276,8 @@ static int slot_init(srv *s, int i, srv_req *r, int choice) {
     q->choice = choice;
     q->admitted = ++s->eng->tick;
     q->wait_fin = -1;
-    q->hist = malloc(sizeof(int32_t) * ((size_t)r->n_prompt + r->max_tokens + 1));
+    q->cap_hist = r->n_prompt + (r->max_tokens < 256 ? r->max_tokens : 256) + 1;
+    q->hist = malloc(sizeof(int32_t) * (size_t)q->cap_hist);
     cinfer_sampler_params sp = r->sp;
     sp.rep_penalty = 1.0f;   /* applied by process_logits, before log-probs are read */
     sp.seed += (uint64_t)choice;
