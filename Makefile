@@ -5,7 +5,7 @@ CC      ?= cc
 BUILD   ?= build
 SAN     ?= 0
 CUDA    ?= auto
-PKGS     = jansson libpcre2-8 libutf8proc
+PKGS     = jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -82,6 +82,8 @@ $(BUILD)/cinfer: $(CLIOBJ) $(BUILD)/libcinfer.a
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libcinfer.a $(wildcard tests/*.h include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)
+# the server's parser is compiled into its test from tools/cli
+$(BUILD)/tests/test-serve-parse: $(wildcard tools/cli/serve-*.c tools/cli/serve*.h)
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libcinfer.a $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)

@@ -22,6 +22,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_kl(int argc, char **argv);
 int cmd_logprobs(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* shared helpers (cli-util.c) */
 /* parses an int/float flag value; prints "cinfer CMD: bad value for FLAG" */

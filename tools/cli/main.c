@@ -17,6 +17,7 @@ static const cli_cmd commands[] = {
     {"perplexity", cmd_perplexity, "perplexity of a model on a data file (mlx_lm.perplexity)"},
     {"kl", cmd_kl, "KL divergence of a model against a base model (llama.cpp's report)"},
     {"logprobs", cmd_logprobs, "summed log-probs of responses given prompts (DPO pairs: margin)"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching, prefix reuse)"},
 };
 
 static void usage(FILE *f) {
