@@ -25,6 +25,9 @@ cinfer_status cf_read_file(const char *path, char **out, size_t *len, char *err,
 /* path join into a malloc'd string */
 char *cf_path(const char *dir, const char *name);
 int cf_file_exists(const char *path);
+/* writes buf to path durably: temporary file, fsync, rename, directory fsync (atomic.c) */
+cinfer_status cf_write_atomic(const char *path, const void *buf, size_t len, char *err, size_t n);
+cinfer_status cf_fsync_dir(const char *dir);
 double cf_now(void);          /* monotonic seconds */
 size_t cf_peak_rss(void);     /* bytes */
 #endif

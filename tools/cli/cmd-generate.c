@@ -17,6 +17,7 @@ typedef struct gen_opts {
     int max_tokens, threads, chat, json, kv_f16, quiet;
     cinfer_sampler_params sp;
     cinfer_ctx_opts co;
+    cli_cache cache;
 } gen_opts;
 
 static void gen_help(FILE *f, const char *cmd) {
@@ -38,6 +39,7 @@ static void gen_help(FILE *f, const char *cmd) {
         "      --device cpu|cuda      backend (default cpu)\n"
         "      --kv-f16               keep the KV cache in f16\n"
         CLI_KV_HELP
+        CLI_CACHE_HELP
         "      --json                 print the statistics as one JSON object on stdout\n"
         "  -h, --help                 this help\n",
         cmd,
@@ -57,7 +59,7 @@ static int parse_gen(const char *cmd, int argc, char **argv, gen_opts *o) {
         {"top-k", 1, 0, 2}, {"top-p", 1, 0, 3}, {"min-p", 1, 0, 4}, {"repetition-penalty", 1, 0, 5},
         {"repetition-context-size", 1, 0, 6}, {"seed", 1, 0, 7}, {"threads", 1, 0, 't'}, {"device", 1, 0, 8},
         {"chat", 0, 0, 9}, {"system", 1, 0, 10}, {"json", 0, 0, 11}, {"kv-f16", 0, 0, 12}, {"tokens", 1, 0, 13},
-        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_CACHE_LONGOPTS, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 100;
     o->sp = cinfer_sampler_defaults();
@@ -68,6 +70,7 @@ static int parse_gen(const char *cmd, int argc, char **argv, gen_opts *o) {
     int c, seed;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag(cmd, c, optarg, &o->co);
+        if (!kv) kv = cli_cache_flag(cmd, c, optarg, &o->cache);
         if (kv < 0) return 2;
         if (kv) continue;
         switch (c) {
@@ -116,8 +119,8 @@ static void print_stats(const gen_opts *o, const cinfer_gen_stats *s) {
     double gps = s->gen_s > 0 ? s->gen_tokens / s->gen_s : 0;
     if (o->json) {
         printf("\n{\"prompt_tokens\": %d, \"prompt_tps\": %.3f, \"generation_tokens\": %d, \"generation_tps\": %.3f, "
-               "\"peak_memory_gb\": %.4f, \"stopped_by_eos\": %s}\n",
-               s->prompt_tokens, pps, s->gen_tokens, gps, s->peak_rss / 1e9, s->stopped_by_eos ? "true" : "false");
+               "\"peak_memory_gb\": %.4f, \"stopped_by_eos\": %s, \"prompt_cached_tokens\": %d}\n",
+               s->prompt_tokens, pps, s->gen_tokens, gps, s->peak_rss / 1e9, s->stopped_by_eos ? "true" : "false", o->cache.cached);
         return;
     }
     fprintf(stderr, "\n==========\nPrompt: %d tokens, %.3f tokens-per-sec\nGeneration: %d tokens, %.3f tokens-per-sec\n"
@@ -185,18 +188,23 @@ int cmd_generate(int argc, char **argv) {
     int n = 0;
     cinfer_ctx *c = NULL;
     char err[512];
-    rc = prompt_ids("generate", &o, m, o.prompt, &ids, &n);
+    rc = o.cache.file ? cli_cache_suffix_ids("generate", m, o.prompt, o.tokens, o.chat, o.system, &ids, &n)
+                      : prompt_ids("generate", &o, m, o.prompt, &ids, &n);
     cinfer_ctx_opts co = o.co;
     co.n_threads = o.threads;
     co.kv_f16 = o.kv_f16;
     if (!rc && cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer generate: %s\n", err); rc = 1; }
+    int skip = 0;
+    if (!rc) rc = cli_cache_begin("generate", &o.cache, m, c, ids, n, &skip);
     if (!rc) {
         cinfer_gen_stats s;
         if (o.prompt && !o.chat && !o.json) { fputs(o.prompt, stdout); fflush(stdout); }
-        cinfer_status st = cinfer_generate(c, ids, n, &o.sp, o.max_tokens, print_cb, NULL, &s);
+        cinfer_status st = cinfer_generate(c, ids + skip, n - skip, &o.sp, o.max_tokens, print_cb, NULL, &s);
+        cli_cache_end(&o.cache, &s);
         if (st) { fprintf(stderr, "\ncinfer generate: %s\n", cinfer_ctx_error(c)); rc = 1; }
         else print_stats(&o, &s);
     }
+    cli_cache_end(&o.cache, NULL);
     free(ids);
     free(stdin_text);
     cinfer_ctx_free(c);
@@ -239,6 +247,7 @@ int cmd_chat(int argc, char **argv) {
     gen_opts o;
     int rc = parse_gen("chat", argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    if (o.cache.file || o.cache.dir) { fprintf(stderr, "cinfer chat: --prompt-cache-file / --cache-dir: generate only, for now\n"); return 2; }
     cinfer_model *m = cli_load_model("chat", o.model, o.device, o.threads);
     if (!m) return 1;
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
