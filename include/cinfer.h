@@ -232,8 +232,12 @@ cinfer_status cinfer_tier_lookup(cinfer_tier *t, cinfer_ctx *c, int seq, const i
 cinfer_status cinfer_tier_store(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n);
 /* For a prompt about to be generated from: restores the longest stored
  * prefix of ids[0..n-1), feeds the rest of those n-1 tokens (in
- * prefill_step_size steps) and stores the result when it fed any. The caller
- * then feeds ids[n-1] (cinfer_generate). *n_cached: tokens taken from disk. */
+ * prefill_step_size steps) and stores the state at n-1 tokens and at the last
+ * multiple of CINFER_TIER_BLOCK tokens before it (a checkpoint that prompts
+ * sharing only a prefix can use), each when it fed tokens past the restored
+ * prefix. A store that fails is reported and skipped. The caller then feeds
+ * ids[n-1] (cinfer_generate). *n_cached: tokens taken from disk. */
+#define CINFER_TIER_BLOCK 256
 cinfer_status cinfer_tier_prefill(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int *n_cached);
 
 /* One forward over B token rows of padded length L (the design's forward

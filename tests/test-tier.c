@@ -26,12 +26,12 @@
 #include "engine/tier.h"
 #include "util.h"
 
-enum { NTOK = 96 };
+enum { NTOK = 96, NBASE = 320 };
 
 typedef struct env {
     cinfer_model *m;
     cinfer_ctx *c;
-    int32_t base[NTOK];
+    int32_t base[NBASE];
     int logged;           /* tier messages seen */
     char last[768];
 } env;
@@ -57,7 +57,7 @@ static int env_init(env *e) {
         fprintf(stderr, "setup: %s\n", err);
         return 0;
     }
-    for (int i = 0; i < NTOK; i++) e->base[i] = 3 + (i * 7919 + 13) % 500;
+    for (int i = 0; i < NBASE; i++) e->base[i] = 3 + (i * 7919 + 13) % 500;
     return 1;
 }
 
@@ -157,6 +157,17 @@ static void test_basic(env *e, const char *root) {
     cinfer_seq_free(e->c, 0);
     CHECK(!cinfer_tier_prefill(t, e->c, 0, e->base, 70, &nc) && nc == 50 && cinfer_seq_len(e->c, 0) == 69 &&
           count_files(dir, "", ".ckv", NULL) == 3, "prefill of 70: 50 from disk, 19 fed, a 69-token entry stored");
+    /* a checkpoint at the block boundary serves a prompt that shares only a prefix */
+    int32_t *alt = malloc(sizeof(int32_t) * 300);
+    memcpy(alt, e->base, sizeof(int32_t) * 300);
+    alt[280] ^= 1;
+    cinfer_seq_free(e->c, 0);
+    int nc2 = -1;
+    CHECK(!cinfer_tier_prefill(t, e->c, 0, e->base, 300, &nc) && nc == 69 && count_files(dir, "", ".ckv", NULL) == 5 &&
+          !cinfer_tier_prefill(t, e->c, 0, alt, 300, &nc2) && nc2 == CINFER_TIER_BLOCK,
+          "prefill of 300 stores a %d-token checkpoint and 299; a prompt leaving it at 280 restores the checkpoint (got %d, %d)",
+          CINFER_TIER_BLOCK, nc, nc2);
+    free(alt);
     cinfer_tier_free(t);
     /* another configuration (f16 KV) never sees these entries */
     cinfer_ctx_opts co = {0};

@@ -211,11 +211,11 @@ cinfer_status cinfer_tier_lookup(cinfer_tier *t, cinfer_ctx *c, int seq, const i
         }
         cd.n = (int)nt;
         cd.h = h;
-        snprintf(cd.name, sizeof cd.name, "%s", de->d_name);
+        memcpy(cd.name, de->d_name, nl + 1);   /* nl checked above */
         cs[nc++] = cd;
     }
     if (d) closedir(d);
-    qsort(cs, (size_t)nc, sizeof *cs, by_len_desc);
+    if (nc) qsort(cs, (size_t)nc, sizeof *cs, by_len_desc);
     for (int i = 0; i < nc && !*n_cached; i++)
         if (XXH3_64bits(ids, sizeof *ids * (size_t)cs[i].n) == cs[i].h && try_entry(t, c, seq, &cs[i], cfg, ids))
             *n_cached = cs[i].n;
@@ -254,11 +254,11 @@ static void evict(cinfer_tier *t, const char *keep) {
             es = n2;
         }
         es[ne] = (ent){sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec, (size_t)sb.st_size, ""};
-        snprintf(es[ne].name, sizeof es[ne].name, "%s", de->d_name);
+        memcpy(es[ne].name, de->d_name, nl + 1);   /* nl < 64 checked above */
         total += es[ne++].sz;
     }
     if (d) closedir(d);
-    qsort(es, (size_t)ne, sizeof *es, by_age);
+    if (ne) qsort(es, (size_t)ne, sizeof *es, by_age);
     for (int i = 0; i < ne && total > t->max_bytes; i++) {
         if (!strcmp(es[i].name, keep)) continue;
         char *p = cf_path(t->dir, es[i].name);
@@ -304,17 +304,30 @@ cinfer_status cinfer_tier_store(cinfer_tier *t, cinfer_ctx *c, int seq, const in
     return st;
 }
 
+/* feeds ids[from..to) into seq in prefill_step steps */
+static cinfer_status feed(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int from, int to) {
+    for (int done = from; done < to;) {
+        int k = to - done < c->prefill_step ? to - done : c->prefill_step;
+        cinfer_status st = cinfer_forward_seqs(c, ids + done, 1, k, &seq, NULL, NULL, NULL, 0, NULL);
+        if (st) return tfail(t, st, "prefill: %s", cinfer_ctx_error(c));
+        done += k;
+    }
+    return CINFER_OK;
+}
+
+static void store_soft(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n) {
+    if (cinfer_tier_store(t, c, seq, ids, n))
+        tlog(t, "could not store a cache entry in %s (%s); continuing without it", t->dir, t->err);
+}
+
 cinfer_status cinfer_tier_prefill(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int *n_cached) {
     *n_cached = 0;
     if (n < 1 || !ids) return tfail(t, CINFER_EINVAL, "prefill: empty prompt");
     cinfer_status st = cinfer_tier_lookup(t, c, seq, ids, n, n - 1, n_cached);
-    for (int done = *n_cached; !st && done < n - 1;) {
-        int k = n - 1 - done < c->prefill_step ? n - 1 - done : c->prefill_step;
-        if ((st = cinfer_forward_seqs(c, ids + done, 1, k, &seq, NULL, NULL, NULL, 0, NULL)))
-            return tfail(t, st, "prefill: %s", cinfer_ctx_error(c));
-        done += k;
-    }
-    if (!st && n - 1 > *n_cached && cinfer_tier_store(t, c, seq, ids, n - 1))
-        tlog(t, "could not store a cache entry in %s (%s); continuing without it", t->dir, t->err);
+    /* a checkpoint at a block boundary serves later prompts that share only a prefix of this one */
+    int ck = (n - 1) / CINFER_TIER_BLOCK * CINFER_TIER_BLOCK;
+    if (!st && ck > *n_cached && ck < n - 1 && !(st = feed(t, c, seq, ids, *n_cached, ck))) store_soft(t, c, seq, ids, ck);
+    if (!st && (st = feed(t, c, seq, ids, ck > *n_cached ? ck : *n_cached, n - 1))) return st;
+    if (!st && n - 1 > *n_cached) store_soft(t, c, seq, ids, n - 1);
     return st;
 }
