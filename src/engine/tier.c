@@ -168,8 +168,9 @@ static int try_entry(cinfer_tier *t, cinfer_ctx *c, int seq, const cand *cd, con
     if (strcmp(e.config, cfg) || e.n_tokens != cd->n || memcmp(e.tokens, ids, sizeof *ids * (size_t)cd->n)) {
         tlog(t, "cache entry %s does not hold what its name says; removed", p);
         unlink(p);
-    } else if ((st = cinfer_seq_restore(c, seq, &e.snap))) {
-        tlog(t, "cache entry %s does not fit this context (%s); removed", p, cinfer_ctx_error(c));
+    } else if ((st = cinfer_seq_restore(c, seq, &e.snap)) || cinfer_seq_len(c, seq) != cd->n) {
+        tlog(t, "cache entry %s does not fit this context (%s); removed", p, st ? cinfer_ctx_error(c) : "token count");
+        cinfer_seq_free(c, seq);
         unlink(p);
     } else {
         ok = 1;
