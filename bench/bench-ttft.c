@@ -94,8 +94,9 @@ int main(int argc, char **argv) {
     for (int i = np; i < np + ns; i++) b[i] = 3 + (a[i] + 7) % (mi.n_vocab - 3);   /* another suffix */
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
     if (system(cmd)) return 1;
-    printf("# %s: %d layers, %d KV heads x %d, KV %s; prefix %d + suffix %d tokens; load %.2f s, fingerprint %.1f ms (%.2f%% of load)\n",
-           argv[1], mi.n_layer, mi.n_kv_head, mi.head_dim, kvdt, np, ns, t_load, t_fp * 1e3, 100 * t_fp / t_load);
+    printf("# %s: %d layers, %d KV heads x %d, KV %s; prefix %d + suffix %d tokens; load %.3f s (weights mapped, read "
+           "lazily: %.2f GB), model fingerprint %.1f ms\n", argv[1], mi.n_layer, mi.n_kv_head, mi.head_dim, kvdt, np, ns, t_load,
+           mi.weight_bytes / 1e9, t_fp * 1e3);
 
     double cold = gen_first(c, a, np + ns, now());
     printf("cold (prefill %d tokens)                         TTFT %8.3f s\n", np + ns, cold);
