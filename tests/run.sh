@@ -1,14 +1,16 @@
 #!/bin/sh
 # Runs every test binary of each build folder given (default: build) from the
 # repository root and prints the closing summary "N passed, N failed".
-# A binary that crashes or exits non-zero without a FAIL line counts as a failure.
+# A binary that crashes or exits non-zero without a FAIL line counts as a failure,
+# and so does a tests/test-*.c whose binary is missing from a build folder.
 cd "$(dirname "$0")/.." || exit 1
 [ $# -eq 0 ] && set -- build
 pass=0; fail=0; log=$(mktemp)
 for b in "$@"; do
-  for t in "$b"/tests/test-*; do
-    [ -x "$t" ] || continue
+  for src in tests/test-*.c; do
+    t="$b/tests/$(basename "$src" .c)"
     name="$b/$(basename "$t")"
+    if [ ! -x "$t" ]; then echo "FAIL $name: not built (from $src)"; fail=$((fail + 1)); continue; fi
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$t" >"$log" 2>&1
     rc=$?
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log")

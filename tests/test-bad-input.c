@@ -87,17 +87,18 @@ static char *mkcase(const char *name) {
     return dir;
 }
 
-/* loads dir and checks the failure message holds every needle */
-static void expect_fail(const char *what, const char *dir, ...) {
+/* loads dir and checks the status (cinfer.h's classes: EIO missing, EFORMAT malformed/lying,
+ * EUNSUPPORTED valid but not handled) and that the failure message holds every needle */
+static void expect_fail(const char *what, const char *dir, int want, ...) {
     char err[1024] = "";
     cinfer_model *m = NULL;
     cinfer_status st = cinfer_model_load(dir, NULL, &m, err, sizeof err);
-    int ok = st != CINFER_OK && m == NULL && err[0];
+    int ok = (int)st == want && m == NULL && err[0];
     va_list ap;
-    va_start(ap, dir);
+    va_start(ap, want);
     for (const char *needle; (needle = va_arg(ap, const char *));) ok = ok && strstr(err, needle);
     va_end(ap);
-    CHECK(ok, "%s -> status %d: %s", what, (int)st, err);
+    CHECK(ok, "%s -> status %d (want %d, %s): %s", what, (int)st, want, cinfer_status_str((cinfer_status)want), err);
     cinfer_model_free(m);
 }
 
@@ -123,21 +124,25 @@ int main(int argc, char **argv) {
     snprintf(root, sizeof root, "/tmp/cinfer-bad-XXXXXX");
     if (!mkdtemp(root)) return 1;
 
-    expect_fail("missing directory", "/nonexistent/cinfer-model", "/nonexistent/cinfer-model", "not a directory", NULL);
+    expect_fail("missing directory", "/nonexistent/cinfer-model", CINFER_EIO, "/nonexistent/cinfer-model", "not a directory", NULL);
     char *d = mkcase("noconfig");
-    expect_fail("missing config.json", d, "config.json", NULL);
+    expect_fail("missing config.json", d, CINFER_EIO, "config.json", NULL);
     d = mkcase("badjson");
     write_text(d, "config.json", "{\"model_type\": \"llama\", ");
-    expect_fail("malformed config.json", d, "config.json", "malformed JSON", NULL);
+    expect_fail("malformed config.json", d, CINFER_EFORMAT, "config.json", "malformed JSON", NULL);
     d = mkcase("unknown");
     write_text(d, "config.json", "{\"model_type\": \"gpt-nonesuch\", \"hidden_size\": 4}");
-    expect_fail("unknown model_type", d, "config.json", "unknown model_type \"gpt-nonesuch\"", NULL);
+    expect_fail("unknown model_type", d, CINFER_EUNSUPPORTED, "config.json", "unknown model_type \"gpt-nonesuch\"", NULL);
     d = mkcase("nohidden");
     write_text(d, "config.json", "{\"model_type\": \"llama\", \"num_hidden_layers\": 1}");
-    expect_fail("missing hidden_size", d, "config.json", "hidden_size", NULL);
+    expect_fail("missing hidden_size", d, CINFER_EFORMAT, "config.json", "hidden_size", NULL);
+    d = mkcase("neg-theta");   /* would make every logit NaN: (-1)^(-2i/d) */
+    write_text(d, "config.json", "{\"model_type\": \"llama\", \"hidden_size\": 4, \"num_hidden_layers\": 1, "
+                                 "\"num_attention_heads\": 2, \"intermediate_size\": 6, \"vocab_size\": 8, \"rope_theta\": -1.0}");
+    expect_fail("negative rope_theta", d, CINFER_EFORMAT, "config.json", "rope_theta", NULL);
     d = mkcase("badfield");
     write_text(d, "config.json", "{\"model_type\": \"qwen3\", \"hidden_size\": \"big\"}");
-    expect_fail("hidden_size of the wrong type", d, "config.json", "hidden_size", NULL);
+    expect_fail("hidden_size of the wrong type", d, CINFER_EFORMAT, "config.json", "hidden_size", NULL);
 
     d = mkcase("good");
     write_text(d, "config.json", CONFIG);
@@ -161,28 +166,28 @@ int main(int argc, char **argv) {
     }
     d = mkcase("noweights");
     write_text(d, "config.json", CONFIG);
-    expect_fail("no safetensors", d, "model.safetensors", NULL);
+    expect_fail("no safetensors", d, CINFER_EIO, "model.safetensors", NULL);
     d = mkcase("missing-tensor");
     write_text(d, "config.json", CONFIG);
     write_st(d, TENSORS, NT, 4, 0);
-    expect_fail("missing tensor", d, "missing tensor", "k_proj", NULL);
+    expect_fail("missing tensor", d, CINFER_EFORMAT, "missing tensor", "k_proj", NULL);
     d = mkcase("wrong-shape");
     write_text(d, "config.json", CONFIG);
     tdesc t2[NT];
     memcpy(t2, TENSORS, sizeof t2);
     t2[3].shape[0] = 3;
     write_st(d, t2, NT, -1, 0);
-    expect_fail("wrong shape", d, "model.safetensors", "q_proj", "shape [3, 4], expected [4, 4]", NULL);
+    expect_fail("wrong shape", d, CINFER_EFORMAT, "model.safetensors", "q_proj", "shape [3, 4], expected [4, 4]", NULL);
     d = mkcase("wrong-dtype");
     write_text(d, "config.json", CONFIG);
     memcpy(t2, TENSORS, sizeof t2);
     t2[5].dtype = "I32";
     write_st(d, t2, NT, -1, 0);
-    expect_fail("wrong dtype", d, "model.safetensors", "v_proj", "I32", NULL);
+    expect_fail("wrong dtype", d, CINFER_EUNSUPPORTED, "model.safetensors", "v_proj", "I32", NULL);
     d = mkcase("lying-size");
     write_text(d, "config.json", CONFIG);
     write_st(d, TENSORS, NT, -1, 4);   /* last tensor claims 4 bytes past its shape (and the file) */
-    expect_fail("offsets past the data", d, "model.safetensors", "down_proj", NULL);
+    expect_fail("offsets past the data", d, CINFER_EFORMAT, "model.safetensors", "down_proj", NULL);
     d = mkcase("truncated");
     write_text(d, "config.json", CONFIG);
     write_st(d, TENSORS, NT, -1, 0);
@@ -193,27 +198,27 @@ int main(int argc, char **argv) {
         stat(p, &sb);
         CHECK(truncate(p, sb.st_size - 40) == 0, "truncate the weights file");
     }
-    expect_fail("truncated safetensors", d, "model.safetensors", "outside", NULL);
+    expect_fail("truncated safetensors", d, CINFER_EFORMAT, "model.safetensors", "outside", NULL);
     d = mkcase("tiny-file");
     write_text(d, "config.json", CONFIG);
     write_text(d, "model.safetensors", "abc");
-    expect_fail("3-byte safetensors", d, "model.safetensors", "truncated", NULL);
+    expect_fail("3-byte safetensors", d, CINFER_EFORMAT, "model.safetensors", "truncated", NULL);
     d = mkcase("huge-header");
     write_text(d, "config.json", CONFIG);
     write_file(d, "model.safetensors", "\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10);
-    expect_fail("header length past the file", d, "model.safetensors", "header length", NULL);
+    expect_fail("header length past the file", d, CINFER_EFORMAT, "model.safetensors", "header length", NULL);
     d = mkcase("overflow");
     write_text(d, "config.json", CONFIG);
     write_raw_st(d, "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [4611686018427387904, 8], \"data_offsets\": [0, 16]}}");
-    expect_fail("shape whose size overflows", d, "model.safetensors", "overflows", NULL);
+    expect_fail("shape whose size overflows", d, CINFER_EFORMAT, "model.safetensors", "overflows", NULL);
     d = mkcase("neg-offset");
     write_text(d, "config.json", CONFIG);
     write_raw_st(d, "{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [18446744073709551600, 16]}}");
-    expect_fail("offset that wraps around", d, "model.safetensors", NULL);
+    expect_fail("offset that wraps around", d, CINFER_EFORMAT, "model.safetensors", NULL);
     d = mkcase("bad-index");
     write_text(d, "config.json", CONFIG);
     write_text(d, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"../../etc/passwd\"}}");
-    expect_fail("shard path outside the directory", d, "model.safetensors.index.json", "bad shard name", NULL);
+    expect_fail("shard path outside the directory", d, CINFER_EFORMAT, "model.safetensors.index.json", "bad shard name", NULL);
 
     expect_cli_fail("missing directory", "/nonexistent/cinfer-model");
     char dd[512];

@@ -20,6 +20,12 @@
 #include "backend/cpu/cpu.h"
 #include "cache/cache.h"
 
+/* CINFER_TEST_DEVICE=cuda (tests/gpu/run.sh) runs it on the CUDA backend */
+static const be_ops *test_backend(void) {
+    const char *d = getenv("CINFER_TEST_DEVICE");
+    return d && !strcmp(d, "cuda") ? be_cuda() : be_cpu();
+}
+
 #define NSEQ 5
 #define HD 8
 #define NKV 2
@@ -181,7 +187,15 @@ static int step(rig *R, int B, const int *seq, const int *n) {
     be_attn a = {.B = B, .L = L, .n_head = NH, .n_kv_head = NKV, .head_dim = HD, .pos0 = pos0, .len = n,
                  .scale = 1.0f / sqrtf((float)HD)};
     kv_group_describe(R->g, &a);
-    R->layer->vt->update_attend(R->layer, &a, k, v, q, o);
+    /* through backend memory, as the model runs it (device memory on CUDA) */
+    size_t kb = T * NKV * HD * 4, qb = T * NH * HD * 4;
+    float *dk = R->be->alloc(R->bc, kb), *dv = R->be->alloc(R->bc, kb), *dq = R->be->alloc(R->bc, qb), *dout = R->be->alloc(R->bc, qb);
+    R->be->from_host(R->bc, dk, k, kb);
+    R->be->from_host(R->bc, dv, v, kb);
+    R->be->from_host(R->bc, dq, q, qb);
+    R->layer->vt->update_attend(R->layer, &a, dk, dv, dq, dout);
+    R->be->to_host(R->bc, o, dout, qb);
+    R->be->free(R->bc, dk); R->be->free(R->bc, dv); R->be->free(R->bc, dq); R->be->free(R->bc, dout);
     kv_group_commit(R->g);
     int nvis[64];
     for (int b = 0; b < B; b++) {
@@ -230,7 +244,7 @@ static int snap_restore(rig *R, int s, int d) {
 }
 
 static void run_policy(const policy *pol, int page, be_dtype dt, int n_ops) {
-    rig R = {.be = be_cpu(), .dt = dt, .pol = *pol, .budget = {(size_t)64 << 20, 0}};
+    rig R = {.be = test_backend(), .dt = dt, .pol = *pol, .budget = {(size_t)64 << 20, 0}};
     R.be->ctx_new(&R.bc, 1);
     R.g = kv_group_new(R.be, R.bc, &R.budget, NSEQ, page, pol->window, pol->keep);
     R.layer = kv_dense_new(R.be, R.bc, NKV, HD, dt, page);
@@ -287,8 +301,8 @@ static void run_policy(const policy *pol, int page, be_dtype dt, int n_ops) {
     size_t held = kv_group_bytes(R.g), bound = pol->window
         ? (size_t)NSEQ * ((pol->window + pol->keep) / page + 3) * R.layer->vt->page_bytes(R.layer) : (size_t)-1;
     CHECK(ok && R.worst <= 2e-6 && held <= bound,
-          "cache conformance %s, page %d, %s: %d steps, %d forks, %d trims (%d refused), %d snapshots, %d frees; worst "
-          "|attention - reference| %.2g; %zu bytes held", pol->name, page, be_dtype_name(dt), R.steps, forks, trims,
+          "cache conformance (%s) %s, page %d, %s: %d steps, %d forks, %d trims (%d refused), %d snapshots, %d frees; worst "
+          "|attention - reference| %.2g; %zu bytes held", R.be->name, pol->name, page, be_dtype_name(dt), R.steps, forks, trims,
           R.refused, snaps, frees, R.worst, held);
     kv_group_free(R.g);
     R.be->ctx_free(R.bc);
@@ -299,6 +313,8 @@ int main(void) {
     static const policy pols[] = {{"full", 0, 0}, {"window 16", 16, 0}, {"rotating 24 keep 4", 24, 4},
                                   {"rotating 40 keep 4", 40, 4}};
     static const int pages[] = {1, 4, 16, 128};
+    CHECK(test_backend() != NULL, "backend %s", getenv("CINFER_TEST_DEVICE") ? getenv("CINFER_TEST_DEVICE") : "cpu");
+    if (!test_backend()) return CHECK_DONE();
     for (size_t p = 0; p < sizeof pols / sizeof *pols; p++)
         for (size_t g = 0; g < sizeof pages / sizeof *pages; g++)
             for (int dt = 0; dt < 3; dt++) run_policy(&pols[p], pages[g], (be_dtype)dt, dt == 0 ? 160 : 60);

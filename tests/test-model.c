@@ -8,6 +8,18 @@
 #include "golden.h"
 #include "cinfer.h"
 #include "io/npy.h"
+#include <unistd.h>
+
+/* Bars, a small factor above what the CPU achieves (max |error| / logit range):
+ * - f32 arithmetic against transformers' f32 logits.npy (f32 weights, and the bf16/f16 cases whose
+ *   logits.npy is f32 math on the rounded weights): achieved <= 7.6e-7 on 5-40 tokens, 1.8e-6
+ *   (llama-long-f32) and 2.2e-6 (mistral-window-long-f32) on 300 tokens -> 5e-6.
+ * - the f16 KV cache against transformers with K/V rounded to f16 after RoPE (logits_kv_f16.npy):
+ *   achieved 8.4e-5 (window4), 9.6e-5 (window-long), 1.9e-4 (llama-long; single f16 rounding
+ *   flips of K/V entries near a tie, amplified by the random weights) -> 4e-4. The f32-vs-f16 cache
+ *   difference it must resolve is 4e-4 .. 1.1e-3 of range. */
+#define F32_TOL 5e-6
+#define KV_F16_TOL 4e-4
 
 
 
@@ -24,7 +36,7 @@ static void compare_npy(const char *name, const char *dir, const char *file, con
     CHECK(nd == 2 && sh[0] == n && sh[1] == V, "%s: %s shape [%lld, %lld] == [%d, %d]", name, file, (long long)sh[0], (long long)sh[1], n, V);
     if (nd == 2 && sh[0] == n && sh[1] == V) {
         double e = golden_rel_err(lg, ref, (size_t)n * V);
-        CHECK(e <= tol, "%s: logits vs %s: max error %.2e of range (tolerance %.0e)", name, file, e, tol);
+        CHECK(e <= tol, "%s: logits vs %s: max error %.2e of range (tolerance %.1e)", name, file, e, tol);
     }
     free(ref);
 }
@@ -46,15 +58,18 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
     CHECK(ok && e0 <= 1e-5 && e1 <= 1e-5, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
 }
 
-/* an f16 KV cache stays within f16 rounding of the f32 cache */
-static void check_kv_f16(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
+/* an f16 KV cache: within f16 rounding of the f32 cache, and against transformers with K/V
+ * rounded to f16 after RoPE (logits_kv_f16.npy, where the fixture has one) */
+static void check_kv_f16(const char *name, const char *dir, cinfer_model *m, const int32_t *ids, int n, int V, const float *full) {
     cinfer_ctx *c = NULL;
     cinfer_ctx_opts o = {.kv_f16 = 1};
-    char err[256];
+    char err[256], path[512];
     float *lg = malloc(sizeof(float) * n * V);
     int ok = !cinfer_ctx_new(m, &o, &c, err, sizeof err) && !cinfer_eval(c, ids, n, 1, lg);
     double e = ok ? golden_rel_err(lg, full, (size_t)n * V) : 1;
     CHECK(ok && e <= 2e-3, "%s: f16 KV cache within %.2e of range of the f32 cache", name, e);
+    snprintf(path, sizeof path, "%s/logits_kv_f16.npy", dir);
+    if (ok && !access(path, R_OK)) compare_npy(name, dir, "logits_kv_f16.npy", lg, n, V, KV_F16_TOL);
     cinfer_ctx_free(c);
     free(lg);
 }
@@ -69,18 +84,18 @@ static void tiny_case(const char *name) {
     if (ref && m) {
         cinfer_model_info info;
         cinfer_model_get_info(m, &info);
-        int32_t ids[64];
-        int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
+        int32_t ids[512];
+        int n = golden_ids(json_object_get(ref, "tokens"), ids, 512);
         float *lg = golden_eval_all(m, ids, n, info.n_vocab);
         const char *dt = json_string_value(json_object_get(ref, "weights_dtype"));
         int f32 = dt && !strcmp(dt, "float32");
         CHECK(lg != NULL, "%s: eval %d tokens", name, n);
         if (lg) {
-            compare_npy(name, dir, "logits.npy", lg, n, info.n_vocab, f32 ? 1e-4 : 1e-3);
+            compare_npy(name, dir, "logits.npy", lg, n, info.n_vocab, F32_TOL);
             if (!f32) compare_npy(name, dir, "logits_native.npy", lg, n, info.n_vocab, 1.5e-2);
             check_incremental(name, m, ids, n, info.n_vocab, lg);
             check_padded(name, m, ids, n, info.n_vocab, lg);
-            check_kv_f16(name, m, ids, n, info.n_vocab, lg);
+            check_kv_f16(name, dir, m, ids, n, info.n_vocab, lg);
         }
         free(lg);
     }
@@ -135,9 +150,10 @@ static void real_case(const char *name, const char *model, double tol) {
 
 int main(void) {
     const char *tiny[] = {"llama-f32", "llama-tied-bf16", "llama-f16", "llama3-rope-f32", "llama-linear-f32",
-                          "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16"};
+                          "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16",
+                          "llama-long-f32", "mistral-window4-f32", "mistral-window-long-f32"};
     for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) tiny_case(tiny[i]);
-    real_case("stories260k-ref", "stories260k", 1e-4);
-    real_case("prose13m-ref", "prose-13m", 1e-3);
+    real_case("stories260k-ref", "stories260k", F32_TOL);  /* achieved 3.1e-7 */
+    real_case("prose13m-ref", "prose-13m", F32_TOL);       /* bf16 weights, f32 math: achieved 4.3e-7 */
     return CHECK_DONE();
 }

@@ -2,48 +2,140 @@
  * test-score-cli.c — the scoring commands end to end: `cinfer perplexity`,
  * `kl` and `logprobs` from the same build folder as this test (argv[0]'s
  * ../cinfer), checked for their JSON fields, agreement with the library's
- * numbers, the save-base / base-logprobs round trip, and clear errors with
+ * numbers and with PyTorch (perplexity for several --seed / --shuffle /
+ * --sequence-length / --num-samples / --batch-size choices, kl --per-token;
+ * --shuffle mulberry32 in mlx-bun's order),
+ * the save-base / base-logprobs round trip, and clear errors with
  * exit status 1 or 2 (never a crash) on bad input.
  */
 #include <jansson.h>
-#include <libgen.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include "check.h"
 #include "cinfer.h"
-
-static char cli[512];
-
-/* runs `cinfer ARGS`, stdout into out[cap], stderr into er[cap]; returns the exit status (-1: killed) */
-static int run(const char *args, char *out, char *er, size_t cap) {
-    char cmd[2048], fo[64], fe[64];
-    snprintf(fo, sizeof fo, "/tmp/cinfer-cli-%d.out", (int)getpid());
-    snprintf(fe, sizeof fe, "/tmp/cinfer-cli-%d.err", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", cli, args, fo, fe);
-    int st = system(cmd);
-    const char *files[2] = {fo, fe};
-    char *bufs[2] = {out, er};
-    for (int i = 0; i < 2; i++) {
-        FILE *f = fopen(files[i], "r");
-        size_t n = f ? fread(bufs[i], 1, cap - 1, f) : 0;
-        bufs[i][n] = 0;
-        if (f) fclose(f);
-        unlink(files[i]);
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#include "cli-run.h"
 
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     if (f) { fputs(text, f); fclose(f); }
 }
 
+static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
+
+/* `perplexity --json` with --sequence-length / --num-samples / --seed / --shuffle / --batch-size against
+ * PyTorch on the rows mlx_lm's load_data cuts with the same choices (make_data_fixtures.py ->
+ * cli-reference.json). Achieved: perplexity, standard error and mean loss within 1.4e-7 relative. */
+#define CLI_PPL_TOL 5e-7
+static void test_ppl_reference(const char *model, const char *data, char *out, char *er, size_t cap) {
+    json_t *ref = json_load_file("tests/fixtures/score/cli-reference.json", 0, NULL), *c;
+    size_t k;
+    const int batch[] = {4, 1, 3, 8};
+    CHECK(json_array_size(json_object_get(ref, "perplexity")) == 4, "cli-reference.json holds 4 perplexity cases");
+    json_array_foreach(json_object_get(ref, "perplexity"), k, c) {
+        char args[1024];
+        int L = (int)json_integer_value(json_object_get(c, "seq_len")), num = (int)json_integer_value(json_object_get(c, "num_samples"));
+        int seed = (int)json_integer_value(json_object_get(c, "seed"));
+        const char *shuf = json_string_value(json_object_get(c, "shuffle"));
+        snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length %d --num-samples %d --seed %d --shuffle %s "
+                 "--batch-size %d --json", model, data, L, num, seed, shuf, batch[k % 4]);
+        int rc = run(args, out, er, cap);
+        json_t *j = json_loads(out, 0, NULL);
+        double p = json_number_value(json_object_get(j, "perplexity")), se = json_number_value(json_object_get(j, "standard_error"));
+        double ml = json_number_value(json_object_get(j, "mean_loss"));
+        double want = json_number_value(json_object_get(c, "perplexity"));
+        int rows = (int)json_array_size(json_object_get(c, "rows"));
+        double e = fmax(rel(p, want), fmax(rel(se, json_number_value(json_object_get(c, "standard_error"))),
+                                          rel(ml, json_number_value(json_object_get(c, "mean_loss")))));
+        CHECK(rc == 0 && j && e <= CLI_PPL_TOL && json_integer_value(json_object_get(j, "rows")) == rows &&
+              json_integer_value(json_object_get(j, "tokens")) == json_integer_value(json_object_get(c, "tokens")),
+              "perplexity --sequence-length %d --num-samples %d --seed %d --shuffle %s --batch-size %d: %.6f == PyTorch %.6f "
+              "on mlx_lm's rows (%d rows; max rel error %.1e) %s", L, num, seed, shuf, batch[k % 4], p, want, rows, e, er);
+        json_decref(j);
+    }
+    json_decref(ref);
+}
+
+/* `kl --per-token FILE` rows against PyTorch's per-position KLD for the same rows (reference.json "kl"[0]:
+ * stories260k vs its 4-bit fake-quantized copy on mlx_lm's first 4 rows of 64). Error relative to
+ * max(1, KLD): achieved 1.0e-5 (the per-token KLD is a float32 sum whose terms cancel). */
+#define CLI_KLD_TOL 3e-5
+static void test_kl_per_token(const char *base, const char *model, const char *data, char *out, char *er, size_t cap) {
+    json_t *ref = json_load_file("tests/fixtures/score/reference.json", 0, NULL);
+    json_t *c = json_array_get(json_object_get(ref, "kl"), 0), *kld = json_object_get(c, "kld"), *rows = json_object_get(c, "rows");
+    char args[1024], tsv[64], line[256];
+    snprintf(tsv, sizeof tsv, "/tmp/cinfer-cli-%d.tsv", (int)getpid());
+    snprintf(args, sizeof args, "kl --base %s --model %s --data %s --sequence-length 64 --num-samples 4 --per-token %s",
+             base, model, data, tsv);
+    int rc = run(args, out, er, cap), n = 0, bad = 0;
+    double e = 0;
+    FILE *f = fopen(tsv, "r");
+    int head = f && fgets(line, sizeof line, f) && !strncmp(line, "row\tpos\ttoken\tkld\t", 18);
+    while (f && fgets(line, sizeof line, f)) {
+        int r, pos, tok, same;
+        double kl, nm, nb, dp;
+        if (sscanf(line, "%d\t%d\t%d\t%lf\t%lf\t%lf\t%lf\t%d", &r, &pos, &tok, &kl, &nm, &nb, &dp, &same) != 8 ||
+            r != n / 63 || pos != n % 63 || tok != json_integer_value(json_array_get(json_array_get(rows, r), pos + 1))) bad++;
+        else e = fmax(e, fabs(kl - json_number_value(json_array_get(kld, n))) / fmax(1, fabs(json_number_value(json_array_get(kld, n)))));
+        n++;
+    }
+    if (f) fclose(f);
+    unlink(tsv);
+    CHECK(rc == 0 && head && n == 4 * 63 && (size_t)n == json_array_size(kld) && !bad && e <= CLI_KLD_TOL,
+          "kl --per-token: %d TSV rows (row, pos, next token) with each position's KLD == PyTorch (max error %.1e, "
+          "%d bad lines) %s", n, e, bad, er);
+    json_decref(ref);
+}
+
+/* perplexity --shuffle mulberry32 --seed 123: samples visited in mlx-bun's order (mulberry32.json's
+ * permutation for n 5, seed 123, written by node running mlx-bun), through {"tokens"} samples so that the
+ * rows follow from the permutation alone; the CLI's perplexity == the library's on those rows */
+static void test_mulberry_cli(const char *model, char *out, char *er, size_t cap) {
+    json_t *mb = json_load_file("tests/fixtures/score/mulberry32.json", 0, NULL), *c, *perm = NULL;
+    size_t k;
+    json_array_foreach(json_object_get(mb, "cases"), k, c)
+        if (json_integer_value(json_object_get(c, "n")) == 5 && json_integer_value(json_object_get(c, "seed")) == 123)
+            perm = json_object_get(c, "perm");
+    const int lens[5] = {3, 5, 2, 6, 4};
+    int32_t smp[5][6], rows[20];
+    char path[64], args[1024];
+    snprintf(path, sizeof path, "/tmp/cinfer-cli-%d-mb.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 5; i++) {
+        if (f) fprintf(f, "{\"tokens\": [");
+        for (int j = 0; j < lens[i]; j++) {
+            smp[i][j] = 3 + 7 * i + j;
+            if (f) fprintf(f, "%s%d", j ? ", " : "", smp[i][j]);
+        }
+        if (f) fprintf(f, "]}\n");
+    }
+    if (f) fclose(f);
+    int n = 0;
+    for (int i = 0; perm && i < 5; i++) {
+        int s = (int)json_integer_value(json_array_get(perm, i));
+        for (int j = 0; j < lens[s]; j++) rows[n++] = smp[s][j];
+    }
+    cinfer_model *m = NULL;
+    cinfer_ctx *x = NULL;
+    cinfer_ppl_result r;
+    char err[256];
+    int ok = perm && n == 20 && !cinfer_model_load(model, NULL, &m, err, sizeof err) && !cinfer_ctx_new(m, NULL, &x, err, sizeof err) &&
+             !cinfer_perplexity(x, rows, 5, 4, 1, NULL, NULL, NULL, &r, err, sizeof err);
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length 4 --num-samples -1 --shuffle mulberry32 --seed 123 "
+             "--batch-size 2 --json", model, path);
+    int rc = run(args, out, er, cap);
+    json_t *j = json_loads(out, 0, NULL);
+    double p = json_number_value(json_object_get(j, "perplexity"));
+    CHECK(ok && rc == 0 && json_integer_value(json_object_get(j, "rows")) == 5 && rel(p, r.perplexity) <= 1e-6,
+          "perplexity --shuffle mulberry32 --seed 123: rows in mlx-bun's sample order (perplexity %.6f, on those rows %.6f) %s",
+          p, ok ? r.perplexity : 0, er);
+    json_decref(j);
+    cinfer_ctx_free(x);
+    cinfer_model_free(m);
+    unlink(path);
+    json_decref(mb);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
-    char self[512];
-    snprintf(self, sizeof self, "%s", argv[0]);
-    snprintf(cli, sizeof cli, "%s/../cinfer", dirname(self));
-    if (access(cli, X_OK)) { CHECK(0, "the CLI %s exists (build it: make all)", cli); return CHECK_DONE(); }
+    if (!cli_find(argv[0])) { CHECK(0, "the CLI %s exists (build it: make all)", cli); return CHECK_DONE(); }
     static char out[1 << 16], er[1 << 16];
     char args[1024], s260[300];
     snprintf(s260, sizeof s260, "%s/models/stories260k", shared_dir());
@@ -74,6 +166,8 @@ int main(int argc, char **argv) {
     free(rows);
     cinfer_ctx_free(c);
     cinfer_model_free(m);
+    test_ppl_reference(s260, data, out, er, sizeof out);
+    test_mulberry_cli(s260, out, er, sizeof out);
     snprintf(args, sizeof args, "perplexity -m %s --data %s --sequence-length 64 --num-samples 2", s260, data);
     rc = run(args, out, er, sizeof out);
     CHECK(rc == 0 && strstr(out, "Perplexity: ") && strstr(out, "\xc2\xb1") && strstr(out, "Tokens per second") && strstr(out, "Peak memory"),
@@ -99,6 +193,7 @@ int main(int argc, char **argv) {
           "kl --save-base then --base-logprobs == both models in memory (|mean KLD diff| %.1e)", dk);
     json_decref(a);
     json_decref(b);
+    test_kl_per_token(s260, fq, data, out, er, sizeof out);
     snprintf(args, sizeof args, "kl --model %s --base-logprobs %s", fq, klb);
     rc = run(args, out, er, sizeof out);
     CHECK(rc == 0 && strstr(out, "Mean    KLD") && strstr(out, "Same top p") && strstr(out, "Mean PPL(Q)/PPL(base)") && strstr(out, "RMS \xce\x94p"),

@@ -13,11 +13,22 @@
  * References: mlx_lm/perplexity.py (0.32), mlx-bun src/eval/perplexity.ts.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "engine/score.h"
 #include "util.h"
 
+/* CINFER_SCORE_CHUNK=N forces chunks of N positions: the tests run the multi-chunk path
+ * (pos0 > 0 for every row of a batch) on rows shorter than the natural width. */
+static int forced_chunk(void) {
+    const char *e = getenv("CINFER_SCORE_CHUNK");
+    int n = e ? atoi(e) : 0;
+    return n > 0 ? n : 0;
+}
+
 int score_chunk_width(int n_vocab, int B, int cap) {
+    int forced = forced_chunk();
+    if (forced) return cap > 0 && forced > cap ? cap : forced;
     size_t rows = SCORE_OUT_BYTES / ((size_t)n_vocab * sizeof(float));
     if (rows < 64) rows = 64;
     size_t w = rows / (size_t)(B > 0 ? B : 1);

@@ -27,7 +27,8 @@ typedef struct score_plan {
     int n_out;
 } score_plan;
 
-/* W from the vocabulary and the batch; cap: the whole row */
+/* W from the vocabulary and the batch; cap: the whole row. CINFER_SCORE_CHUNK=N in the
+ * environment forces W = N (tests of the multi-chunk path). */
 int score_chunk_width(int n_vocab, int B, int cap);
 cinfer_status score_plan_init(score_plan *p, const int32_t *ids, int B, int L, const int *n_in, const int *lo, int W);
 void score_plan_free(score_plan *p);

@@ -138,6 +138,12 @@ cinfer_status config_load(const char *dir, int (*known)(const char *model_type),
     if (!parse_rope(&p, json_object_get(p.root, "rope_parameters"), c) ||
         !parse_rope(&p, json_object_get(p.root, "rope_scaling"), c))
         goto out;
+    /* values that turn every logit into NaN/inf: theta^(-2i/d) needs theta > 0, the norm eps >= 0 */
+    if (!(c->rope_theta > 0 && isfinite(c->rope_theta)) || !(eps >= 0 && isfinite(eps))) {
+        p.st = cf_err(err, n, CINFER_EFORMAT, "%s: rope_theta must be > 0 (got %g) and rms_norm_eps >= 0 (got %g)", path,
+                      (double)c->rope_theta, (double)eps);
+        goto out;
+    }
     c->tie_embeddings = get_bool(p.root, "tie_word_embeddings", 0);
     c->attention_bias = get_bool(p.root, "attention_bias", 0);
     c->mlp_bias = get_bool(p.root, "mlp_bias", 0);

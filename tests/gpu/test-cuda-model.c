@@ -1,16 +1,37 @@
 /*
  * test-cuda-model.c — the whole forward on the CUDA backend against the CPU
  * backend and against transformers' golden logits (tests/fixtures/models):
- * every tiny architecture/dtype fixture, prose-13m (real bf16 weights), then
- * stories260k's logits and its greedy text, which must be identical to the
- * CPU's. Bars (issue 5): f32
- * models within 1e-3 of the logit range of transformers' f32 logits; 16-bit
- * models within 1.5e-2 of the range of transformers' own bf16/f16 logits
- * (logits_native.npy). Also: token-by-token decode through the CUDA graph
+ * every tiny architecture/dtype fixture, the 300-token and sliding-window
+ * fixtures (head_dim 64: the flash-attention prefill), prose-13m (real bf16
+ * weights), then stories260k's logits and its greedy text, which must be
+ * identical to the CPU's. Also: token-by-token decode through the CUDA graph
  * path equals the prefill, and a padded batch equals its rows.
+ * Bars (issue 14), each a small factor above the figure achieved on the H200
+ * (tests/gpu/last-run/tests.log; the head_dim-64 fixtures in
+ * tests/gpu/last-run/issue14-model.log), as max |error| / logit range:
+ *   TOL_F32     f32 models vs transformers' f32 logits and vs the CPU backend:
+ *               achieved <= 5.9e-7 (llama-sharded-f32), CPU-vs-CUDA <= 3.3e-7
+ *   TOL_16_F32  16-bit weights vs transformers' f32 math on the same weights
+ *               (logits.npy): the prefill rounds activations to bf16 for
+ *               cuBLAS; achieved 4.1e-4 (f16) .. 4.2e-3 (llama-tied-bf16),
+ *               1.2e-3 prose-13m
+ *   TOL_16_NAT  16-bit weights vs transformers' own bf16/f16 run
+ *               (logits_native.npy): that run's rounding, achieved <= 9.4e-3
+ *   TOL_16_CPU  16-bit weights, CUDA vs the CPU backend: achieved <= 4.2e-3
+ *   TOL_FLASH   head_dim 64/128 and L >= 16 (the flash-attention prefill: K/V
+ *               and the probabilities as f16 on the tensor cores), f32
+ *               weights, vs transformers f32 (achieved 4.8e-4 .. 1.06e-3), vs
+ *               transformers with K/V rounded to f16 (logits_kv_f16.npy,
+ *               2.7e-4 .. 1.22e-3: the f16 probabilities dominate) and vs the
+ *               CPU (<= 1.06e-3). The CPU reaches 1.8e-6 on the same rows: the
+ *               flash path costs f32 models three orders of magnitude.
+ *   decode == prefill: f32 achieved <= 6.4e-7; 16-bit <= 5.5e-3; flash
+ *               prefill vs the exact f32 decode <= 1.92e-3 (TOL_FLASH_DEC).
+ *   padded batch == rows alone (2 rows): <= 3.5e-7; flash <= 1.9e-4.
  * argv[1]: directory holding stories260k and prose-13m (default ../shared/models).
  */
 #include <jansson.h>
+#include <unistd.h>
 #include "../check.h"
 #include "../golden.h"
 #include "cinfer.h"
@@ -18,9 +39,16 @@
 #include "io/npy.h"
 #include "backend/cuda/cuda-api.h"
 
-
-
-
+#define TOL_F32 2e-6
+#define TOL_16_F32 1e-2
+#define TOL_16_NAT 1.5e-2
+#define TOL_16_CPU 1e-2
+#define TOL_FLASH 2.5e-3
+#define TOL_FLASH_DEC 4e-3
+#define TOL_FLASH_PAD 5e-4
+#define TOL_DEC_F32 2e-6
+#define TOL_DEC_16 1.1e-2
+#define TOL_PAD 1e-6
 
 static float *read_npy(const char *dir, const char *file, int n, int V) {
     char path[512], err[256];
@@ -55,6 +83,15 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
     CHECK(ok && e0 <= tol && e1 <= tol, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
 }
 
+/* logits g against refdir/file: one CHECK with the figure, the bar and the CPU's own figure */
+static void against(const char *name, const char *what, const char *refdir, const char *file, const float *g,
+                    const float *c, int n, int V, double tol) {
+    float *ref = read_npy(refdir, file, n, V);
+    double e = ref ? golden_rel_err(g, ref, (size_t)n * V) : 1, ecpu = ref ? golden_rel_err(c, ref, (size_t)n * V) : 1;
+    CHECK(ref && e <= tol, "%s: cuda vs %s (%s): %.2e of range (tol %.3g; cpu's own: %.2e)", name, what, file, e, tol, ecpu);
+    free(ref);
+}
+
 /* the model in dir against the transformers logits in refdir (a tiny fixture holds both) */
 static void model_case(const char *name, const char *refdir, const char *dir) {
     char path[600];
@@ -66,24 +103,30 @@ static void model_case(const char *name, const char *refdir, const char *dir) {
         cinfer_model_info info;
         cinfer_model_get_info(mg, &info);
         int V = info.n_vocab;
-        int32_t ids[64];
-        int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
+        int32_t ids[512];
+        int n = golden_ids(json_object_get(ref, "tokens"), ids, 512);
         const char *dt = json_string_value(json_object_get(ref, "weights_dtype"));
-        int f32 = dt && !strcmp(dt, "float32");
+        int f32 = dt && !strcmp(dt, "float32"), flash = info.head_dim == 64 || info.head_dim == 128;
         float *g = golden_eval_all(mg, ids, n, V), *c = golden_eval_all(mc, ids, n, V);
-        float *hf = read_npy(refdir, f32 ? "logits.npy" : "logits_native.npy", n, V);
-        CHECK(g && c && hf, "%s: eval %d tokens on both backends", name, n);
-        if (g && c && hf) {
-            double tol = f32 ? 1e-3 : 1.5e-2;
-            double eh = golden_rel_err(g, hf, (size_t)n * V), ec = golden_rel_err(g, c, (size_t)n * V), ecpu = golden_rel_err(c, hf, (size_t)n * V);
-            CHECK(eh <= tol, "%s: cuda vs transformers %s: %.2e of range (tol %.3g; cpu's own: %.2e)", name,
-                  f32 ? "f32 logits" : "native 16-bit logits", eh, tol, ecpu);
-            CHECK(ec <= tol, "%s: cuda vs cpu backend: %.2e of range (tol %.3g)", name, ec, tol);
+        CHECK(g && c, "%s: eval %d tokens on both backends", name, n);
+        if (g && c) {
+            snprintf(path, sizeof path, "%s/logits_kv_f16.npy", refdir);
+            if (flash && n >= 16 && !access(path, R_OK)) {
+                /* the flash prefill: its own bar, against K/V rounded as it rounds them */
+                against(name, "transformers, K/V as f16", refdir, "logits_kv_f16.npy", g, c, n, V, TOL_FLASH);
+                against(name, "transformers f32", refdir, "logits.npy", g, c, n, V, TOL_FLASH);
+            } else {
+                against(name, f32 ? "transformers f32" : "transformers f32 math on the 16-bit weights", refdir, "logits.npy", g, c,
+                        n, V, f32 ? TOL_F32 : TOL_16_F32);
+                if (!f32) against(name, "transformers native 16-bit", refdir, "logits_native.npy", g, c, n, V, TOL_16_NAT);
+            }
+            double ec = golden_rel_err(g, c, (size_t)n * V), tc = flash && n >= 16 ? TOL_FLASH : f32 ? TOL_F32 : TOL_16_CPU;
+            CHECK(ec <= tc, "%s: cuda vs cpu backend: %.2e of range (tol %.3g)", name, ec, tc);
             /* decode runs the GEMV on f32 activations; prefill of 16-bit weights rounds them for cuBLAS */
-            check_decode(name, mg, ids, n, V, g, f32 ? 1e-4 : 1.5e-2);
-            check_padded(name, mg, ids, n, V, g, f32 ? 1e-4 : 1.5e-2);
+            check_decode(name, mg, ids, n, V, g, flash && n >= 16 ? TOL_FLASH_DEC : f32 ? TOL_DEC_F32 : TOL_DEC_16);
+            check_padded(name, mg, ids, n, V, g, flash && n >= 16 ? TOL_FLASH_PAD : TOL_PAD);
         }
-        free(g); free(c); free(hf);
+        free(g); free(c);
     }
     json_decref(ref);
     cinfer_model_free(mg);
@@ -116,7 +159,7 @@ static void stories(const char *models) {
     float *g = golden_eval_all(mg, ids, n, V), *hf = read_npy(refdir, "logits.npy", n, V);
     if (g && hf) {
         double e = golden_rel_err(g, hf, (size_t)n * V);
-        CHECK(e <= 1e-3, "stories260k: cuda logits vs transformers: %.2e of range (tol 1e-3)", e);
+        CHECK(e <= TOL_F32, "stories260k: cuda logits vs transformers: %.2e of range (tol %.3g; achieved 4.3e-7)", e, TOL_F32);
     } else CHECK(0, "stories260k: logits");
     free(g); free(hf);
     /* greedy generation: the same tokens and text as the CPU */
@@ -152,7 +195,8 @@ out:
 
 int main(int argc, char **argv) {
     const char *tiny[] = {"llama-f32", "llama-tied-bf16", "llama-f16", "llama3-rope-f32", "llama-linear-f32",
-                          "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16"};
+                          "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16",
+                          "llama-long-f32", "mistral-window4-f32", "mistral-window-long-f32"};
     char dir[512];
     for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) {
         snprintf(dir, sizeof dir, "tests/fixtures/models/%s", tiny[i]);

@@ -145,7 +145,46 @@ CASES = [
           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
      "bfloat16", 14, 111, {},
      "qwen3, q/k norm, head_dim 32, GQA 4/2, tied, bf16 weights"),
+    # issue 14: long rows (GEMM attention on the CPU, flash attention on CUDA: head_dim 64, L >= 16)
+    # and sliding windows compared with transformers; logits_kv_f16.npy for the f16 KV cache
+    ("llama-long-f32", LlamaConfig, LlamaForCausalLM,
+     base(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+          tie_word_embeddings=True, max_position_embeddings=512,
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+     "float32", 300, 112, {"kv_f16": True},
+     "llama, 300 tokens, head_dim 64, GQA 2/1, tied, f32: long rows (GEMM / flash attention paths)"),
+    ("mistral-window4-f32", MistralConfig, MistralForCausalLM,
+     base(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+          tie_word_embeddings=True, sliding_window=4,
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+     "float32", 40, 113, {"kv_f16": True, "window_matters": True},
+     "mistral, sliding_window 4 over 40 tokens (each query sees itself and the 3 keys before), head_dim 64, "
+     "GQA 2/1, tied, f32"),
+    ("mistral-window-long-f32", MistralConfig, MistralForCausalLM,
+     base(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+          tie_word_embeddings=True, sliding_window=64, max_position_embeddings=512,
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+     "float32", 300, 114, {"kv_f16": True, "window_matters": True},
+     "mistral, sliding_window 64 over 300 tokens, head_dim 64, GQA 2/1, tied, f32"),
 ]
+
+
+def patch_kv_f16(on):
+    """transformers' eager attention with K and V rounded to float16 (after RoPE,
+    as a float16 KV cache stores them); queries and arithmetic stay float32."""
+    import importlib
+    for mod in ("llama", "mistral", "qwen2", "qwen3"):
+        ml = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
+        if not hasattr(ml, "_cinfer_eager"):
+            ml._cinfer_eager = ml.eager_attention_forward
+        orig = ml._cinfer_eager
+        if on:
+            def f16(module, q, k, v, mask, _o=orig, **kw):
+                return _o(module, q, k.to(torch.float16).to(torch.float32), v.to(torch.float16).to(torch.float32),
+                          mask, **kw)
+            ml.eager_attention_forward = f16
+        else:
+            ml.eager_attention_forward = orig
 
 
 def init_weights(model, seed):
@@ -341,6 +380,26 @@ def make_tiny(root, case):
         if e > 1e-6:
             fail("%s: reloaded config gives different inv_freq (max diff %g)" % (name, e))
     rng = float(logits.max() - logits.min())
+    if opts.get("kv_f16"):
+        patch_kv_f16(True)
+        try:
+            kvh = logits_of(m32, tokens)
+        finally:
+            patch_kv_f16(False)
+        e = float(np.max(np.abs(kvh - logits)))
+        print("f16 KV logits vs f32 KV: max diff %.4g = %.3g of range" % (e, e / rng))
+        if not 0 < e < 1e-2 * rng:
+            fail("%s: f16-KV logits differ from f32 by %g (patch not applied, or too far)" % (name, e))
+        save_npy(os.path.join(d, "logits_kv_f16.npy"), kvh)
+    if opts.get("window_matters"):
+        sw = m32.config.sliding_window  # the mask is built from the config at each call
+        m32.config.sliding_window = None
+        full = logits_of(m32, tokens)
+        m32.config.sliding_window = sw
+        e = float(np.max(np.abs(full - logits)))
+        print("sliding window vs none: max diff %.4g = %.3g of range" % (e, e / rng))
+        if e < 1e-2 * rng:
+            fail("%s: the sliding window changes the logits by only %g" % (name, e))
     diff = float(np.max(np.abs(logits - ref_mem)))
     print("logits [%d x %d]: min %.4f max %.4f range %.4f max|logit| %.4f; reload vs in-memory max diff %.3g"
           % (logits.shape[0], logits.shape[1], logits.min(), logits.max(), rng,

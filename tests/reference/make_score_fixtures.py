@@ -172,8 +172,9 @@ def fake_quant(src, dst):
     return load(dst)
 
 
-def load_data_rows(tok_path, texts, L, num_samples, seed, eos):
-    """mlx_lm load_data on text samples (stops at the end of the data)."""
+def load_data_rows(tok_path, texts, L, num_samples, seed, eos, shuffle="numpy"):
+    """mlx_lm load_data on text samples (stops at the end of the data);
+    num_samples -1: every full row; shuffle "none": file order."""
     from tokenizers import Tokenizer
     tk = Tokenizer.from_file(tok_path)
     samples = []
@@ -182,13 +183,17 @@ def load_data_rows(tok_path, texts, L, num_samples, seed, eos):
         if not ids or ids[-1] != eos:
             ids.append(eos)
         samples.append(ids)
-    np.random.seed(seed)
-    perm = np.random.permutation(len(samples)).tolist()
+    if shuffle == "numpy":
+        np.random.seed(seed)
+        perm = np.random.permutation(len(samples)).tolist()
+    else:
+        perm = list(range(len(samples)))
+    want = L * num_samples if num_samples > 0 else sum(len(s) for s in samples)
     data, i = [], 0
-    while len(data) < L * num_samples and i < len(perm):
+    while len(data) < want and i < len(perm):
         data.extend(samples[perm[i]])
         i += 1
-    n = min(len(data) // L, num_samples)
+    n = len(data) // L if num_samples < 0 else min(len(data) // L, num_samples)
     return [data[r * L:(r + 1) * L] for r in range(n)]
 
 
