@@ -117,7 +117,7 @@ int cli_cache_begin(const char *cmd, cli_cache *cc, cinfer_model *m, cinfer_ctx 
     } else if (cc->dir) {
         char err[512];
         cinfer_tier_opts to = {cc->max_bytes, tier_log, (void *)cmd};
-        if (cinfer_tier_open(cc->dir, m, &to, &cc->tier, err, sizeof err)) {
+        if (!cc->tier && cinfer_tier_open(cc->dir, m, &to, &cc->tier, err, sizeof err)) {   /* chat: open once */
             fprintf(stderr, "cinfer %s: --cache-dir: %s\n", cmd, err);
             return 1;
         }

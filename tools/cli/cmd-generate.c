@@ -247,7 +247,7 @@ int cmd_chat(int argc, char **argv) {
     gen_opts o;
     int rc = parse_gen("chat", argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
-    if (o.cache.file || o.cache.dir) { fprintf(stderr, "cinfer chat: --prompt-cache-file / --cache-dir: generate only, for now\n"); return 2; }
+    if (o.cache.file) { fprintf(stderr, "cinfer chat: --prompt-cache-file: generate only, for now (chat takes --cache-dir)\n"); return 2; }
     cinfer_model *m = cli_load_model("chat", o.model, o.device, o.threads);
     if (!m) return 1;
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
@@ -280,15 +280,18 @@ int cmd_chat(int argc, char **argv) {
         if (cinfer_ctx_pos(c) < keep) keep = cinfer_ctx_pos(c);   /* a window that dropped keys cannot go back */
         acc.n_fed = keep;
         for (int i = keep; i < n; i++) chat_cb(ids[i], NULL, &acc);
+        int skip = 0;   /* --cache-dir: a rendering that shares nothing with the cache may start from disk */
+        if (o.cache.dir && !keep && cli_cache_begin("chat", &o.cache, m, c, ids, n, &skip)) { free(ids); rc = 1; break; }
         acc.n = 0;
         if (acc.buf) acc.buf[0] = 0;
         cinfer_gen_stats s;
-        cinfer_status st = cinfer_generate(c, ids + keep, n - keep, &o.sp, o.max_tokens, chat_cb, &acc, &s);
+        cinfer_status st = cinfer_generate(c, ids + keep + skip, n - keep - skip, &o.sp, o.max_tokens, chat_cb, &acc, &s);
         free(ids);
         if (st) { fprintf(stderr, "\ncinfer chat: %s\n", cinfer_ctx_error(c)); rc = 1; break; }
         json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", acc.buf ? acc.buf : ""));
         fprintf(stderr, "\n[%d tokens, %.1f tok/s]", s.gen_tokens, s.gen_s > 0 ? s.gen_tokens / s.gen_s : 0.0);
     }
+    cli_cache_end(&o.cache, NULL);
     json_decref(msgs);
     free(acc.buf);
     free(acc.fed);
