@@ -180,6 +180,19 @@ static void test_basic(env *e, const char *root) {
     CHECK(!cinfer_ctx_new(e->m, &co, &h, err, sizeof err) && !cinfer_tier_lookup(t, h, 0, e->base, 80, 80, &nc) && nc == 0,
           "an f16 context misses the f32 entries (got %d)", nc);
     cinfer_ctx_free(h);
+    /* a window (--max-kv-size 32, keep 4): its own configuration; the restored state continues as the live one */
+    co.kv_dtype = "f32";
+    co.max_kv_size = 32;
+    cinfer_ctx *w = NULL, *w2 = NULL;
+    float la[512], lb[512];
+    int32_t next = 77;
+    int ok = !cinfer_ctx_new(e->m, &co, &w, err, sizeof err) && !cinfer_ctx_new(e->m, &co, &w2, err, sizeof err) &&
+             !cinfer_eval(w, e->base, 60, 0, NULL) && !cinfer_tier_store(t, w, 0, e->base, 60) &&
+             !cinfer_tier_lookup(t, w2, 0, e->base, 70, 70, &nc) && nc == 60 && !cinfer_eval(w, &next, 1, 0, la) &&
+             !cinfer_eval(w2, &next, 1, 0, lb) && !memcmp(la, lb, sizeof la);
+    CHECK(ok, "a --max-kv-size 32 state (60 tokens, older ones dropped) restores and continues identically (got %d)", nc);
+    cinfer_ctx_free(w);
+    cinfer_ctx_free(w2);
     cinfer_tier_free(t);
 }
 
