@@ -254,6 +254,24 @@ static void test_refusals(cinfer_model *m, const char *dir, const char *shared) 
         cinfer_ctx_free(c);
         cinfer_model_free(o);
     } else CHECK(0, "load the look-alike: %s", err);
+    /* weights alone differ (one byte of the last tensor, as any fine-tune moves its weights) */
+    snprintf(mdir, sizeof mdir, "%s/tuned-model", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && for f in %s/models/prose-13m/*; do ln -sf $(realpath $f) %s/; done && "
+             "f=%s/model-00002-of-00002.safetensors && cp --remove-destination $(realpath $f) $f && chmod u+w $f && "
+             "n=$(stat -c %%s $f) && printf '\\177' | dd of=$f bs=1 seek=$((n - 1)) conv=notrunc 2>/dev/null",
+             mdir, shared, mdir, mdir);
+    CHECK(system(cmd) == 0, "a model dir whose last weight byte differs");
+    char fa[33] = "", fb[33] = "";
+    if (!cinfer_model_load(mdir, NULL, &o, err, sizeof err)) {
+        cinfer_ctx *c = new_ctx(o, "f32", 0);
+        cinfer_status st = cinfer_prompt_cache_load(c, 0, path, NULL, NULL);
+        cinfer_model_fingerprint(m, fa);
+        cinfer_model_fingerprint(o, fb);
+        CHECK(strcmp(fa, fb) && st == CINFER_EFORMAT && strstr(cinfer_ctx_error(c), "another model"),
+              "a one-byte weight change moves the fingerprint (%.8s vs %.8s) and the file is refused", fa, fb);
+        cinfer_ctx_free(c);
+        cinfer_model_free(o);
+    } else CHECK(0, "load the tuned model: %s", err);
     snprintf(mdir, sizeof mdir, "%s/models/stories260k", shared);
     if (!cinfer_model_load(mdir, NULL, &o, err, sizeof err)) {
         cinfer_ctx *c = new_ctx(o, "f32", 0);
@@ -264,6 +282,77 @@ static void test_refusals(cinfer_model *m, const char *dir, const char *shared) 
         cinfer_model_free(o);
     }
     (void)m;
+}
+
+/* the reference file with one header edit (every occurrence replaced), the header length redone */
+static char *edit_header(const char *orig, size_t len, const char *from, const char *to, size_t *out_len) {
+    size_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | (uint8_t)orig[i];
+    char *h = malloc(hl * 4 + 64), *w = h;
+    const char *r = orig + 8, *end = orig + 8 + hl, *q;
+    while ((q = memmem(r, (size_t)(end - r), from, strlen(from)))) {
+        memcpy(w, r, (size_t)(q - r)), w += q - r;
+        memcpy(w, to, strlen(to)), w += strlen(to);
+        r = q + strlen(from);
+    }
+    memcpy(w, r, (size_t)(end - r)), w += end - r;
+    size_t nh = (size_t)(w - h), data = len - 8 - hl;
+    char *b = malloc(8 + nh + data);
+    for (int i = 0; i < 8; i++) b[i] = (char)((uint64_t)nh >> (8 * i));
+    memcpy(b + 8, h, nh);
+    memcpy(b + 8 + nh, orig + 8 + hl, data);
+    free(h);
+    *out_len = 8 + nh + data;
+    return b;
+}
+
+/* hostile headers, each refused with a message (or, where the bytes still mean a valid cache, loaded) */
+static void test_hostile(cinfer_model *m, const char *ref) {
+    static const struct { const char *from, *to, *why; int loads; } ed[] = {
+        {"\"shape\":[1,2,32,64]", "\"shape\":[1,2,33,64]", "shape larger than its bytes", 0},
+        {"\"shape\":[1,2,32,64]", "\"shape\":[1,4,16,64]", "4 KV heads (same bytes)", 0},
+        {"\"shape\":[1,2,32,64]", "\"shape\":[2,2,16,64]", "batch 2", 0},
+        {"\"shape\":[1,2,32,64]", "\"shape\":[1,2,64,32]", "head_dim 32", 0},
+        {"\"shape\":[1,2,32,64]", "\"shape\":[1,2,32,64,1]", "5 dims", 0},
+        {"\"shape\":[1,2,32,64]", "\"shape\":[1,2,-32,-64]", "negative dims", 0},
+        {"\"shape\":[1,2,32,64]", "\"shape\":[1,2,4611686018427387904,64]", "overflowing dims", 0},
+        {"\"BF16\"", "\"U32\"", "uint32 K/V", 0},
+        {"\"BF16\"", "\"I16\"", "int16 K/V", 0},
+        {"\"BF16\"", "\"F16\"", "f16 K/V (same bytes)", 1},
+        {"\"BF16\"", "\"XYZ\"", "unknown dtype", 0},
+        {"\"KVCache\"", "\"RotatingKVCache\"", "rotating without meta state", 0},
+        {"\"KVCache\"", "\"BatchKVCache\"", "an unsupported class", 0},
+        {"\"KVCache\"", "\"QuantizedKVCache\"", "quantized", 0},
+        {"\"2.5\":\"KVCache\"", "\"2.6\":\"KVCache\"", "a class for layer 6, none for 5", 0},
+        {",\"2.5\":\"KVCache\"", "", "5 classes", 0},
+        {"\"0.0\":\"\"", "\"0.0\":5", "a metadata number", 0},
+        {"\"__metadata__\"", "\"__metadatx__\"", "no metadata", 0},
+        {"[90112,98304]", "[90112,99999999999]", "offsets past the file", 0},
+        {"[90112,98304]", "[98304,90112]", "reversed offsets", 0},
+        {"[90112,98304]", "[-8192,0]", "negative offsets", 0},
+        {"\"0.0\":", "\"0.1\":", "a duplicate tensor name", 0},
+        {"\"5.1\":", "\"7.1\":", "values of layer 5 missing", 0},
+        {"{", "[", "not an object", 0},
+    };
+    char path[2048];
+    snprintf(path, sizeof path, "%s/kv_bf16.safetensors", ref);
+    size_t len = 0;
+    char *orig = NULL;
+    cf_read_file(path, &orig, &len, NULL, 0);
+    cinfer_ctx *c = new_ctx(m, "bf16", 0);
+    int n = (int)(sizeof ed / sizeof *ed), right = 0;
+    for (int i = 0; orig && i < n; i++) {
+        size_t bl = 0;
+        char *b = edit_header(orig, len, ed[i].from, ed[i].to, &bl);
+        cinfer_status st = cinfer_prompt_cache_decode(c, 0, b, bl, NULL, NULL);
+        int ok = ed[i].loads ? !st && cinfer_seq_len(c, 0) == 32 : st && cinfer_seq_len(c, 0) == 0 && cinfer_ctx_error(c)[0];
+        if (!ok || getenv("PC_DEBUG")) printf("# %s: %s -> %s\n", ed[i].why, cinfer_status_str(st), st ? cinfer_ctx_error(c) : "loaded");
+        right += ok;
+        free(b);
+    }
+    CHECK(right == n, "%d hostile header edits (shapes, dtypes, classes, offsets, metadata): %d handled as expected", n, right);
+    free(orig);
+    cinfer_ctx_free(c);
 }
 
 /* mutations of the reference file: any status, never a crash (ASan build catches the rest) */
@@ -309,6 +398,7 @@ int main(void) {
     test_reference(m, ref);
     test_roundtrip(m, tmp);
     test_refusals(m, tmp, shared_dir());
+    test_hostile(m, ref);
     test_fuzz(m, ref);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

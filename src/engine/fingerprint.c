@@ -2,16 +2,20 @@
  * fingerprint.c — model and tokenizer fingerprints (XXH3-128, 32 hex digits)
  * that key saved cache state. The model's covers config.json, each shard's
  * safetensors header (names, dtypes, shapes, offsets, metadata) and a sample
- * of every tensor's bytes: 16 slices of 64 bytes spread over the tensor (the
- * whole tensor when it is smaller), enough to tell two fine-tunes of one base
- * apart while touching a few pages per tensor of the mapped weights — far
- * under 1% of the load time. The tokenizer's covers tokenizer.json and
+ * of every tensor's bytes: FP_SLICES slices of 64 bytes spread over the
+ * tensor, first and last included (the whole tensor when it is smaller):
+ * fine-tuning moves nearly every weight, so this tells two fine-tunes of one
+ * base apart, while touching only a few pages per tensor of the mapped
+ * weights (each a page fault, with readahead, when they are not cached yet:
+ * so few slices). The tokenizer's covers tokenizer.json and
  * tokenizer_config.json as bytes.
  */
 #include <string.h>
 #include <xxhash.h>
 #include "engine/engine.h"
 #include "util.h"
+
+enum { FP_SLICES = 4 };
 
 static void hex128(XXH128_hash_t h, char out[33]) { snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64); }
 
@@ -46,8 +50,8 @@ cinfer_status cinfer_model_fingerprint(const cinfer_model *m, char out[33]) {
         XXH3_128bits_update(x, t->name, strlen(t->name) + 1);
         XXH3_128bits_update(x, &t->nbytes, sizeof t->nbytes);
         const uint8_t *d = t->data;
-        if (t->nbytes <= 16 * 64) { XXH3_128bits_update(x, d, t->nbytes); continue; }
-        for (int k = 0; k < 16; k++) XXH3_128bits_update(x, d + (t->nbytes - 64) / 15 * k, 64);
+        if (t->nbytes <= FP_SLICES * 64) { XXH3_128bits_update(x, d, t->nbytes); continue; }
+        for (int k = 0; k < FP_SLICES; k++) XXH3_128bits_update(x, d + (t->nbytes - 64) * k / (FP_SLICES - 1), 64);
     }
     if (!st) hex128(XXH3_128bits_digest(x), out);
     XXH3_freeState(x);
