@@ -17,6 +17,14 @@ else
   OPT = -O2
 endif
 CFLAGS += $(CFLAGS_BASE) $(OPT)
+
+# The library's version (semantic) and, in a git checkout, its revision.
+VERSION  = 0.1.0
+SOMAJOR  = 0
+GIT_REV := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+VFLAGS   = -DCINFER_VERSION='"$(VERSION)"' $(if $(GIT_REV),-DCINFER_GIT_REV='"$(GIT_REV)"')
+PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
 LDLIBS  = -lopenblas $(PKG_LIBS) -lxxhash -lpthread -lm
 
 SRC   := $(wildcard src/*/*.c src/*/*/*.c)
@@ -58,8 +66,17 @@ $(BUILD)/%.o: %.cu $(wildcard src/*/*.h src/backend/cuda/*.cuh)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 $(BUILD)/libcinfer.a: $(OBJ)
 	@rm -f $@; ar rcs $@ $^
-$(BUILD)/libcinfer.so: $(OBJ)
-	$(CC) $(CFLAGS) -shared -o $@ $^ $(LDLIBS)
+# only cinfer_* is exported (libcinfer.map); SONAME libcinfer.so.$(SOMAJOR)
+$(BUILD)/libcinfer.so.$(VERSION): $(OBJ) libcinfer.map
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libcinfer.so.$(SOMAJOR) -Wl,--version-script=libcinfer.map -o $@ $(OBJ) $(LDLIBS)
+$(BUILD)/libcinfer.so: $(BUILD)/libcinfer.so.$(VERSION)
+	ln -sf libcinfer.so.$(VERSION) $(BUILD)/libcinfer.so.$(SOMAJOR)
+	ln -sf libcinfer.so.$(VERSION) $@
+# the revision is compiled into status.c only, so a new commit rebuilds one file
+$(BUILD)/src/engine/status.o: CFLAGS += $(VFLAGS)
+$(BUILD)/src/engine/status.o: .git-rev
+.git-rev: FORCE
+	@echo '$(VERSION) $(GIT_REV)' | cmp -s - $@ || echo '$(VERSION) $(GIT_REV)' > $@
 $(BUILD)/cinfer: $(CLIOBJ) $(BUILD)/libcinfer.a
 	$(CC) $(CFLAGS) -o $@ $(CLIOBJ) $(BUILD)/libcinfer.a $(LDLIBS)
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libcinfer.a $(wildcard tests/*.h include/*.h src/*/*.h src/*/*/*.h)
@@ -76,7 +93,22 @@ test:
 	$(MAKE) all tests BUILD=build-san SAN=1
 	sh tests/run.sh build build-san
 
-clean:
-	rm -rf build build-san
+# make install PREFIX=DIR: the CLI, both libraries, the header, cinfer.pc
+# (links libcinfer.so) and cinfer-static.pc (links libcinfer.a and its deps)
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(BUILD)/cinfer $(DESTDIR)$(PREFIX)/bin/cinfer
+	install -m 644 $(BUILD)/libcinfer.a $(DESTDIR)$(LIBDIR)/libcinfer.a
+	install -m 755 $(BUILD)/libcinfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcinfer.so.$(VERSION)
+	ln -sf libcinfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcinfer.so.$(SOMAJOR)
+	ln -sf libcinfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libcinfer.so
+	install -m 644 include/cinfer.h $(DESTDIR)$(PREFIX)/include/cinfer.h
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(LDLIBS)|' \
+	    cinfer.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/cinfer.pc
+	sed -e 's|^Name: cinfer|Name: cinfer-static|; s|^Libs: .*|Libs: $${libdir}/libcinfer.a $(LDLIBS)|; /^Libs.private/d' \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig/cinfer.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/cinfer-static.pc
 
-.PHONY: all tests bench test clean
+clean:
+	rm -rf build build-san .git-rev
+
+.PHONY: all tests bench test clean install FORCE

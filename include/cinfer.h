@@ -3,8 +3,8 @@
  *
  * Everything is reached through opaque handles. Every function that can fail
  * returns a cinfer_status; the message for the last failure is kept on the
- * handle involved (cinfer_model_error / cinfer_ctx_error) or, for functions
- * that create a handle, written into the caller's `err` buffer.
+ * context (cinfer_ctx_error) or, for functions that create a handle or take
+ * an `err` buffer, written into the caller's buffer.
  *
  * Ownership: a model is read-only after load and may be shared by threads;
  * a context belongs to one thread at a time and keeps a pointer to its model
@@ -34,6 +34,10 @@ typedef enum cinfer_status {
 
 /* A short English name for a status ("format error", ...). Never NULL. */
 const char *cinfer_status_str(cinfer_status s);
+
+/* The library's version, "MAJOR.MINOR.PATCH", followed by " (git REV)" when
+ * it was built from a git checkout. Never NULL. */
+const char *cinfer_version(void);
 
 typedef struct cinfer_model cinfer_model;
 typedef struct cinfer_ctx cinfer_ctx;
@@ -82,7 +86,7 @@ typedef struct cinfer_ctx_opts {
     size_t kv_memory;   /* bytes the KV pages may take; 0 = 75% of the memory available
                            when the context is created (host MemAvailable on the CPU, free
                            device memory on CUDA). Pages are allocated as sequences grow. */
-    int kv_page;        /* token slots per page, a power of two (0 = 128; CUDA: >= 16) */
+    int kv_page;        /* token slots per page, a power of two (0 = 128) */
     int max_kv_size;    /* > 0: every layer keeps the first 4 tokens and a window of the
                            most recent max_kv_size - 4 (mlx-lm's RotatingKVCache(N, keep=4));
                            generation may then run past the model's context */
@@ -111,6 +115,11 @@ void cinfer_ctx_trim(cinfer_ctx *c, int n);
 int cinfer_ctx_pos(const cinfer_ctx *c);
 /* Bytes of KV pages held by the sequences (kv_bytes). */
 size_t cinfer_ctx_cache_bytes(const cinfer_ctx *c);
+/* Bytes cinfer holds for this context and its model: the mapped weights, the
+ * work buffers (grown to the largest batch seen) and the KV cache. This is
+ * what "peak memory" reports: not the address space a runtime (CUDA)
+ * reserves nor the libraries' resident pages. */
+size_t cinfer_ctx_memory_bytes(const cinfer_ctx *c);
 
 typedef struct cinfer_kv_info {
     size_t bytes_held;   /* pages held by sequences */
@@ -293,6 +302,9 @@ typedef struct cinfer_gen_stats {
     double prompt_s, gen_s;    /* seconds in prefill / in decode */
     size_t peak_rss;           /* bytes, process peak resident set */
     int stopped_by_eos;
+    int finish_reason;         /* cinfer_finish */
+    size_t kv_bytes;           /* cinfer_ctx_cache_bytes at the end */
+    size_t peak_memory;        /* cinfer_ctx_memory_bytes at the end (its peak: buffers only grow) */
 } cinfer_gen_stats;
 
 /* Called for each generated token with the text it completes (complete UTF-8
@@ -300,11 +312,45 @@ typedef struct cinfer_gen_stats {
 typedef int (*cinfer_token_cb)(int32_t token, const char *text, void *user);
 
 /* Feeds prompt[n_prompt] (must be >= 1 token) after the cached tokens, then
- * samples up to max_tokens tokens, stopping at an eos id. text in the callback
- * is NULL when the model has no tokenizer. */
+ * samples up to max_tokens tokens, stopping at an eos id or at the model's
+ * context limit (max_position_embeddings; see cinfer_generate_ex). text in
+ * the callback is NULL when the model has no tokenizer. */
 cinfer_status cinfer_generate(cinfer_ctx *c, const int32_t *prompt, int n_prompt,
                               const cinfer_sampler_params *sp, int max_tokens,
                               cinfer_token_cb cb, void *user, cinfer_gen_stats *stats);
+
+/* Why generation ended (mlx-lm's finish_reason). */
+typedef enum cinfer_finish {
+    CINFER_FINISH_LENGTH = 0,   /* "length": max_tokens generated */
+    CINFER_FINISH_STOP = 1,     /* "stop": an eos id (or extra eos id) sampled, or the callback stopped it */
+    CINFER_FINISH_CONTEXT = 2,  /* "context": the sequence reached the context limit */
+} cinfer_finish;
+
+typedef struct cinfer_gen_opts {
+    int max_tokens;             /* -1: until an eos id or the context limit (default 100) */
+    int max_context;            /* positions a sequence may hold (cached + prompt + generated):
+                                 * 0 = the model's max_position_embeddings (default), -1 = no limit
+                                 * (for a cache that rotates); a prompt that does not fit is refused */
+    const int32_t *extra_eos;   /* [n_extra_eos] more ids that end generation, like the eos ids */
+    int n_extra_eos;
+    int logprobs;               /* 1: pass each chosen id's log-prob to the callback (else NAN) */
+    int report_eos;             /* 1: call the callback for the eos id too (text "") */
+} cinfer_gen_opts;
+
+cinfer_gen_opts cinfer_gen_defaults(void);
+
+/* As cinfer_token_cb, with the chosen id's log-probability: log-softmax of the
+ * logits after the repetition penalty, before temperature and the filters (as
+ * mlx-lm's generate_step yields it); NAN when not asked for and for the
+ * final flush (token -1). */
+typedef int (*cinfer_token_lp_cb)(int32_t token, const char *text, float logprob, void *user);
+
+/* cinfer_generate with options (go may be NULL: the defaults). stats gets the
+ * finish reason. A prompt that would not fit the context limit fails with
+ * CINFER_EINVAL and a message saying so, before any forward. */
+cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_prompt,
+                                 const cinfer_sampler_params *sp, const cinfer_gen_opts *go,
+                                 cinfer_token_lp_cb cb, void *user, cinfer_gen_stats *stats);
 
 /* -------------------------------------------------------------- tokenizers */
 
@@ -341,6 +387,17 @@ void cinfer_detok_stream_free(cinfer_detok_stream *s);
 cinfer_status cinfer_chat_render(const cinfer_tokenizer *t, const char *messages_json,
                                  const char *tools_json, const char *kwargs_json,
                                  int add_generation_prompt, char **out, char *err, size_t err_len);
+
+/* 1 when the tokenizer has a chat template (tokenizer_config.json
+ * "chat_template" or chat_template.jinja), else 0. */
+int cinfer_tokenizer_has_chat_template(const cinfer_tokenizer *t);
+/* cinfer_chat_render with the Jinja source `template_source` instead of the
+ * tokenizer's own (NULL: the tokenizer's); the tokenizer still provides the
+ * special-token variables (bos_token, eos_token, ...). */
+cinfer_status cinfer_chat_render_with(const cinfer_tokenizer *t, const char *template_source,
+                                      const char *messages_json, const char *tools_json,
+                                      const char *kwargs_json, int add_generation_prompt,
+                                      char **out, char *err, size_t err_len);
 
 /* ----------------------------------------------------------------- scoring
  * Perplexity (mlx_lm.perplexity), KL divergence (llama.cpp --kl-divergence)
@@ -386,11 +443,18 @@ cinfer_status cinfer_pack_rows(const int32_t *const *samples, const int *lens, i
  * adding special tokens, no EOS appended: mlx_lm's rules); blank lines are
  * skipped, a bad line is an error naming "path:line"; {"tokens": [ids]} is
  * taken as is (no tokenizer needed, t may be NULL). Any other file is one
- * text sample. eos: the id to append, -1 = the tokenizer's. Only the samples
- * that the rows need are tokenized. */
+ * text sample. eos: the id to append, -1 = the tokenizer's. Every line is
+ * checked first; only the samples that the rows need are tokenized. */
 cinfer_status cinfer_load_rows(const cinfer_tokenizer *t, int eos, const char *path,
                                const cinfer_data_opts *o, int32_t **rows, int *n_rows,
                                char *err, size_t err_len);
+/* As cinfer_load_rows on data[len] already in memory (standard input):
+ * `name` stands for the path in messages, jsonl = 1 reads it as JSONL. Every
+ * JSONL line is checked (JSON, and a shape above) before any row is cut. */
+cinfer_status cinfer_load_rows_mem(const cinfer_tokenizer *t, int eos, const char *name,
+                                   const char *data, size_t len, int jsonl,
+                                   const cinfer_data_opts *o, int32_t **rows, int *n_rows,
+                                   char *err, size_t err_len);
 
 /* Progress of a long scoring run: done of total scored positions. Return
  * non-zero to stop (the call then fails with CINFER_EINVAL, "stopped"). */

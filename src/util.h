@@ -25,9 +25,17 @@ cinfer_status cf_read_file(const char *path, char **out, size_t *len, char *err,
 /* path join into a malloc'd string */
 char *cf_path(const char *dir, const char *name);
 int cf_file_exists(const char *path);
-/* writes buf to path durably: temporary file, fsync, rename, directory fsync (atomic.c) */
+/* Where an atomic write (temporary file + rename) of `path` may land: a
+ * regular file or nothing -> *target = malloc'd path (a symlink's target
+ * resolved, so the link stays a link). A device, FIFO, directory or dangling
+ * link is refused (EIO, "not a regular file"): renaming over it would replace
+ * the special file itself. */
+cinfer_status cf_write_target(const char *path, char **target, char *err, size_t n);
+/* renames the (already fsync'd) tmp onto target and syncs the directory */
+int cf_rename_durable(const char *tmp, const char *target);
+/* writes buf to path durably: a temporary ".tmp.<pid>.<n>.<name>" beside the
+ * target (cf_write_target), fsync, cf_rename_durable (atomic.c) */
 cinfer_status cf_write_atomic(const char *path, const void *buf, size_t len, char *err, size_t n);
-cinfer_status cf_fsync_dir(const char *dir);
 double cf_now(void);          /* monotonic seconds */
 size_t cf_peak_rss(void);     /* bytes */
 #endif

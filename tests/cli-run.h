@@ -1,7 +1,11 @@
 /*
  * cli-run.h — runs the `cinfer` binary of the test's own build folder
  * (argv[0]'s ../cinfer) with stdout and stderr captured, for the tests of
- * the commands (test-score-cli.c, test-cli-text.c).
+ * the commands (test-score-cli.c, test-cli-text.c, test-cli.c,
+ * test-cli-guards.c, test-install.c). run() captures both streams in files;
+ * sh_run() runs ARGS through the shell as written (so "> /dev/full" or
+ * "< file" in ARGS act on cinfer itself), stdout through a pipe and stderr
+ * kept for run_err(), with a temp folder cli_tmp for the test's files.
  */
 #ifndef CINFER_CLI_RUN_H
 #define CINFER_CLI_RUN_H
@@ -39,5 +43,44 @@ static inline int run(const char *args, char *out, char *er, size_t cap) {
         unlink(files[i]);
     }
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char cli_tmp[64];
+
+/* cli_find and a fresh temp folder cli_tmp; 0 on failure */
+static inline int cli_setup(const char *argv0) {
+    snprintf(cli_tmp, sizeof cli_tmp, "/tmp/cinfer-cli-XXXXXX");
+    return cli_find(argv0) && mkdtemp(cli_tmp) != NULL;
+}
+
+/* `cinfer ARGS` through the shell: stdout -> out[cap], stderr -> cli_tmp/err */
+static inline int sh_run(const char *args, char *out, size_t cap) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s/err", cli, args, cli_tmp);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    while (fgetc(p) != EOF) {}
+    int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+/* the stderr of the last sh_run() (static buffer) */
+static inline const char *run_err(void) {
+    static char e[1 << 16];
+    char p[128];
+    snprintf(p, sizeof p, "%s/err", cli_tmp);
+    FILE *f = fopen(p, "r");
+    size_t n = f ? fread(e, 1, sizeof e - 1, f) : 0;
+    e[n] = 0;
+    if (f) fclose(f);
+    return e;
+}
+
+static inline void cli_cleanup(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", cli_tmp);
+    if (system(cmd)) printf("# could not remove %s\n", cli_tmp);
 }
 #endif

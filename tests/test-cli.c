@@ -1,55 +1,36 @@
 /*
  * test-cli.c — the `cinfer` binary as a user runs it: generate on the
- * default model, logits --npy against transformers' logits, --json output
- * that parses, --help, and usage errors with exit status 2.
+ * default model (shipped in models/stories260k: no ../shared needed),
+ * logits --npy against transformers' logits, --json output that parses,
+ * --help, and usage errors with exit status 2.
  */
 #include <jansson.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include "check.h"
+#include "cli-run.h"
 #include "io/npy.h"
-
-static char bin[600], tmp[64];
-
-static int run(const char *args, char *out, size_t cap) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>%s/err", bin, args, tmp);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
 
 int main(int argc, char **argv) {
     (void)argc;
-    snprintf(bin, sizeof bin, "%s", argv[0]);
-    char *s = strrchr(bin, '/');
-    if (s) *s = 0;
-    strncat(bin, "/../cinfer", sizeof bin - strlen(bin) - 1);
-    snprintf(tmp, sizeof tmp, "/tmp/cinfer-cli-XXXXXX");
-    if (!mkdtemp(tmp)) return 1;
+    if (!cli_setup(argv[0])) return 1;
     static char out[1 << 16];
     char args[1024];
-    const char *sh = shared_dir();
+    const char *sh = "models/stories260k";   /* shipped in the repository */
 
-    snprintf(args, sizeof args, "generate -m %s/models/stories260k -p 'Once upon a time' -n 20", sh);
-    int rc = run(args, out, sizeof out);
-    CHECK(rc == 0 && !strncmp(out, "Once upon a time, there was a little girl named Lily.", 52), "generate streams the story (rc %d): %.60s", rc, out);
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 20", sh);
+    int rc = sh_run(args, out, sizeof out);
+    CHECK(rc == 0 && !strncmp(out, ", there was a little girl named Lily.", 37), "generate prints the story after the prompt (rc %d): %.60s", rc, out);
 
-    snprintf(args, sizeof args, "generate -m %s/models/stories260k -n 5 --json", sh);
-    rc = run(args, out, sizeof out);
-    char *brace = strrchr(out, '{');
-    json_t *j = brace ? json_loads(brace, 0, NULL) : NULL;
+    snprintf(args, sizeof args, "generate -m %s -n 5 --json", sh);
+    rc = sh_run(args, out, sizeof out);
+    json_t *j = json_loads(out, 0, NULL);
     CHECK(rc == 0 && j && json_integer_value(json_object_get(j, "generation_tokens")) == 5 &&
           json_is_number(json_object_get(j, "generation_tps")), "generate --json prints parseable statistics");
     json_decref(j);
 
     char npy[128];
-    snprintf(npy, sizeof npy, "%s/l.npy", tmp);
-    snprintf(args, sizeof args, "logits -m %s/models/stories260k --tokens 1,403,407,261,378 --top 3 --npy %s --json", sh, npy);
-    rc = run(args, out, sizeof out);
+    snprintf(npy, sizeof npy, "%s/l.npy", cli_tmp);
+    snprintf(args, sizeof args, "logits -m %s --tokens 1,403,407,261,378 --top 3 --npy %s --json", sh, npy);
+    rc = sh_run(args, out, sizeof out);
     j = json_loads(out, 0, NULL);
     json_t *pos = json_object_get(j, "positions");
     json_t *last = json_array_get(pos, 4);
@@ -70,22 +51,22 @@ int main(int argc, char **argv) {
     free(a);
     free(b);
 
-    rc = run("generate --help", out, sizeof out);
+    rc = sh_run("generate --help", out, sizeof out);
     CHECK(rc == 0 && strstr(out, "--top-p") && strstr(out, "--seed"), "generate --help documents the flags");
-    rc = run("logits --help", out, sizeof out);
+    rc = sh_run("logits --help", out, sizeof out);
     CHECK(rc == 0 && strstr(out, "--npy"), "logits --help documents the flags");
-    rc = run("generate -m x --temp abc", out, sizeof out);
+    rc = sh_run("generate -m x --temp abc", out, sizeof out);
     CHECK(rc == 2, "a bad flag value is a usage error (exit 2)");
-    rc = run("frobnicate", out, sizeof out);
+    rc = sh_run("frobnicate", out, sizeof out);
     CHECK(rc == 2, "an unknown command is a usage error (exit 2)");
-    snprintf(args, sizeof args, "logits -m %s/models/stories260k --tokens 1,999999", sh);
-    rc = run(args, out, sizeof out);
+    snprintf(args, sizeof args, "logits -m %s --tokens 1,999999", sh);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 1, "a token id outside the vocabulary fails cleanly (exit %d)", rc);
 
     /* chat and generate --chat through a chat template added to a copy of stories260k */
     char mdir[128], cmd[1200];
-    snprintf(mdir, sizeof mdir, "%s/chatm", tmp);
-    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/models/stories260k/* %s/ && chmod -R u+w %s", mdir, sh, mdir, mdir);
+    snprintf(mdir, sizeof mdir, "%s/chatm", cli_tmp);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/* %s/ && chmod -R u+w %s", mdir, sh, mdir, mdir);
     int copied = system(cmd) == 0;
     snprintf(cmd, sizeof cmd, "%s/tokenizer_config.json", mdir);
     json_t *tc = json_load_file(cmd, 0, NULL);
@@ -97,14 +78,14 @@ int main(int argc, char **argv) {
         json_decref(tc);
     }
     snprintf(args, sizeof args, "generate --chat -m %s -p 'Once upon a time' -n 8", mdir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(copied && tc && rc == 0 && !strncmp(out, ", there was a little girl", 25), "generate --chat renders the template (rc %d): %.40s", rc, out);
     snprintf(args, sizeof args, "chat -m %s -n 12 < /dev/null", mdir);
-    rc = run(args, out, sizeof out);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 0, "chat ends cleanly at end of input (rc %d)", rc);
-    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nLily and Ben\\n' | %s chat -m %s -n 12 > %s/chat.out 2>&1", bin, mdir, tmp);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nLily and Ben\\n' | %s chat -m %s -n 12 > %s/chat.out 2>&1", cli, mdir, cli_tmp);
     rc = system(cmd);
-    snprintf(cmd, sizeof cmd, "%s/chat.out", tmp);
+    snprintf(cmd, sizeof cmd, "%s/chat.out", cli_tmp);
     FILE *cf = fopen(cmd, "r");
     size_t got = cf ? fread(out, 1, sizeof out - 1, cf) : 0;
     out[got] = 0;
@@ -112,11 +93,10 @@ int main(int argc, char **argv) {
     int turns = 0;
     for (char *q = out; (q = strstr(q, "tok/s]")); q++) turns++;
     CHECK(rc == 0 && turns == 2 && strstr(out, ", there was a little girl"), "chat answers two turns (%d turns)", turns);
-    snprintf(args, sizeof args, "generate --chat -m %s/models/stories260k -p hi -n 2", sh);
-    rc = run(args, out, sizeof out);
+    snprintf(args, sizeof args, "generate --chat -m %s -p hi -n 2", sh);
+    rc = sh_run(args, out, sizeof out);
     CHECK(rc == 1, "generate --chat on a model without a chat template fails cleanly (rc %d)", rc);
 
-    snprintf(args, sizeof args, "rm -rf %s", tmp);
-    if (system(args)) printf("# could not remove %s\n", tmp);
+    cli_cleanup();
     return CHECK_DONE();
 }

@@ -15,8 +15,17 @@
  * sampling: graph replay, argmax on the device, one token copied back), and
  * again with cinfer_eval copying each step's logits to the host.
  *
+ * Two more modes (environment; both on the same loaded model, after the
+ * above): BENCH_AGG="1 8 32 64" — N sequences of different prompt lengths
+ * (64..511 tokens) decoding together, one row per sequence per step, through
+ * the library's batched path (the engine a server uses), with the weight and
+ * KV bytes a step reads against copy bandwidth (agg_decode); BENCH_LONG="4096
+ * 32768 131000" — one sequence decoding after a context of that many tokens
+ * (prefilled in chunks of 4096), same measures (long_decode). BENCH_ONLY=1
+ * skips the prefill/decode/breakdown part.
+ *
  * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
- *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and one JSON line.
+ *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and JSON lines.
  *   BENCH_AB=VAR (environment): also compares the decode step with the
  *   backend knob VAR at 0 and 1, or at 0 and $BENCH_AB_ON (ab_compare). BENCH_PROFILE: one decode
  *   step for a profiler (profile_step).
@@ -237,16 +246,20 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
     cudaDeviceSynchronize();
     double th = (cf_now() - a) / 5;
     printf("  %-10s %7.1f us  %6.0f GB/s\n", "lm_head", th * 1e6, (double)m->w.lm_head.rows * m->w.lm_head.cols * 2 / th / 1e9);
-    /* the attention ops of one decode step at position 200 of a 256-slot f16 cache */
+    /* the attention ops of one decode step at position 200 of a sequence holding two f16 pages of 128 */
     {
-        int hd = c->head_dim, cap = 256, p0 = 200, one = 1;
+        int hd = c->head_dim, cap = 256, p0 = 200, one = 1, zero = 0;
+        int32_t pt_h[2] = {1, 0};   /* the pages out of order, as a pool hands them out */
         size_t kvn = (size_t)c->n_kv_head * cap * hd;
         float *q = be->alloc(bc, sizeof(float) * c->n_head * hd), *k = be->alloc(bc, sizeof(float) * c->n_kv_head * hd);
         float *o = be->alloc(bc, sizeof(float) * c->n_head * hd);
         void *kc = be->alloc(bc, kvn * 2), *vc = be->alloc(bc, kvn * 2);
-        be_attn at = {.B = 1, .L = 1, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd, .cap = cap, .pos0 = &p0,
-                      .len = &one, .scale = 0.088f, .pos = &p0, .inv_freq = m->w.inv_freq, .rot_dims = m->w.rot_dims, .neox = 1};
-        if (q && k && o && kc && vc) {
+        int32_t *pt = be->alloc(bc, sizeof pt_h);
+        if (pt) be->from_host(bc, pt, pt_h, sizeof pt_h);
+        be_attn at = {.B = 1, .L = 1, .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = hd, .pos0 = &p0, .len = &one,
+                      .scale = 0.088f, .page = 128, .n_pt = 2, .pt = pt, .pt_host = pt_h, .seq = &zero, .run0 = &zero,
+                      .max_span = p0 + 1, .pos = &p0, .inv_freq = m->w.inv_freq, .rot_dims = m->w.rot_dims, .neox = 1};
+        if (q && k && o && kc && vc && pt) {
             for (int op = 0; op < 2; op++) {
                 for (int rep = 0; rep < 2; rep++) {
                     cudaDeviceSynchronize();
@@ -261,7 +274,7 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
                 }
             }
         }
-        be->free(bc, q); be->free(bc, k); be->free(bc, o); be->free(bc, kc); be->free(bc, vc);
+        be->free(bc, q); be->free(bc, k); be->free(bc, o); be->free(bc, kc); be->free(bc, vc); be->free(bc, pt);
     }
     int32_t am = 0;
     be->argmax(bc, x, 1, c->n_vocab, &am);
@@ -338,6 +351,123 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
     return last[0] != last[1];
 }
 
+/* the next integer of a space-separated list; 0 at its end */
+static int next_int(const char **p, int *v) {
+    char *e;
+    *v = (int)strtol(*p, &e, 10);
+    if (e == *p) return 0;
+    *p = e;
+    return 1;
+}
+
+/* f16 K + V bytes of one position over all layers */
+static size_t kv_bytes_per_pos(const model_config *c) { return (size_t)c->n_layer * 2 * c->n_kv_head * c->head_dim * 2; }
+
+/* BENCH_AGG: for each N of the list, N sequences with prompts of 64..511 tokens (prefilled 8
+ * rows per forward), then G decode steps of N rows: greedy on the device (ctx_decode_greedy),
+ * then G/2 steps with every row's logits copied to the host (cinfer_forward_seqs). A step
+ * reads the weights once and each sequence's keys and values. */
+static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
+    const model_config *c = &m->cfg;
+    int V = c->n_vocab, bad = 0;
+    const char *p = list;
+    int N;
+    while (!bad && next_int(&p, &N)) {
+        if (N < 1 || N > 1024) continue;
+        cinfer_ctx_opts co = {.kv_f16 = 1, .max_seqs = N};
+        cinfer_ctx *ctx = NULL;
+        char err[512];
+        if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "agg ctx: %s\n", err); return 1; }
+        int *lens = malloc(sizeof(int) * N), *seqs = malloc(sizeof(int) * N), LM = 512;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)N * LM), *tok = malloc(sizeof(int32_t) * N);
+        float *lg = malloc(sizeof(float) * (size_t)N * V);
+        long held = 0;
+        for (int b = 0; b < N; b++) {
+            seqs[b] = b;
+            lens[b] = 64 + (b * 97 + 31) % 448;
+            held += lens[b];
+            for (int i = 0; i < LM; i++) ids[(size_t)b * LM + i] = (int32_t)(((unsigned)b * 7919u + (unsigned)i * 104729u + 13u) % (unsigned)V);
+        }
+        for (int b0 = 0; b0 < N && !bad; b0 += 8) {
+            int nb = N - b0 < 8 ? N - b0 : 8;
+            bad = cinfer_forward_seqs(ctx, ids + (size_t)b0 * LM, nb, LM, seqs + b0, lens + b0, NULL, NULL, 0, lg + (size_t)b0 * V);
+        }
+        for (int b = 0; b < N; b++) tok[b] = (int32_t)((b * 31 + 7) % V);
+        for (int w = 0; w < 3 && !bad; w++) bad = ctx_decode_greedy(ctx, tok, N, seqs, tok);
+        long caps0 = 0, reps0 = 0, caps = 0, reps = 0;
+        cuda_graph_stats(ctx->bc, &caps0, &reps0);
+        double a = cf_now();
+        for (int i = 0; i < G && !bad; i++) bad = ctx_decode_greedy(ctx, tok, N, seqs, tok);
+        double t = cf_now() - a;
+        cuda_graph_stats(ctx->bc, &caps, &reps);
+        int G2 = G / 2 > 0 ? G / 2 : 1;
+        a = cf_now();
+        for (int i = 0; i < G2 && !bad; i++) {
+            bad = cinfer_forward_seqs(ctx, tok, N, 1, seqs, NULL, NULL, NULL, 0, lg);
+            for (int b = 0; b < N && !bad; b++) tok[b] = (int32_t)argmax(lg + (size_t)b * V, V);
+        }
+        double tl = cf_now() - a;
+        if (bad) { fprintf(stderr, "agg decode N=%d: %s\n", N, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
+        /* keys and values read per step: every sequence's positions at the middle of the timed steps */
+        double kv = (double)kv_bytes_per_pos(c) * ((double)held + N * (3.0 + G / 2.0));
+        double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
+        printf("aggregate decode N=%d (prompts 64..511, %ld tokens held): %.3f ms/step, %.0f tok/s; reads %.2f GB weights + %.2f GB KV "
+               "per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld; with logits to the host: %.3f ms/step, "
+               "%.0f tok/s\n", N, held, step * 1e3, N / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps - caps0,
+               reps - reps0, tl / G2 * 1e3, N * G2 / tl);
+        printf("{\"engine\":\"cinfer\",\"mode\":\"aggregate_decode\",\"seqs\":%d,\"tok_s\":%.1f,\"step_ms\":%.4f,\"weight_bytes\":%zu,"
+               "\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"logits_tok_s\":%.1f}\n", N, N / step, step * 1e3, step_bytes, kv, gbs,
+               copy_gbs, N * G2 / tl);
+        free(lens); free(seqs); free(ids); free(tok); free(lg);
+        cinfer_ctx_free(ctx);
+    }
+    return bad;
+}
+
+/* BENCH_LONG: for each context length P of the list, one sequence prefilled in chunks of
+ * 4096 tokens (no logits), then G greedy decode steps timed as a whole; a step reads the
+ * weights and P keys and values per layer. */
+static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
+    const model_config *c = &m->cfg;
+    int V = c->n_vocab, bad = 0, CH = 4096;
+    int32_t *ids = malloc(sizeof(int32_t) * CH);
+    const char *p = list;
+    int P;
+    while (!bad && next_int(&p, &P)) {
+        if (P < 1) continue;
+        cinfer_ctx_opts co = {.kv_f16 = 1, .max_seqs = 1};
+        cinfer_ctx *ctx = NULL;
+        char err[512];
+        if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "long ctx: %s\n", err); return 1; }
+        int seq = 0, none[2] = {0, 0};
+        double a = cf_now();
+        for (int p0 = 0; p0 < P && !bad; p0 += CH) {
+            int n = P - p0 < CH ? P - p0 : CH;
+            for (int i = 0; i < n; i++) ids[i] = (int32_t)(((unsigned)(p0 + i) * 104729u + 13u) % (unsigned)V);
+            bad = cinfer_forward_seqs(ctx, ids, 1, n, &seq, NULL, NULL, none, 0, NULL);
+        }
+        double tp = cf_now() - a;
+        int32_t tok = 17;
+        for (int w = 0; w < 3 && !bad; w++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+        a = cf_now();
+        for (int i = 0; i < G && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+        double t = cf_now() - a;
+        if (bad) { fprintf(stderr, "long decode P=%d: %s\n", P, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
+        long caps = 0, reps = 0;
+        cuda_graph_stats(ctx->bc, &caps, &reps);
+        double kv = (double)kv_bytes_per_pos(c) * (P + 3 + G / 2.0), step = t / G, gbs = (step_bytes + kv) / step / 1e9;
+        printf("long-context decode after %d tokens (prefilled in %.1f s, %.0f tok/s): %.3f ms/token, %.1f tok/s; reads %.2f GB weights + "
+               "%.2f GB KV per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld\n", P, tp, P / tp, step * 1e3,
+               1 / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps, reps);
+        printf("{\"engine\":\"cinfer\",\"mode\":\"long_decode\",\"context\":%d,\"tok_s\":%.2f,\"step_ms\":%.4f,\"weight_bytes\":%zu,"
+               "\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"prefill_tok_s\":%.1f}\n", P, 1 / step, step * 1e3, step_bytes, kv, gbs,
+               copy_gbs, P / tp);
+        cinfer_ctx_free(ctx);
+    }
+    free(ids);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: bench-cuda SHAPE DIR [prefill_tokens] [gen_tokens]\n"); return 2; }
     const shape *s = NULL;
@@ -364,6 +494,14 @@ int main(int argc, char **argv) {
     int V = c->n_vocab;
     int32_t *ids = malloc(sizeof(int32_t) * P);
     if (getenv("BENCH_PROFILE")) return profile_step(ctx, ids, NP, V);
+    const char *agg = getenv("BENCH_AGG"), *lng = getenv("BENCH_LONG");
+    if (getenv("BENCH_ONLY")) {
+        int bad = (agg && agg_decode(m, agg, G, copy_gbs, step_bytes)) | (lng && long_decode(m, lng, G, copy_gbs, step_bytes));
+        cinfer_ctx_free(ctx);
+        cinfer_model_free(m);
+        free(ids);
+        return bad;
+    }
     float *lg = malloc(sizeof(float) * V);
     uint64_t x = 12345;
     for (int i = 0; i < P; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((x >> 33) % V); }
@@ -427,6 +565,8 @@ int main(int argc, char **argv) {
     breakdown(m, ctx, t_dec / G);
     const char *ab = getenv("BENCH_AB");
     if (ab && *ab && ab_compare(m, ab, ids, NP, G)) bad = 1;
+    if (agg && agg_decode(m, agg, G, copy_gbs, step_bytes)) bad = 1;
+    if (lng && long_decode(m, lng, G, copy_gbs, step_bytes)) bad = 1;
     printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
            "\"decode_tok_s\":%.2f,\"decode_gbs\":%.1f,\"step_bytes\":%zu,\"copy_gbs\":%.1f,\"gemm_tflops\":%.1f,\"flops_prefill\":%.4g}\n",
            s->name, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The CUDA benchmark on the GPU machine, one call: bench-cuda (built here by
 # tests/gpu/build.sh, carried in build-gpu/) on random-weight llama-3.2-1b and
-# llama-3-8b shapes in bf16, each next to its measured ceilings, then the
+# llama-3-8b shapes in bf16, each next to its measured ceilings, the 8B
+# shape's aggregate and long-context decode (bench-cuda BENCH_AGG/BENCH_LONG), then the
 # PyTorch + transformers peer on the same shapes (eager, then
 # cache_implementation="static", each under a time limit), and a Markdown
 # table of all of it. Output: $OUT/bench.log, $OUT/results.jsonl.
@@ -21,6 +22,12 @@ for s in $SHAPES; do
   echo "== bench-cuda $s" | tee -a $O/bench.log
   $B/bench-cuda $s $W/$s 2048 128 2>&1 | tee -a $O/bench.log | grep '^{' >>$O/results.jsonl
 done
+# the 8B shape's aggregate decode (N sequences decoding together) and long-context decode (MODES=0: skip)
+if [ "${MODES:-1}" = 1 ]; then
+  echo "== bench-cuda llama-3-8b BENCH_AGG=\"${AGG:-1 8 32 64}\" BENCH_LONG=\"${LONG:-4096 32768 131000}\"" | tee -a $O/bench.log
+  BENCH_ONLY=1 BENCH_AGG="${AGG:-1 8 32 64}" BENCH_LONG="${LONG:-4096 32768 131000}" $B/bench-cuda llama-3-8b $W/llama-3-8b 2048 64 2>&1 |
+    tee -a $O/bench.log | grep '^{' >>$O/results.jsonl
+fi
 if [ "${PDL_COMPARE:-1}" = 1 ]; then
   s=llama-3-8b
   echo "== bench-cuda $s with CINFER_CUDA_PDL=0 (programmatic dependent launch off, for comparison)" | tee -a $O/bench.log

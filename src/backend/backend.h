@@ -171,6 +171,11 @@ typedef struct be_ops {
     int (*status)(be_ctx *c, char *msg, size_t n);
     /* bytes of memory this backend can still allocate (host MemAvailable, free device memory) */
     size_t (*mem_available)(be_ctx *c);
+    /* on: every op computes each row of its output from that row's inputs alone,
+     * in the same order whatever the batch (no bf16-rounded activations for
+     * batched matmuls on CUDA), so a row's results do not depend on the other
+     * rows; off (default): the fast paths */
+    void (*batch_invariant)(be_ctx *c, int on);
     /* bracket one forward; a backend may capture the ops between as a graph
      * and replay it when a later bracket issues the same ops (decode steps) */
     void (*step_begin)(be_ctx *c);

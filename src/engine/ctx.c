@@ -5,6 +5,8 @@
  * materialised. Buffers grow to the largest batch seen and are reused; a
  * decode step allocates nothing.
  */
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include "engine/engine.h"
@@ -110,6 +112,7 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
     if (m->be->ctx_new(&c->bc, nt)) { free(c); return cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name); }
     cinfer_status st = kv_options(c, o, err, n);
     if (!st) st = build_groups(c, err, n);
+    if (!st && o && o->batch_invariant && m->be->batch_invariant) m->be->batch_invariant(c->bc, 1);
     if (st) {
         cinfer_ctx_free(c);
         return st;
@@ -120,10 +123,22 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
 
 const char *cinfer_ctx_error(const cinfer_ctx *c) { return c ? c->err : "NULL context"; }
 
+size_t cinfer_ctx_memory_bytes(const cinfer_ctx *c) {
+    const model_config *cfg = &c->m->cfg;
+    size_t b = c->m->st.total_bytes + cinfer_ctx_cache_bytes(c);
+    if (c->cap_tokens)
+        b += c->cap_tokens * (cfg->hidden * sizeof(float) + sizeof *c->pos + sizeof *c->ids) +
+             arch_scratch_floats(c->m->arch, cfg, (int)c->cap_tokens) * sizeof(float);
+    if (c->xo) b += (size_t)OUT_CHUNK * cfg->hidden * sizeof(float);
+    if (c->lo) b += (size_t)OUT_CHUNK * cfg->n_vocab * sizeof(float);
+    return b;
+}
+
 /* grows the token buffers to T tokens and B rows */
 static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
     const be_ops *be = c->m->be;
     const model_config *cfg = &c->m->cfg;
+    if (T > INT_MAX) return ctx_fail(c, CINFER_EINVAL, "forward: a batch of %zu tokens is too large (at most %d)", T, INT_MAX);
     if (T > c->cap_tokens) {
         be->free(c->bc, c->x);
         be->free(c->bc, c->scratch);
@@ -136,9 +151,9 @@ static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
         c->cap_tokens = (!c->x || !c->scratch || !c->pos || !c->ids) ? 0 : T;
         if (!c->cap_tokens) return ctx_fail(c, CINFER_ENOMEM, "out of memory for a batch of %zu tokens", T);
     }
-    if (!c->xo) {
-        c->xo = be->alloc(c->bc, (size_t)OUT_CHUNK * cfg->hidden * sizeof(float));
-        c->lo = be->alloc(c->bc, (size_t)OUT_CHUNK * cfg->n_vocab * sizeof(float));
+    if (!c->xo || !c->lo) {   /* each on its own: one may have failed on an earlier call */
+        if (!c->xo) c->xo = be->alloc(c->bc, (size_t)OUT_CHUNK * cfg->hidden * sizeof(float));
+        if (!c->lo) c->lo = be->alloc(c->bc, (size_t)OUT_CHUNK * cfg->n_vocab * sizeof(float));
         if (!c->xo || !c->lo) return ctx_fail(c, CINFER_ENOMEM, "out of memory for the logits buffers");
     }
     if (B > c->cap_rows) {
@@ -234,8 +249,9 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     for (int k = 0; k < total && mode == OUT_LIST; k++)
         if ((st = out_row(c, mode, k, B, L, len, out_rows, rows))) return st;
     if ((st = prepare_groups(c, B, seq, pos0, len))) return st;
-    /* small forwards (decode) are bracketed so a device backend may replay them as a graph */
-    int step = be->step_begin && T <= 8;
+    /* small forwards and decode steps of any batch (one token per row) are bracketed so a
+     * device backend may replay them as a graph */
+    int step = be->step_begin && (T <= 8 || L == 1);
     if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
     block_batch bb = {B, L, pos0, len, c->pos};
@@ -256,9 +272,22 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     return st;
 }
 
+/* NaN/Inf logits mean the weights or activations overflowed: an error, never
+ * a silent `<unk>` or `nan` downstream */
+static cinfer_status finite_logits(cinfer_ctx *c, cinfer_status st, const float *logits, size_t rows) {
+    if (st || !logits) return st;
+    size_t V = (size_t)c->m->cfg.n_vocab;
+    for (size_t i = 0; i < rows * V; i++)
+        if (!isfinite(logits[i]))
+            return ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %zu hold %s (token %zu): the model's "
+                            "weights or activations are not finite", i / V, isnan(logits[i]) ? "NaN" : "Inf", i % V);
+    return CINFER_OK;
+}
+
 cinfer_status cinfer_forward_seqs(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
                                   const int *pos0, const int *out_rows, int n_out, float *logits) {
-    return forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL);
+    cinfer_status st = forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL);
+    return finite_logits(c, st, logits, out_rows ? (size_t)(n_out > 0 ? n_out : 0) : (size_t)B);
 }
 
 cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
@@ -267,7 +296,13 @@ cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
 }
 
 cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits) {
-    return forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
+    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
+    return finite_logits(c, st, logits, all ? (size_t)n : 1);
+}
+
+cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok) {
+    if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
+    return forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
 }
 
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {

@@ -59,5 +59,8 @@ cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) __a
  * device (backends with an argmax op): decode copies back a token, not a
  * vocabulary row. */
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok);
+/* one decode step of B rows (one token each, extending sequences seqs[b] at their ends);
+ * tok[b] = each row's greedy next token, computed on the backend (argmax op) */
+cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok);
 
 #endif

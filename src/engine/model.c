@@ -22,6 +22,22 @@ void cinfer_model_free(cinfer_model *m) {
     free(m);
 }
 
+#ifdef CINFER_CUDA
+/* the CUDA runtime's C entry points (libcudart; cudaError_t is an enum), so
+ * engine code needs no CUDA headers to say why the GPU is not usable */
+extern int cudaDriverGetVersion(int *version);
+extern int cudaGetDeviceCount(int *count);
+extern const char *cudaGetErrorString(int error);
+static void cuda_why(char *why, size_t n) {
+    int v = 0, count = 0, e;
+    if (cudaDriverGetVersion(&v) != 0 || v == 0) snprintf(why, n, "no NVIDIA driver is loaded (is this a GPU machine?)");
+    else if ((e = cudaGetDeviceCount(&count)) != 0) snprintf(why, n, "%s (driver %d.%d)", cudaGetErrorString(e), v / 1000, v % 1000 / 10);
+    else if (count < 1) snprintf(why, n, "no CUDA device found");
+}
+#else
+static void cuda_why(char *why, size_t n) { snprintf(why, n, "built without CUDA"); }
+#endif
+
 static cinfer_status prepare(cinfer_model *m, char *err, size_t n) {
     model_weights *w = &m->w;
     int bad = 0;
@@ -57,7 +73,11 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
     if (!st) {
         m->n_threads = opts && opts->n_threads > 0 ? opts->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
         if (m->n_threads < 1) m->n_threads = 1;
-        if (m->be->ctx_new(&m->bc, m->n_threads)) st = cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name);
+        if (m->be->ctx_new(&m->bc, m->n_threads)) {
+            char why[160] = "";
+            if (!strcmp(dev, "cuda")) cuda_why(why, sizeof why);
+            st = cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start%s%s", m->be->name, why[0] ? ": " : "", why);
+        }
     }
     if (!st) st = prepare(m, err, n);
     if (!st && !(opts && opts->no_tokenizer)) {

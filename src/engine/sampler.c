@@ -3,7 +3,8 @@
  * logits divided, negative multiplied, once per distinct recent token), then
  * greedy when temp == 0, else temperature, top-k, softmax, top-p (smallest set
  * whose mass reaches p), min-p (keep p_i >= min_p * p_max), and a draw from a
- * seeded xoshiro256** generator: same seed, same tokens. Work arrays are
+ * seeded xoshiro256** generator: same seed, same tokens. NaN logits count as
+ * -inf (never chosen; qsort's comparator stays consistent). Work arrays are
  * allocated once per sampler, none per token.
  */
 #include <math.h>
@@ -69,6 +70,7 @@ void cinfer_sampler_free(cinfer_sampler *s) {
     free(s);
 }
 
+/* a total order (qsort needs one): the sampler has turned NaN into -inf */
 static int by_logit_desc(const void *a, const void *b, void *ctx) {
     const float *l = ctx;
     float x = l[*(const int32_t *)a], y = l[*(const int32_t *)b];
@@ -77,6 +79,8 @@ static int by_logit_desc(const void *a, const void *b, void *ctx) {
 
 int32_t cinfer_sampler_sample(cinfer_sampler *s, float *logits, const int32_t *hist, int n_hist) {
     int V = s->n_vocab;
+    for (int i = 0; i < V; i++)   /* a NaN is no candidate: as -inf it never wins nor poisons the sums */
+        if (logits[i] != logits[i]) logits[i] = -INFINITY;
     if (s->p.rep_penalty != 1.0f && hist && n_hist > 0) {
         int from = s->p.rep_last_n > 0 && n_hist > s->p.rep_last_n ? n_hist - s->p.rep_last_n : 0;
         for (int i = from; i < n_hist; i++) {

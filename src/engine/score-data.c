@@ -202,6 +202,34 @@ static cinfer_status chat_ids(file_src *f, json_t *msgs, json_t *tools, int ln, 
     return st;
 }
 
+/* the sample kind of a parsed JSONL line, -1 when it has none */
+static int line_kind(json_t *o) {
+    if (json_is_array(json_object_get(o, "messages"))) return S_CHAT;
+    if (json_is_string(json_object_get(o, "prompt")) && json_is_string(json_object_get(o, "completion"))) return S_COMPLETION;
+    if (json_is_string(json_object_get(o, "text"))) return S_TEXT;
+    return -1;
+}
+
+/* every line, before any is scored: a bad line late in the file is an error
+ * whether or not the rows reach it (tokens are still made lazily) */
+static cinfer_status validate_lines(const file_src *f, char *err, size_t en) {
+    for (int i = 0; i < f->n; i++) {
+        json_error_t je;
+        json_t *o = json_loads(f->line[i], 0, &je), *tk = json_object_get(o, "tokens");
+        int ok = json_is_object(o) && (json_is_array(tk) || line_kind(o) >= 0);
+        size_t k;
+        json_t *v;
+        if (ok && json_is_array(tk))
+            json_array_foreach(tk, k, v) if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) ok = 0;
+        json_decref(o);
+        if (!o) return cf_err(err, en, CINFER_EFORMAT, "%s:%d: not valid JSON (%s)", f->path, f->lineno[i], je.text);
+        if (!ok)
+            return cf_err(err, en, CINFER_EFORMAT, "%s:%d: expected an object with \"text\", \"messages\" or "
+                          "\"prompt\"+\"completion\" strings, or \"tokens\": [non-negative ids]", f->path, f->lineno[i]);
+    }
+    return CINFER_OK;
+}
+
 static cinfer_status file_get(void *u, int i, const int32_t **out, int *n_out, char *err, size_t en) {
     file_src *f = u;
     free(f->ids);
@@ -234,10 +262,8 @@ static cinfer_status file_get(void *u, int i, const int32_t **out, int *n_out, c
             *n_out = (int)nt;
             return CINFER_OK;
         }
-        if (json_is_array(msgs)) kind = S_CHAT;
-        else if (json_is_string(pr) && json_is_string(co)) kind = S_COMPLETION;
-        else if (json_is_string(text)) kind = S_TEXT;
-        else {
+        kind = line_kind(o);
+        if (kind < 0) {
             json_decref(o);
             return cf_err(err, en, CINFER_EFORMAT, "%s:%d: expected an object with \"text\", \"messages\" or \"prompt\"+\"completion\" strings", f->path, ln);
         }
@@ -267,19 +293,47 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
+static cinfer_status load_rows(file_src *f_, size_t len, const cinfer_data_opts *o, int32_t **rows, int *n_rows,
+                               char *err, size_t en);
+
 cinfer_status cinfer_load_rows(const cinfer_tokenizer *t, int eos, const char *path, const cinfer_data_opts *o,
                                int32_t **rows, int *n_rows, char *err, size_t en) {
     *rows = NULL;
     *n_rows = 0;
     file_src f = {0};
-    f.t = t;
-    f.eos = eos >= 0 ? eos : t ? cinfer_tokenizer_eos(t) : -1;
-    f.path = path;
     size_t len;
     cinfer_status st = cf_read_file(path, &f.buf, &len, err, en);
     if (st) return st;
-    if (strlen(f.buf) != len) { free(f.buf); return cf_err(err, en, CINFER_EFORMAT, "%s: the file holds a NUL byte", path); }
+    f.t = t;
+    f.eos = eos >= 0 ? eos : t ? cinfer_tokenizer_eos(t) : -1;
+    f.path = path;
     f.jsonl = ends_with(path, ".jsonl") || ends_with(path, ".ndjson");
+    return load_rows(&f, len, o, rows, n_rows, err, en);
+}
+
+cinfer_status cinfer_load_rows_mem(const cinfer_tokenizer *t, int eos, const char *name, const char *data, size_t len,
+                                   int jsonl, const cinfer_data_opts *o, int32_t **rows, int *n_rows, char *err, size_t en) {
+    *rows = NULL;
+    *n_rows = 0;
+    file_src f = {0};
+    if (!data || !name) return cf_err(err, en, CINFER_EINVAL, "cinfer_load_rows_mem: NULL data or name");
+    if (!(f.buf = malloc(len + 1))) return cf_err(err, en, CINFER_ENOMEM, "%s: out of memory", name);
+    memcpy(f.buf, data, len);
+    f.buf[len] = 0;
+    f.t = t;
+    f.eos = eos >= 0 ? eos : t ? cinfer_tokenizer_eos(t) : -1;
+    f.path = name;
+    f.jsonl = jsonl;
+    return load_rows(&f, len, o, rows, n_rows, err, en);
+}
+
+/* f holds the data (f->buf, owned: freed here), its name and kind */
+static cinfer_status load_rows(file_src *f_, size_t len, const cinfer_data_opts *o, int32_t **rows, int *n_rows,
+                               char *err, size_t en) {
+    file_src f = *f_;
+    const char *path = f.path;
+    cinfer_status st = CINFER_OK;
+    if (strlen(f.buf) != len) { free(f.buf); return cf_err(err, en, CINFER_EFORMAT, "%s: the file holds a NUL byte", path); }
     int cap = 0;
     if (!f.jsonl) {
         cap = 1;
@@ -311,6 +365,7 @@ cinfer_status cinfer_load_rows(const cinfer_tokenizer *t, int eos, const char *p
     }
     if (st || (cap && (!f.line || !f.lineno))) st = cf_err(err, en, CINFER_ENOMEM, "out of memory");
     else if (f.n == 0) st = cf_err(err, en, CINFER_EINVAL, "%s: the file is empty (no samples)", path);
+    else if (f.jsonl && (st = validate_lines(&f, err, en))) {}
     else {
         char perr[512] = "";
         st = pack(file_get, &f, f.n, o, rows, n_rows, perr, sizeof perr);

@@ -316,11 +316,13 @@ cinfer_status cinfer_kl_save_base(cinfer_ctx *base, const int32_t *rows, int n_r
     int V = base->m->cfg.n_vocab;
     cinfer_status st = check_rows(V, rows, n_rows, L, batch, err, en);
     if (st) return st;
-    char *tmp = malloc(strlen(path) + 16);
-    if (!tmp) return cf_err(err, en, CINFER_ENOMEM, "out of memory");
-    sprintf(tmp, "%s.part", path);
+    char *target = NULL;
+    if ((st = cf_write_target(path, &target, err, en))) return st;
+    char *tmp = malloc(strlen(target) + 16);
+    if (!tmp) { free(target); return cf_err(err, en, CINFER_ENOMEM, "out of memory"); }
+    sprintf(tmp, "%s.part", target);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno)); free(tmp); return st; }
+    if (fd < 0) { st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno)); free(tmp); free(target); return st; }
     unsigned char h[KLB_HDR] = {0};
     uint32_t ver = 1, hb = KLB_HDR, rb = (uint32_t)rec_bytes_of(V);
     int32_t v32 = V, l32 = L, n32 = n_rows;
@@ -333,10 +335,12 @@ cinfer_status cinfer_kl_save_base(cinfer_ctx *base, const int32_t *rows, int n_r
         st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno));
     kl_run r = {NULL, base, NULL, fd, rec_off};
     if (!st) st = run_rows(&r, rows, n_rows, L, batch, NULL, NULL, cb, user, err, en);
+    if (!st && fsync(fd)) st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno));
     if (close(fd) && !st) st = cf_err(err, en, CINFER_EIO, "%s: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path)) st = cf_err(err, en, CINFER_EIO, "%s: %s", path, strerror(errno));
+    if (!st && cf_rename_durable(tmp, target)) st = cf_err(err, en, CINFER_EIO, "%s: %s", path, strerror(errno));
     if (st) unlink(tmp);
     free(tmp);
+    free(target);
     return st;
 }
 

@@ -85,6 +85,10 @@ int score_plan_next(score_plan *p) {
 }
 
 cinfer_status score_plan_forward(cinfer_ctx *c, const score_plan *p, float *logits, char *err, size_t en) {
+    int ctx_len = c->m->cfg.max_pos;
+    if (p->max_n > ctx_len)   /* positions past the model's context score garbage: refuse */
+        return cf_err(err, en, CINFER_EINVAL, "a row feeds %d positions but the model's context holds %d "
+                      "(max_position_embeddings): use shorter rows (--sequence-length <= %d)", p->max_n, ctx_len, ctx_len + 1);
     if (p->s == 0) cinfer_ctx_reset(c);
     cinfer_status st = cinfer_forward(c, p->ids_c, p->B, p->w, p->lens_c, p->pos0, p->pairs, p->n_out,
                                       p->n_out ? logits : NULL);

@@ -1,4 +1,4 @@
-/* status.c — names of the public status codes. */
+/* status.c — names of the public status codes, and the library version. */
 #include "cinfer.h"
 
 const char *cinfer_status_str(cinfer_status s) {
@@ -13,4 +13,16 @@ const char *cinfer_status_str(cinfer_status s) {
     case CINFER_ENOTFOUND: return "not found";
     }
     return "unknown status";
+}
+
+/* CINFER_VERSION comes from the Makefile; CINFER_GIT_REV when built in a checkout */
+#ifndef CINFER_VERSION
+#define CINFER_VERSION "0.0.0"
+#endif
+const char *cinfer_version(void) {
+#ifdef CINFER_GIT_REV
+    return CINFER_VERSION " (git " CINFER_GIT_REV ")";
+#else
+    return CINFER_VERSION;
+#endif
 }

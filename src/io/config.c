@@ -66,8 +66,12 @@ static void read_eos(json_t *v, model_config *c) {
 }
 
 /* rope_scaling (t4) or rope_parameters (t5) object */
-static int parse_rope(cfgp *p, json_t *rs, model_config *c) {
-    if (!json_is_object(rs)) return 1;
+static int parse_rope(cfgp *p, const char *key, json_t *rs, model_config *c) {
+    if (!rs || json_is_null(rs)) return 1;
+    if (!json_is_object(rs)) {   /* a string or number here is not a scaling cinfer can apply */
+        p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: field \"%s\" must be an object ({\"rope_type\": ..., \"factor\": ...})", p->path, key);
+        return 0;
+    }
     json_t *t = json_object_get(rs, "rope_type");
     if (!json_is_string(t)) t = json_object_get(rs, "type");
     const char *ty = json_is_string(t) ? json_string_value(t) : "default";
@@ -87,6 +91,31 @@ static int parse_rope(cfgp *p, json_t *rs, model_config *c) {
     if (c->rope_type != ROPE_DEFAULT && !(c->rope_factor > 0)) {
         p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: RoPE scaling factor must be > 0", p->path);
         return 0;
+    }
+    return 1;
+}
+
+/* values cinfer would run wrong rather than refuse: NaN/inf logits from
+ * eps <= 0 or theta <= 0 (theta^(-2i/d)), a RoPE buffer overrun from
+ * partial_rotary_factor > 1, an activation that is not the SiLU the blocks
+ * implement. Checked after rope_parameters/rope_scaling, which may set theta. */
+static int check_ranges(cfgp *p, model_config *c) {
+    const char *bad = NULL;
+    double v = 0;
+    if (!(c->eps > 0 && isfinite(c->eps))) { bad = "rms_norm_eps must be a finite number > 0"; v = c->eps; }
+    else if (!(c->rope_theta > 0 && isfinite(c->rope_theta))) { bad = "rope_theta must be a finite number > 0"; v = c->rope_theta; }
+    else if (!(c->partial_rotary > 0 && c->partial_rotary <= 1)) { bad = "partial_rotary_factor must be in (0, 1]"; v = c->partial_rotary; }
+    if (bad) { p->st = cf_err(p->err, p->n, CINFER_EFORMAT, "%s: %s (got %g)", p->path, bad, v); return 0; }
+    const char *keys[] = {"hidden_act", "hidden_activation"};
+    for (int i = 0; i < 2; i++) {
+        json_t *a = json_object_get(p->root, keys[i]);
+        if (!a || json_is_null(a)) continue;
+        const char *v = json_is_string(a) ? json_string_value(a) : "";
+        if (strcmp(v, "silu") && strcmp(v, "swish")) {
+            p->st = cf_err(p->err, p->n, CINFER_EUNSUPPORTED, "%s: %s \"%s\" is not supported (cinfer's MLP is SwiGLU: \"silu\")",
+                           p->path, keys[i], json_is_string(a) ? v : "(not a string)");
+            return 0;
+        }
     }
     return 1;
 }
@@ -135,15 +164,9 @@ cinfer_status config_load(const char *dir, int (*known)(const char *model_type),
         goto out;
     c->eps = eps;
     c->rope_factor = 1.0f;
-    if (!parse_rope(&p, json_object_get(p.root, "rope_parameters"), c) ||
-        !parse_rope(&p, json_object_get(p.root, "rope_scaling"), c))
+    if (!parse_rope(&p, "rope_parameters", json_object_get(p.root, "rope_parameters"), c) ||
+        !parse_rope(&p, "rope_scaling", json_object_get(p.root, "rope_scaling"), c) || !check_ranges(&p, c))
         goto out;
-    /* values that turn every logit into NaN/inf: theta^(-2i/d) needs theta > 0, the norm eps >= 0 */
-    if (!(c->rope_theta > 0 && isfinite(c->rope_theta)) || !(eps >= 0 && isfinite(eps))) {
-        p.st = cf_err(err, n, CINFER_EFORMAT, "%s: rope_theta must be > 0 (got %g) and rms_norm_eps >= 0 (got %g)", path,
-                      (double)c->rope_theta, (double)eps);
-        goto out;
-    }
     c->tie_embeddings = get_bool(p.root, "tie_word_embeddings", 0);
     c->attention_bias = get_bool(p.root, "attention_bias", 0);
     c->mlp_bias = get_bool(p.root, "mlp_bias", 0);

@@ -1,11 +1,13 @@
 /*
- * npy.c — see npy.h. Writes through a temporary file renamed into place, so
- * a failed write never leaves a half file under the requested name.
+ * npy.c — see npy.h. Writes through a temporary file, synced and renamed into
+ * place, so a failed write never leaves a half file under the requested name;
+ * only a regular file (or nothing) is replaced, never a device or FIFO.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "io/npy.h"
 #include "util.h"
 
@@ -20,25 +22,29 @@ cinfer_status npy_write_f32(const char *path, const float *data, int ndim, const
     if (ndim > 1) dims[strlen(dims) - 1] = 0;   /* (a, b) rather than (a, b,) */
     int h = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", dims);
     int total = 10 + h + 1, pad = (64 - total % 64) % 64;
-    size_t plen = strlen(path);
+    char *target = NULL;
+    cinfer_status st = cf_write_target(path, &target, err, n);
+    if (st) return st;
+    size_t plen = strlen(target);
     char *tmp = malloc(plen + 8);
-    if (!tmp) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
-    snprintf(tmp, plen + 8, "%s.tmp", path);
+    if (!tmp) { free(target); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
+    snprintf(tmp, plen + 8, "%s.tmp", target);
     FILE *f = fopen(tmp, "wb");
-    if (!f) { free(tmp); return cf_err(err, n, CINFER_EIO, "%s: cannot create: %s", path, strerror(errno)); }
+    if (!f) { free(tmp); free(target); return cf_err(err, n, CINFER_EIO, "%s: cannot create: %s", path, strerror(errno)); }
     uint16_t hl = (uint16_t)(h + pad + 1);
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(hdr, 1, (size_t)h, f) == (size_t)h;
     for (int i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF && fwrite(data, sizeof(float), count, f) == count;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;   /* on disk before the name points at it */
     ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    if (!ok || cf_rename_durable(tmp, target) != 0) {
+        st = cf_err(err, n, CINFER_EIO, "%s: write failed: %s", path, strerror(errno));
         remove(tmp);
-        free(tmp);
-        return cf_err(err, n, CINFER_EIO, "%s: write failed: %s", path, strerror(errno));
     }
     free(tmp);
-    return CINFER_OK;
+    free(target);
+    return st;
 }
 
 cinfer_status npy_read_f32(const char *path, float **data, int *ndim, int64_t *shape, char *err, size_t n) {

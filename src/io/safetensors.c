@@ -133,9 +133,10 @@ static cinfer_status add_image(const char *path, const uint8_t *base, size_t len
     if (nm) s->maps = nm;
     size_t *nl = realloc(s->map_len, (s->n_files + 1) * sizeof *nl);
     if (nl) s->map_len = nl;
-    if (!np || !nm || !nl) { if (map) munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
+    char *pcopy = np && nm && nl ? strdup(path) : NULL;
+    if (!pcopy) { if (map) munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
     int fi = s->n_files++;
-    s->paths[fi] = strdup(path);
+    s->paths[fi] = pcopy;
     s->maps[fi] = map;
     s->map_len[fi] = len;
     cinfer_status st = parse_header(path, (const char *)base + 8, hlen, base + 8 + hlen, len - 8 - hlen, fi, s, err, n);

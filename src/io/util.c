@@ -1,8 +1,11 @@
 /*
  * util.c — implementation of util.h: errors, checked sizes, whole-file reads,
- * paths, clocks and the process's peak resident set.
+ * paths, atomic-write targets, clocks and the process's peak resident set.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -61,6 +64,37 @@ char *cf_path(const char *dir, const char *name) {
 int cf_file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+cinfer_status cf_write_target(const char *path, char **target, char *err, size_t n) {
+    struct stat st;
+    *target = NULL;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT) return cf_err(err, n, CINFER_EIO, "%s: %s", path, strerror(errno));
+        *target = strdup(path);
+    } else if (S_ISLNK(st.st_mode)) {
+        char *real = realpath(path, NULL);
+        if (!real || stat(real, &st) != 0 || !S_ISREG(st.st_mode)) {
+            free(real);
+            return cf_err(err, n, CINFER_EIO, "%s: not a regular file (a link to a missing or special file); cinfer writes only regular files", path);
+        }
+        *target = real;
+    } else if (!S_ISREG(st.st_mode)) {
+        return cf_err(err, n, CINFER_EIO, "%s: not a regular file (a device, FIFO, socket or directory); cinfer writes only regular files", path);
+    } else {
+        *target = strdup(path);
+    }
+    return *target ? CINFER_OK : cf_err(err, n, CINFER_ENOMEM, "out of memory");
+}
+
+int cf_rename_durable(const char *tmp, const char *target) {
+    if (rename(tmp, target) != 0) return -1;
+    const char *slash = strrchr(target, '/');
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - target) + 1 : 1, slash ? target : ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }   /* best effort: some filesystems refuse it */
+    return 0;
 }
 
 double cf_now(void) {

@@ -33,13 +33,22 @@ static json_t *parse(const char *what, const char *s, int want_array, cinfer_sta
     return v;
 }
 
+int cinfer_tokenizer_has_chat_template(const cinfer_tokenizer *t) { return t && t->chat_template; }
+
 cinfer_status cinfer_chat_render(const cinfer_tokenizer *t, const char *messages_json,
                                  const char *tools_json, const char *kwargs_json,
                                  int add_generation_prompt, char **out, char *err, size_t err_len) {
+    return cinfer_chat_render_with(t, NULL, messages_json, tools_json, kwargs_json, add_generation_prompt, out, err, err_len);
+}
+
+cinfer_status cinfer_chat_render_with(const cinfer_tokenizer *t, const char *template_source, const char *messages_json,
+                                      const char *tools_json, const char *kwargs_json,
+                                      int add_generation_prompt, char **out, char *err, size_t err_len) {
     if (!out) return cf_err(err, err_len, CINFER_EINVAL, "cinfer_chat_render: out is NULL");
     *out = NULL;
     if (!t || !messages_json) return cf_err(err, err_len, CINFER_EINVAL, "cinfer_chat_render: tokenizer and messages are required");
-    if (!t->chat_template)
+    const char *source = template_source ? template_source : t->chat_template;
+    if (!source)
         return cf_err(err, err_len, CINFER_ENOTFOUND, "the tokenizer has no chat template (tokenizer_config.json \"chat_template\")");
     cinfer_status st = CINFER_OK;
     json_t *ctx = json_object();
@@ -65,7 +74,7 @@ cinfer_status cinfer_chat_render(const cinfer_tokenizer *t, const char *messages
     char *cj = json_dumps(ctx, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(ctx);
     if (!cj) return cf_err(err, err_len, CINFER_ENOMEM, "cinfer_chat_render: out of memory");
-    int rc = tmpl_render(t->chat_template, cj, out, err, err_len);
+    int rc = tmpl_render(source, cj, out, err, err_len);
     free(cj);
     return (cinfer_status)rc;
 }

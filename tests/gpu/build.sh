@@ -16,8 +16,8 @@ LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc 
  -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lm -Wl,-rpath,$CUDA_HOME/lib64"
 cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
 cc $CF -o $B/cinfer tools/cli/*.c $LIBS
-for t in tests/gpu/test-*.c bench/gpu/*.c; do
+for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/test-seq.c bench/gpu/*.c; do
   [ -f "$t" ] || continue
-  cc $CF -I$CUDA_HOME/include -o $B/$(basename "$t" .c) "$t" $LIBS
+  cc $CF -I$CUDA_HOME/include -Itests -o $B/$(basename "$t" .c) "$t" $LIBS
 done
 echo "built $B: $(cd $B && ls cinfer test-* bench-* 2>/dev/null | tr '\n' ' ')"

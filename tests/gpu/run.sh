@@ -1,6 +1,8 @@
 #!/bin/sh
 # Runs the CUDA backend's tests on the GPU machine (binaries built here by
-# tests/gpu/build.sh and carried in build-gpu/): kernels vs scalar references,
+# tests/gpu/build.sh and carried in build-gpu/): every op vs its scalar reference
+# (test-backend-ops), the cache conformance and many-sequence tests on CUDA
+# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda),
 # whole models vs the CPU backend and transformers' fixtures, stories260k
 # greedy text vs the CPU, the CLI end to end with --device cuda (generate,
 # logits, perplexity), then the
@@ -29,7 +31,11 @@ if [ -n "$COMMIT" ] && git rev-parse --git-dir >/dev/null 2>&1 && [ -n "$(git st
 fi
 COMMIT=${COMMIT:-unknown}
 stamp() { echo "# commit $COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC'), PART=${PART:-all}"; }
-if ldd $B/test-cuda-kernels | grep -q 'not found'; then
+# the backend-generic tests (test-backend-ops, test-cache, test-seq) run on CUDA here
+# (test-seq reads stories260k from $CINFER_SHARED/models, which must look like ../shared)
+mkdir -p $T/shared && ln -s "$(cd "$MODELS" && pwd)" $T/shared/models && echo "models for the GPU tests" >$T/shared/README.md
+export CINFER_TEST_DEVICE=cuda CINFER_SHARED=$T/shared
+if ldd $B/test-backend-ops | grep -q 'not found'; then
   lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):$LD_LIBRARY_PATH"
 fi
@@ -40,8 +46,10 @@ stamp >$O/tests.log
 [ "$COMMIT" = unknown ] && echo "FAIL the log names no commit: run with COMMIT=\$(git rev-parse HEAD)" >>$O/tests.log
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a $O/tests.log
 run() { echo "== $*" | tee -a $O/tests.log; "$@" >>$O/tests.log 2>&1 || fails=$((fails + 1)); }
-run $B/test-cuda-kernels
+run $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
+run $B/test-cache
+run $B/test-seq
 # CLI end to end: the same greedy text on both devices
 for d in cpu cuda; do
   $B/cinfer generate -m "$MODELS/stories260k" -p "Once upon a time" -n 60 --temp 0 --device $d >$T/gen-$d.txt 2>$T/gen-$d.err
@@ -112,7 +120,7 @@ if [ -n "$CS" ] && [ "$PART" != tests ]; then
   SAN_RUNS=${SAN_RUNS:-"memcheck:kernels memcheck:model racecheck:kernels synccheck:kernels initcheck:model"}
   for t in $SAN_RUNS; do
     tool=${t%%:*}; what=${t#*:}
-    if [ "$what" = model ]; then set -- $B/test-cuda-model "$MODELS"; else set -- $B/test-cuda-kernels; fi
+    if [ "$what" = model ]; then set -- $B/test-cuda-model "$MODELS"; else set -- $B/test-backend-ops; fi
     # memcheck: memory errors only (the kernel test's deliberate impossible allocation is an
     # API error). racecheck covers every kernel; cuBLAS's own (nvjet*) are reported apart.
     # (--kernel-name-exclude made the sanitizer itself fail here, 2026-11-29.)

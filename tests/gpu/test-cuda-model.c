@@ -28,6 +28,8 @@
  *   decode == prefill: f32 achieved <= 6.4e-7; 16-bit <= 5.5e-3; flash
  *               prefill vs the exact f32 decode <= 1.92e-3 (TOL_FLASH_DEC).
  *   padded batch == rows alone (2 rows): <= 3.5e-7; flash <= 1.9e-4.
+ *   12 sequences decoded together == each alone: batch-invariant mode 0 (bar
+ *               1e-6); default 1e-4 (f32) / 1.5e-2 (16-bit; prose-13m 1.48e-3).
  * argv[1]: directory holding stories260k and prose-13m (default ../shared/models).
  */
 #include <jansson.h>
@@ -72,7 +74,9 @@ static void check_decode(const char *name, cinfer_model *m, const int32_t *ids, 
     int ok = !cinfer_ctx_new(m, NULL, &c, err, sizeof err) && golden_decode_err(c, ids, n, V, full, &worst);
     long caps = 0, reps = 0;
     if (c) cuda_graph_stats(c->bc, &caps, &reps);
-    CHECK(ok && worst <= tol && reps >= n - 2, "%s: token-by-token decode == prefill (max error %.2e of range, tol %.3g; graph captured %ld, replayed %ld)",
+    /* every step after the first is replayed, or captured afresh when the attention geometry
+     * (bucketed by the keys it spans) changes: at most 2 steps run eagerly */
+    CHECK(ok && worst <= tol && reps + caps >= n - 2, "%s: token-by-token decode == prefill (max error %.2e of range, tol %.3g; graph captured %ld, replayed %ld)",
           name, worst, tol, caps, reps);
     cinfer_ctx_free(c);
 }
@@ -90,6 +94,47 @@ static void against(const char *name, const char *what, const char *refdir, cons
     double e = ref ? golden_rel_err(g, ref, (size_t)n * V) : 1, ecpu = ref ? golden_rel_err(c, ref, (size_t)n * V) : 1;
     CHECK(ref && e <= tol, "%s: cuda vs %s (%s): %.2e of range (tol %.3g; cpu's own: %.2e)", name, what, file, e, tol, ecpu);
     free(ref);
+}
+
+/* Issue 10 item 8: 12 sequences of different lengths (prefixes of ids) decoded together, one
+ * row each, against each decoded alone. Batch-invariant mode: within 1e-6 of the range (the
+ * ops are built to give the lone row's bits; the bar leaves f32 noise room). Default: within
+ * tol, the stated tolerance of the fast path (a batch of more than 8 rows rounds the activations
+ * of 16-bit matmuls to bf16/f16 for cuBLAS; f32 models take SGEMM). */
+static void check_batch(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, double tol) {
+    enum { NS = 12 };
+    double worst[2] = {0, 0};
+    int ok = n >= 4;
+    for (int inv = 0; inv < 2 && ok; inv++) {
+        cinfer_ctx_opts co = {.max_seqs = NS, .batch_invariant = inv};
+        cinfer_ctx *cb = NULL, *ca = NULL;
+        char err[256];
+        float *lb = malloc(sizeof(float) * NS * V), *la = malloc(sizeof(float) * V);
+        int seqs[NS];
+        int32_t tok[NS];
+        ok = lb && la && !cinfer_ctx_new(m, &co, &cb, err, sizeof err) && !cinfer_ctx_new(m, &co, &ca, err, sizeof err);
+        for (int s = 0; s < NS && ok; s++) {   /* the same prompts in both contexts, each alone */
+            int len = 2 + (s * 5) % (n - 2);
+            seqs[s] = s;
+            tok[s] = ids[(s * 7) % n];
+            ok = !cinfer_forward_seqs(cb, ids, 1, len, &seqs[s], NULL, NULL, NULL, 0, la) &&
+                 !cinfer_forward_seqs(ca, ids, 1, len, &seqs[s], NULL, NULL, NULL, 0, la);
+        }
+        ok = ok && !cinfer_forward_seqs(cb, tok, NS, 1, seqs, NULL, NULL, NULL, 0, lb);
+        for (int s = 0; s < NS && ok; s++) {
+            ok = !cinfer_forward_seqs(ca, &tok[s], 1, 1, &seqs[s], NULL, NULL, NULL, 0, la);
+            double e = golden_rel_err(lb + (size_t)s * V, la, V);
+            if (!(e <= worst[inv])) worst[inv] = e;
+        }
+        if (!ok) printf("# %s batch check: %s\n", name, cb ? cinfer_ctx_error(cb) : err);
+        cinfer_ctx_free(cb);
+        cinfer_ctx_free(ca);
+        free(lb);
+        free(la);
+    }
+    CHECK(ok && worst[1] <= 1e-6 && worst[0] <= tol,
+          "%s: 12 sequences decoded together == each alone: batch-invariant %.2e of range (tol 1e-6), default %.2e (tol %.3g)", name,
+          worst[1], worst[0], tol);
 }
 
 /* the model in dir against the transformers logits in refdir (a tiny fixture holds both) */
@@ -125,6 +170,7 @@ static void model_case(const char *name, const char *refdir, const char *dir) {
             /* decode runs the GEMV on f32 activations; prefill of 16-bit weights rounds them for cuBLAS */
             check_decode(name, mg, ids, n, V, g, flash && n >= 16 ? TOL_FLASH_DEC : f32 ? TOL_DEC_F32 : TOL_DEC_16);
             check_padded(name, mg, ids, n, V, g, flash && n >= 16 ? TOL_FLASH_PAD : TOL_PAD);
+            check_batch(name, mg, ids, n, V, f32 ? 1e-4 : 1.5e-2);
         }
         free(g); free(c);
     }

@@ -4,6 +4,9 @@
  * library's error printed.
  */
 #include <errno.h>
+#include <stdarg.h>
+#include <getopt.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,26 +60,77 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n) {
     return 1;
 }
 
-char *cli_read_file(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
+char *cli_read_file(const char *path, size_t *len, const char **why) {
+    const char *dummy;
+    if (!why) why = &dummy;
+    *why = NULL;
+    int std = !strcmp(path, "-");
+    FILE *f = std ? stdin : fopen(path, "rb");
+    if (!f) { *why = strerror(errno); return NULL; }
+    struct stat sb;
+    if (!std && (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode))) {   /* a FIFO or a device may never end */
+        fclose(f);
+        *why = "not a regular file";
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
         size_t got = fread(buf + n, 1, cap - n - 1, f);
         n += got;
         if (n + 1 < cap) break;
+        if (cap >= CLI_MAX_INPUT) { free(buf); buf = NULL; *why = "too large (over 1 GiB)"; break; }
         char *nb = realloc(buf, cap * 2);
-        if (!nb) { free(buf); buf = NULL; break; }
+        if (!nb) { free(buf); buf = NULL; *why = "out of memory"; break; }
         buf = nb;
         cap *= 2;
     }
     int bad = ferror(f);
-    if (f != stdin) fclose(f);
+    if (!std) fclose(f);
+    if (buf && bad) *why = "read error";
     if (!buf || bad) { free(buf); return NULL; }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+/* the option of argv named `a` ("--name[=v]" or "-x"): 1 takes a value, 0 a
+ * flag, -1 unknown */
+static int opt_kind(const char *a, const char *shortopts, const struct option *lo) {
+    if (a[1] == '-') {
+        size_t n = strcspn(a + 2, "=");
+        for (const struct option *o = lo; o && o->name; o++)
+            if (strlen(o->name) == n && !strncmp(o->name, a + 2, n)) return o->has_arg ? 1 : 0;
+        return -1;
+    }
+    const char *p = a[1] && a[1] != ':' ? strchr(shortopts, a[1]) : NULL;
+    return p ? p[1] == ':' : -1;
+}
+
+int cli_check_args(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) return 1;
+        if (a[0] != '-' || !a[1]) continue;
+        int k = opt_kind(a, shortopts, lo);
+        if (a[1] != '-' && a[2]) {   /* "-n5" is -n 5; "-ngl" is not -n gl (llama.cpp's flags are unknown here) */
+            char *e;
+            strtol(a + 2, &e, 10);
+            if (k == 1 && !*e) continue;
+            k = -1;
+        }
+        if (k < 0) { fprintf(stderr, "cinfer %s: unknown option '%s' (see cinfer %s --help)\n", cmd, a, cmd); return 0; }
+        if (k == 1 && !(a[1] == '-' && strchr(a, '='))) {
+            if (i + 1 >= argc) { fprintf(stderr, "cinfer %s: option '%s' needs a value\n", cmd, a); return 0; }
+            i++;
+        }
+    }
+    return 1;
+}
+
+void cli_bad_option(const char *cmd, char **argv, int opt) {
+    (void)opt;
+    fprintf(stderr, "cinfer %s: bad option '%s' (see cinfer %s --help)\n", cmd, argv[optind - 1], cmd);
 }
 
 cinfer_model *cli_load_model(const char *cmd, const char *dir, const char *device, int n_threads) {
@@ -89,6 +143,48 @@ cinfer_model *cli_load_model(const char *cmd, const char *dir, const char *devic
         return NULL;
     }
     return m;
+}
+
+int cli_getopt_begin(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo) {
+    optind = 1;
+    opterr = 0;
+    return cli_check_args(cmd, argc, argv, shortopts, lo);
+}
+
+int cli_no_more_args(const char *cmd, int argc, char **argv) {
+    if (optind >= argc) return 1;
+    fprintf(stderr, "cinfer %s: unexpected argument '%s' (every value belongs to a flag; see cinfer %s --help)\n", cmd, argv[optind], cmd);
+    return 0;
+}
+
+void cli_json_printf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!b) { fputs("null", stdout); return; }   /* stdout's error flag is not set: say something valid */
+    va_start(ap, fmt);
+    vsnprintf(b, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    int in_str = 0;
+    for (char *p = b; *p; p++) {
+        if (in_str) {
+            if (*p == '\\' && p[1]) putchar(*p++);
+            else if (*p == '"') in_str = 0;
+            putchar(*p);
+            continue;
+        }
+        if (*p == '"') in_str = 1;
+        const char *w = *p == '-' ? p + 1 : p;
+        if (!strncmp(w, "nan", 3) || !strncmp(w, "inf", 3)) {   /* printf's non-finite numbers */
+            fputs("null", stdout);
+            p = (char *)w + (strncmp(w, "infinity", 8) ? 2 : 7);
+            continue;
+        }
+        putchar(*p);
+    }
+    free(b);
 }
 
 int cli_size(const char *v, size_t *out) {

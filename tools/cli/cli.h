@@ -30,8 +30,22 @@ int cli_int(const char *cmd, const char *flag, const char *v, long lo, long hi, 
 int cli_float(const char *cmd, const char *flag, const char *v, float *out);
 /* "1,2,3" -> malloc'd ids[n]; 0 (and *ids NULL) when empty or malformed */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
-/* reads a whole file ("-" = stdin) into a NUL-terminated buffer */
-char *cli_read_file(const char *path, size_t *len);
+/* reads a whole file ("-" = stdin) into a NUL-terminated buffer; NULL and
+ * *why (may be NULL) = the reason: "not a regular file", "too large", ... */
+#define CLI_MAX_INPUT ((size_t)1 << 30)
+char *cli_read_file(const char *path, size_t *len, const char **why);
+/* checks argv before getopt: every option is known by its full name (no
+ * "-ngl" read as -n gl) and has its value; prints one message naming the flag */
+struct option;
+int cli_check_args(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo);
+/* cli_check_args, then getopt's state reset (optind 1, no getopt messages) */
+int cli_getopt_begin(const char *cmd, int argc, char **argv, const char *shortopts, const struct option *lo);
+/* after getopt: a stray argument ("logits --tokens 1 2 3") is an error naming it */
+int cli_no_more_args(const char *cmd, int argc, char **argv);
+/* printf for JSON: a non-finite number (nan, inf) outside strings prints as null */
+void cli_json_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* getopt's '?': names the argument */
+void cli_bad_option(const char *cmd, char **argv, int opt);
 /* The KV-cache flags of every command that runs a model: add CLI_KV_LONGOPTS
  * to the option table and CLI_KV_HELP to the help, and pass each option to
  * cli_kv_flag first: 1 = taken into *co, 0 = not a KV flag, -1 = bad value
@@ -78,10 +92,11 @@ typedef struct cli_cache {
     cinfer_tier *tier;
 } cli_cache;
 int cli_cache_flag(const char *cmd, int code, const char *v, cli_cache *cc);
-/* the prompt after a prompt-cache file's: --tokens, or text tokenized without BOS (with chat: the
- * template's rendering from the user's text on) */
-int cli_cache_suffix_ids(const char *cmd, cinfer_model *m, const char *text, const char *tokens, int chat,
-                         const char *system, int32_t **ids, int *n);
+/* mlx-lm's cut of a chat rendering at the user's text, given the same rendering with the text
+ * "<query>": the part before the text's end (prefix: what cache-prompt caches) or from its start
+ * (what generate feeds after a prompt-cache file); malloc'd, NULL (message printed) when the
+ * template does not show the text */
+char *cli_cache_cut(const char *cmd, const char *full, const char *test, int prefix);
 int cli_cache_begin(const char *cmd, cli_cache *cc, cinfer_model *m, cinfer_ctx *c, const int32_t *ids, int n, int *skip);
 void cli_cache_end(cli_cache *cc, cinfer_gen_stats *s);
 #endif

@@ -40,8 +40,8 @@ int cli_cache_flag(const char *cmd, int code, const char *v, cli_cache *cc) {
     }
 }
 
-/* renders [system?, user: content] with the generation prompt; malloc'd */
-static char *render_user(const char *cmd, const cinfer_tokenizer *t, const char *system, const char *content) {
+/* renders [system?, user: content] with the generation prompt through the tokenizer's template; malloc'd */
+static char *render_user(const cinfer_tokenizer *t, const char *system, const char *content) {
     json_t *msgs = json_array();
     if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
     json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", content));
@@ -49,53 +49,52 @@ static char *render_user(const char *cmd, const cinfer_tokenizer *t, const char 
     json_decref(msgs);
     cinfer_status st = js ? cinfer_chat_render(t, js, NULL, NULL, 1, &out, err, sizeof err) : CINFER_ENOMEM;
     free(js);
-    if (st) fprintf(stderr, "cinfer %s: chat template: %s\n", cmd, st == CINFER_ENOMEM ? "out of memory" : err);
+    if (st) fprintf(stderr, "cinfer cache-prompt: chat template: %s\n", st == CINFER_ENOMEM ? "out of memory" : err);
     return st ? NULL : out;
 }
 
-/* the chat rendering of text cut at the user's content: prefix (cache-prompt) or suffix (generate) */
-static char *chat_cut(const char *cmd, const cinfer_tokenizer *t, const char *system, const char *text, int prefix) {
-    char *full = render_user(cmd, t, system, text), *test = full ? render_user(cmd, t, system, "<query>") : NULL;
-    char *q = test ? strstr(test, "<query>") : NULL, *out = NULL;
-    if (q) {
-        size_t at = (size_t)(q - test), tail = strlen(q) - 7, fl = strlen(full);
-        if (prefix && fl >= tail) out = strndup(full, fl - tail);
-        else if (!prefix && fl >= at) out = strdup(full + at);
-    } else if (test) fprintf(stderr, "cinfer %s: the chat template does not show the user's text; cannot cut it\n", cmd);
-    free(full);
-    free(test);
-    return out;
+char *cli_cache_cut(const char *cmd, const char *full, const char *test, int prefix) {
+    const char *q = strstr(test, "<query>");
+    if (!q) { fprintf(stderr, "cinfer %s: the chat template does not show the user's text; cannot cut it\n", cmd); return NULL; }
+    size_t at = (size_t)(q - test), tail = strlen(q) - 7, fl = strlen(full);
+    if (prefix) return fl >= tail ? strndup(full, fl - tail) : NULL;
+    return fl >= at ? strdup(full + at) : NULL;
 }
 
-/* prompt ids: --tokens as given; text with the template cut (chat) or plain (BOS only when bos) */
-static int cut_ids(const char *cmd, cinfer_model *m, const char *text, const char *tokens, int chat, const char *system,
-                   int prefix, int32_t **ids, int *n) {
+/* cache-prompt's ids: --tokens as given; through the template (cut after the user's text) or plain with BOS */
+static int prefix_ids(cinfer_model *m, const char *text, const char *tokens, int templ, const char *system, int32_t **ids, int *n) {
     *ids = NULL;
     *n = 0;
     if (tokens) {
-        if (!cli_parse_ids(tokens, ids, n)) { fprintf(stderr, "cinfer %s: --tokens wants ids like 1,2,3\n", cmd); return 2; }
+        if (!cli_parse_ids(tokens, ids, n)) { fprintf(stderr, "cinfer cache-prompt: --tokens wants ids like 1,2,3\n"); return 2; }
         return 0;
     }
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
-    if (!t) { fprintf(stderr, "cinfer %s: the model has no tokenizer.json; pass --tokens\n", cmd); return 1; }
-    if (!text || !*text) { fprintf(stderr, "cinfer %s: give a prompt (--prompt TEXT, '-' for stdin, or --tokens)\n", cmd); return 2; }
-    char *cut = chat ? chat_cut(cmd, t, system, text, prefix) : NULL;
-    if (chat && !cut) return 1;
+    if (!t) { fprintf(stderr, "cinfer cache-prompt: the model has no tokenizer.json; pass --tokens\n"); return 1; }
+    if (!text || !*text) { fprintf(stderr, "cinfer cache-prompt: give a prompt (--prompt TEXT, '-' for stdin, or --tokens)\n"); return 2; }
+    if (templ < 0 && !cinfer_tokenizer_has_chat_template(t)) {
+        fprintf(stderr, "cinfer cache-prompt: --chat needs a chat template and the model has none\n");
+        return 2;
+    }
+    templ = templ < 0 || (templ > 0 && cinfer_tokenizer_has_chat_template(t));
+    char *cut = NULL;
+    if (templ) {
+        char *full = render_user(t, system, text), *test = full ? render_user(t, system, "<query>") : NULL;
+        cut = test ? cli_cache_cut("cache-prompt", full, test, 1) : NULL;
+        free(full);
+        free(test);
+        if (!cut) return 1;
+    }
     const char *s = cut ? cut : text;
-    cinfer_status st = cinfer_tokenize(t, s, strlen(s), !chat && prefix, 1, ids, n);
+    cinfer_status st = cinfer_tokenize(t, s, strlen(s), !templ, 1, ids, n);
     free(cut);
     if (st || *n < 1) {
-        fprintf(stderr, "cinfer %s: the prompt tokenizes to nothing (%s)\n", cmd, cinfer_status_str(st));
+        fprintf(stderr, "cinfer cache-prompt: the prompt tokenizes to nothing (%s)\n", cinfer_status_str(st));
         free(*ids);
         *ids = NULL;
         return 1;
     }
     return 0;
-}
-
-int cli_cache_suffix_ids(const char *cmd, cinfer_model *m, const char *text, const char *tokens, int chat,
-                         const char *system, int32_t **ids, int *n) {
-    return cut_ids(cmd, m, text, tokens, chat, system, 0, ids, n);
 }
 
 static void tier_log(const char *msg, void *user) { fprintf(stderr, "cinfer %s: %s\n", (const char *)user, msg); }
@@ -152,9 +151,11 @@ static void cp_help(FILE *f) {
         "  -m, --model DIR            model directory\n"
         "  -p, --prompt TEXT          the prompt to cache ('-' reads stdin)\n"
         "      --tokens 1,2,3         cache exactly these ids\n"
-        "      --chat                 apply the chat template as mlx_lm.cache_prompt does: the rendering\n"
-        "                             of the prompt as a user message, up to the end of its text\n"
-        "      --system TEXT          system message (with --chat)\n"
+        "      --ignore-chat-template feed the prompt as it is (default: when the tokenizer has a chat\n"
+        "                             template, the rendering of the prompt as a user message up to the\n"
+        "                             end of its text, as mlx_lm.cache_prompt does)\n"
+        "      --chat                 require the chat template\n"
+        "      --system-prompt TEXT   system message (through the template)\n"
         "      --prompt-cache-file F  the file to write (.safetensors appended when missing)\n"
         "      --kv-bits N            quantized KV cache (not supported yet: issue 15)\n"
         "  -t, --threads N            CPU threads\n"
@@ -166,14 +167,14 @@ static void cp_help(FILE *f) {
 int cmd_cache_prompt(int argc, char **argv) {
     static const struct option lo[] = {
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"tokens", 1, 0, 1}, {"chat", 0, 0, 2}, {"system", 1, 0, 3},
+        {"system-prompt", 1, 0, 3}, {"ignore-chat-template", 0, 0, 6},
         {"threads", 1, 0, 't'}, {"device", 1, 0, 4}, {"kv-bits", 1, 0, 5}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS,
         CLI_CACHE_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *tokens = NULL, *system = NULL, *device = NULL;
-    int chat = 0, threads = 0, c;
+    int templ = 1, threads = 0, c;   /* 1: when the tokenizer has one, -1: required, 0: never */
     cli_cache cc = {0};
     cinfer_ctx_opts co = {0};
-    optind = 1;
-    opterr = 0;
+    if (!cli_getopt_begin("cache-prompt", argc, argv, "m:p:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:p:t:h", lo, NULL)) != -1) {
         int k = cli_kv_flag("cache-prompt", c, optarg, &co);
         if (!k) k = cli_cache_flag("cache-prompt", c, optarg, &cc);
@@ -183,7 +184,8 @@ int cmd_cache_prompt(int argc, char **argv) {
         case 'm': model = optarg; break;
         case 'p': prompt = optarg; break;
         case 1: tokens = optarg; break;
-        case 2: chat = 1; break;
+        case 2: templ = -1; break;
+        case 6: templ = 0; break;
         case 3: system = optarg; break;
         case 't': if (!cli_int("cache-prompt", "--threads", optarg, 1, 1024, &threads)) return 2; break;
         case 4: device = optarg; break;
@@ -193,19 +195,19 @@ int cmd_cache_prompt(int argc, char **argv) {
             return 2;
         case 'h': cp_help(stdout); return 0;
         default:
-            fprintf(stderr, "cinfer cache-prompt: unknown or incomplete option '%s'\n", argv[optind - 1]);
-            cp_help(stderr);
+            cli_bad_option("cache-prompt", argv, optopt);
             return 2;
         }
     }
-    if (optind < argc) { fprintf(stderr, "cinfer cache-prompt: unexpected argument '%s'\n", argv[optind]); return 2; }
+    if (!cli_no_more_args("cache-prompt", argc, argv)) return 2;
     if (!model || !cc.file || (!prompt && !tokens) || cc.dir) {
         fprintf(stderr, "cinfer cache-prompt: need -m DIR, --prompt-cache-file FILE and --prompt or --tokens (try --help)\n");
         return 2;
     }
     char *stdin_text = NULL, *path = NULL;
     if (prompt && !strcmp(prompt, "-")) {
-        if (!(stdin_text = cli_read_file("-", NULL))) { fprintf(stderr, "cinfer cache-prompt: cannot read stdin\n"); return 1; }
+        const char *why = NULL;
+        if (!(stdin_text = cli_read_file("-", NULL, &why))) { fprintf(stderr, "cinfer cache-prompt: cannot read stdin: %s\n", why ? why : "?"); return 1; }
         prompt = stdin_text;
     }
     size_t fl = strlen(cc.file);
@@ -214,7 +216,7 @@ int cmd_cache_prompt(int argc, char **argv) {
     snprintf(path, fl + 13, "%s%s", cc.file, fl >= 12 && !strcmp(cc.file + fl - 12, ".safetensors") ? "" : ".safetensors");
     cinfer_model *m = cli_load_model("cache-prompt", model, device, threads);
     int32_t *ids = NULL;
-    int n = 0, rc = m ? cut_ids("cache-prompt", m, prompt, tokens, chat, system, 1, &ids, &n) : 1;
+    int n = 0, rc = m ? prefix_ids(m, prompt, tokens, templ, system, &ids, &n) : 1;
     cinfer_ctx *ctx = NULL;
     char err[512];
     co.n_threads = threads;

@@ -17,6 +17,8 @@ typedef struct score_progress { int on; double t0; const char *what; } score_pro
 int score_cli_progress(int64_t done, int64_t total, void *user);
 void score_cli_progress_init(score_progress *p, int mode, const char *what);
 int score_cli_data_flag(const char *cmd, int code, const char *v, cinfer_data_opts *o);
+int score_cli_load_rows(const cinfer_tokenizer *t, const char *data, const cinfer_data_opts *o, int32_t **rows,
+                        int *n_rows, char *err, size_t en);
 enum { DF_SEQ = 1000, DF_NUM, DF_SEED, DF_SHUF };
 
 static void kl_help(FILE *f) {
@@ -71,8 +73,8 @@ static void print_report(const cinfer_kl_stats *s) {
     printf("Tokens    : %lld\n", (long long)s->tokens);
 }
 
-static void print_json(const cinfer_kl_stats *s, double secs) {
-    printf("{\"tokens\": %lld, \"mean_kld\": %.10g, \"kld_uncertainty\": %.10g, \"same_top\": %.10g, "
+static void print_json(const cinfer_kl_stats *s, double secs, size_t mem) {
+    cli_json_printf("{\"tokens\": %lld, \"mean_kld\": %.10g, \"kld_uncertainty\": %.10g, \"same_top\": %.10g, "
            "\"same_top_uncertainty\": %.10g, \"ppl_model\": %.10g, \"ppl_model_uncertainty\": %.10g, "
            "\"ppl_base\": %.10g, \"ppl_base_uncertainty\": %.10g, \"cor_ln_ppl\": %.10g, \"ln_ppl_ratio\": %.10g, "
            "\"ln_ppl_ratio_uncertainty\": %.10g, \"ppl_ratio\": %.10g, \"ppl_ratio_uncertainty\": %.10g, "
@@ -80,14 +82,14 @@ static void print_json(const cinfer_kl_stats *s, double secs) {
            "\"rms_dp\": %.10g, \"rms_dp_uncertainty\": %.10g, \"seconds\": %.4f, \"peak_memory_gb\": %.4f",
            (long long)s->tokens, s->mean_kld, s->kld_unc, s->same_top, s->same_top_unc, s->ppl_model, s->ppl_model_unc,
            s->ppl_base, s->ppl_base_unc, s->cor_ln_ppl, s->ln_ratio, s->ln_ratio_unc, s->ratio, s->ratio_unc, s->diff,
-           s->diff_unc, s->mean_dp, s->dp_unc, s->rms_dp, s->rms_dp_unc, secs, cf_peak_rss() / 1e9);
+           s->diff_unc, s->mean_dp, s->dp_unc, s->rms_dp, s->rms_dp_unc, secs, mem / 1e9);
     static const char *kq[11] = {"max", "99.9", "99", "95", "90", "median", "10", "5", "1", "0.1", "min"};
     static const char *dq[13] = {"max", "99.9", "99", "95", "90", "75", "median", "25", "10", "5", "1", "0.1", "min"};
-    printf(", \"kld_percentiles\": {");
-    for (int i = 0; i < 11; i++) printf("%s\"%s\": %.10g", i ? ", " : "", kq[i], s->kld_q[i]);
-    printf("}, \"dp_percentiles\": {");
-    for (int i = 0; i < 13; i++) printf("%s\"%s\": %.10g", i ? ", " : "", dq[i], s->dp_q[i]);
-    printf("}}\n");
+    cli_json_printf(", \"kld_percentiles\": {");
+    for (int i = 0; i < 11; i++) cli_json_printf("%s\"%s\": %.10g", i ? ", " : "", kq[i], s->kld_q[i]);
+    cli_json_printf("}, \"dp_percentiles\": {");
+    for (int i = 0; i < 13; i++) cli_json_printf("%s\"%s\": %.10g", i ? ", " : "", dq[i], s->dp_q[i]);
+    cli_json_printf("}}\n");
 }
 
 /* the tokenizers of both models must agree piece by piece */
@@ -112,7 +114,7 @@ static int same_vocab(cinfer_model *a, cinfer_model *b, char *why, size_t n) {
 
 int cmd_kl(int argc, char **argv) {
     static const struct option lo[] = {
-        {"base", 1, 0, 1}, {"model", 1, 0, 'm'}, {"data", 1, 0, 2}, {"sequence-length", 1, 0, DF_SEQ},
+        {"base", 1, 0, 1}, {"model", 1, 0, 'm'}, {"data", 1, 0, 2}, {"data-path", 1, 0, 2}, {"sequence-length", 1, 0, DF_SEQ},
         {"num-samples", 1, 0, DF_NUM}, {"seed", 1, 0, DF_SEED}, {"shuffle", 1, 0, DF_SHUF}, {"batch-size", 1, 0, 3},
         {"save-base", 1, 0, 4}, {"base-logprobs", 1, 0, 5}, {"per-token", 1, 0, 6}, {"json", 0, 0, 7},
         {"progress", 0, 0, 8}, {"no-progress", 0, 0, 9}, {"threads", 1, 0, 't'}, {"device", 1, 0, 10},
@@ -120,9 +122,8 @@ int cmd_kl(int argc, char **argv) {
     const char *base = NULL, *model = NULL, *data = NULL, *save = NULL, *blp = NULL, *ptf = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();
-    optind = 1;
-    opterr = 0;
     cinfer_ctx_opts co = {0};
+    if (!cli_getopt_begin("kl", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag("kl", c, optarg, &co);
         if (kv < 0) return 2;
@@ -147,6 +148,7 @@ int cmd_kl(int argc, char **argv) {
         default: fprintf(stderr, "cinfer kl: unknown or incomplete option '%s'\n", argv[optind - 1]); kl_help(stderr); return 2;
         }
     }
+    if (!cli_no_more_args("kl", argc, argv)) return 2;
     const char *use = NULL;
     if (save && (!base || !data || blp)) use = "--save-base needs --base DIR and --data FILE (and no --base-logprobs)";
     else if (!save && !model) use = "need --model DIR (try --help)";
@@ -172,7 +174,7 @@ int cmd_kl(int argc, char **argv) {
     }
     if (!rc && mb && mm && !same_vocab(mb, mm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
     if (!rc && blp && cinfer_kl_base_open(blp, &file, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
-    if (!rc && data && !blp && cinfer_load_rows(cinfer_model_tokenizer(mb ? mb : mm), -1, data, &o, &rows, &n_rows, err, sizeof err)) {
+    if (!rc && data && !blp && score_cli_load_rows(cinfer_model_tokenizer(mb ? mb : mm), data, &o, &rows, &n_rows, err, sizeof err)) {
         fprintf(stderr, "cinfer kl: %s\n", err);
         rc = 1;
     }
@@ -228,7 +230,7 @@ int cmd_kl(int argc, char **argv) {
             }
         }
         if (!rc) {
-            if (json) print_json(&s, cf_now() - t0);
+            if (json) print_json(&s, cf_now() - t0, (cm ? cinfer_ctx_memory_bytes(cm) : 0) + (cb ? cinfer_ctx_memory_bytes(cb) : 0));
             else print_report(&s);
         }
         free(pt);

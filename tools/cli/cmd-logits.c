@@ -45,8 +45,7 @@ int cmd_logits(int argc, char **argv) {
                                        {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *tokens = NULL, *npy = NULL, *device = NULL;
     int top = 5, json = 0, threads = 0, c;
-    optind = 1;
-    opterr = 0;
+    if (!cli_getopt_begin("logits", argc, argv, "m:p:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:p:t:h", lo, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
@@ -61,6 +60,7 @@ int cmd_logits(int argc, char **argv) {
         default: fprintf(stderr, "cinfer logits: unknown or incomplete option '%s'\n", argv[optind - 1]); logits_help(stderr); return 2;
         }
     }
+    if (!cli_no_more_args("logits", argc, argv)) return 2;
     if (!model || (!prompt == !tokens)) {
         fprintf(stderr, "cinfer logits: need -m DIR and exactly one of --prompt / --tokens (try --help)\n");
         return 2;
@@ -81,6 +81,10 @@ int cmd_logits(int argc, char **argv) {
     cinfer_model_get_info(m, &info);
     int V = info.n_vocab;
     if (top > V) top = V;
+    if (!rc && n > info.max_pos) {
+        fprintf(stderr, "cinfer logits: %d tokens do not fit the model's context of %d positions (max_position_embeddings)\n", n, info.max_pos);
+        rc = 1;
+    }
     float *lg = rc ? NULL : malloc(sizeof(float) * (size_t)n * V);
     int *best = malloc(sizeof(int) * (top > 0 ? top : 1));
     cinfer_ctx *ctx = NULL;

@@ -74,9 +74,8 @@ int cmd_logprobs(int argc, char **argv) {
                                        {"threads", 1, 0, 't'}, {"device", 1, 0, 6}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
-    optind = 1;
-    opterr = 0;
     cinfer_ctx_opts co = {0};
+    if (!cli_getopt_begin("logprobs", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag("logprobs", c, optarg, &co);
         if (kv < 0) return 2;
@@ -94,13 +93,17 @@ int cmd_logprobs(int argc, char **argv) {
         default: fprintf(stderr, "cinfer logprobs: unknown or incomplete option '%s'\n", argv[optind - 1]); lp_help(stderr); return 2;
         }
     }
+    if (!cli_no_more_args("logprobs", argc, argv)) return 2;
     if (!model || !data) { fprintf(stderr, "cinfer logprobs: need -m DIR and --data FILE (try --help)\n"); return 2; }
     size_t len;
-    char *buf = cli_read_file(data, &len);
-    if (!buf) { fprintf(stderr, "cinfer logprobs: cannot read %s\n", data); return 1; }
+    const char *why;
+    char *buf = cli_read_file(data, &len, &why);
+    if (!buf) { fprintf(stderr, "cinfer logprobs: cannot read %s: %s\n", data, why); return 1; }
     cinfer_model *m = cli_load_model("logprobs", model, device, threads);
     if (!m) { free(buf); return 1; }
     const cinfer_tokenizer *t = cinfer_model_tokenizer(m);
+    cinfer_model_info info;
+    cinfer_model_get_info(m, &info);
     int rc = 0, n = 0, cap = 0, ln = 0;
     cinfer_lp_seq *seqs = NULL;
     lp_item *items = NULL;
@@ -143,6 +146,12 @@ int cmd_logprobs(int argc, char **argv) {
                  field_ids(t, pair ? ch : re, 0, &r1, &n1, data, ln, pair ? "chosen" : "response") &&
                  (!pair || field_ids(t, rj, 0, &r2, &n2, data, ln, "rejected"));
         if (ok && np < 1) { fprintf(stderr, "cinfer logprobs: %s:%d: the prompt is empty (no tokens)\n", data, ln); ok = 0; }
+        int longest = np + (n1 > n2 ? n1 : n2) - 1;   /* positions fed: all but the last response token */
+        if (ok && longest > info.max_pos) {
+            fprintf(stderr, "cinfer logprobs: %s:%d: prompt + response feed %d positions; the model's context holds %d (max_position_embeddings)\n",
+                    data, ln, longest, info.max_pos);
+            ok = 0;
+        }
         json_decref(o);
         if (!ok) { free(pid); free(r1); free(r2); rc = 1; break; }
         seqs[n] = (cinfer_lp_seq){pid, np, r1, n1};
@@ -170,12 +179,12 @@ int cmd_logprobs(int argc, char **argv) {
     }
     for (int k = 0; !rc && k < n; k++) {
         if (items[k].pair == 0) {
-            if (json) printf("{\"line\": %d, \"logprob\": %.10g, \"tokens\": %d}\n", items[k].line, sum[k], seqs[k].n_response);
+            if (json) cli_json_printf("{\"line\": %d, \"logprob\": %.10g, \"tokens\": %d}\n", items[k].line, sum[k], seqs[k].n_response);
             else printf("line %d: logprob %.6f over %d tokens\n", items[k].line, sum[k], seqs[k].n_response);
         } else if (items[k].pair == 1) {
             double mg = sum[k] - sum[k + 1];
             if (json)
-                printf("{\"line\": %d, \"chosen_logprob\": %.10g, \"chosen_tokens\": %d, \"rejected_logprob\": %.10g, "
+                cli_json_printf("{\"line\": %d, \"chosen_logprob\": %.10g, \"chosen_tokens\": %d, \"rejected_logprob\": %.10g, "
                        "\"rejected_tokens\": %d, \"margin\": %.10g}\n",
                        items[k].line, sum[k], seqs[k].n_response, sum[k + 1], seqs[k + 1].n_response, mg);
             else

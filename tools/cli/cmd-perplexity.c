@@ -63,6 +63,20 @@ int score_cli_data_flag(const char *cmd, int code, const char *v, cinfer_data_op
     return 0;
 }
 
+/* --data FILE, or "-" for standard input (JSONL when it starts with '{') */
+int score_cli_load_rows(const cinfer_tokenizer *t, const char *data, const cinfer_data_opts *o, int32_t **rows,
+                        int *n_rows, char *err, size_t en) {
+    if (strcmp(data, "-")) return cinfer_load_rows(t, -1, data, o, rows, n_rows, err, en) != CINFER_OK;
+    size_t len;
+    const char *why;
+    char *buf = cli_read_file("-", &len, &why);
+    if (!buf) { snprintf(err, en, "cannot read standard input: %s", why); return 1; }
+    const char *p = buf + strspn(buf, " \t\r\n");
+    int st = cinfer_load_rows_mem(t, -1, "standard input", buf, len, *p == '{', o, rows, n_rows, err, en) != CINFER_OK;
+    free(buf);
+    return st;
+}
+
 static void ppl_help(FILE *f) {
     fprintf(f,
         "usage: cinfer perplexity -m DIR --data FILE [options]\n\n"
@@ -71,7 +85,8 @@ static void ppl_help(FILE *f) {
         "every row is scored (float32 log-softmax). Prints perplexity +- standard error.\n\n"
         "  -m, --model DIR          model directory\n"
         "      --data FILE          .txt (one sample) or .jsonl: {\"text\"}, {\"messages\"} (chat\n"
-        "                           template), {\"prompt\",\"completion\"} or {\"tokens\": [ids]}\n"
+        "                           template), {\"prompt\",\"completion\"} or {\"tokens\": [ids]};\n"
+        "                           '-' reads standard input (alias --data-path, mlx_lm's name)\n"
         "      --sequence-length N  tokens per row (default 512)\n"
         "      --num-samples N      rows to score, -1 = all (default 256)\n"
         "      --batch-size N       rows per forward (default 8)\n"
@@ -87,16 +102,15 @@ static void ppl_help(FILE *f) {
 
 int cmd_perplexity(int argc, char **argv) {
     static const struct option lo[] = {
-        {"model", 1, 0, 'm'}, {"data", 1, 0, 1}, {"sequence-length", 1, 0, DF_SEQ}, {"num-samples", 1, 0, DF_NUM},
+        {"model", 1, 0, 'm'}, {"data", 1, 0, 1}, {"data-path", 1, 0, 1}, {"sequence-length", 1, 0, DF_SEQ}, {"num-samples", 1, 0, DF_NUM},
         {"seed", 1, 0, DF_SEED}, {"shuffle", 1, 0, DF_SHUF}, {"batch-size", 1, 0, 2}, {"json", 0, 0, 3},
         {"progress", 0, 0, 4}, {"no-progress", 0, 0, 5}, {"threads", 1, 0, 't'}, {"device", 1, 0, 6},
         {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();
-    optind = 1;
-    opterr = 0;
     cinfer_ctx_opts co = {0};
+    if (!cli_getopt_begin("perplexity", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag("perplexity", c, optarg, &co);
         if (kv < 0) return 2;
@@ -117,6 +131,7 @@ int cmd_perplexity(int argc, char **argv) {
         default: fprintf(stderr, "cinfer perplexity: unknown or incomplete option '%s'\n", argv[optind - 1]); ppl_help(stderr); return 2;
         }
     }
+    if (!cli_no_more_args("perplexity", argc, argv)) return 2;
     if (!model || !data) { fprintf(stderr, "cinfer perplexity: need -m DIR and --data FILE (try --help)\n"); return 2; }
     cinfer_model *m = cli_load_model("perplexity", model, device, threads);
     if (!m) return 1;
@@ -127,7 +142,7 @@ int cmd_perplexity(int argc, char **argv) {
     cinfer_ctx *ctx = NULL;
     cinfer_model_info info;
     cinfer_model_get_info(m, &info);
-    if (cinfer_load_rows(cinfer_model_tokenizer(m), -1, data, &o, &rows, &n_rows, err, sizeof err)) {
+    if (score_cli_load_rows(cinfer_model_tokenizer(m), data, &o, &rows, &n_rows, err, sizeof err)) {
         fprintf(stderr, "cinfer perplexity: %s\n", err);
         rc = 1;
     }
@@ -140,9 +155,9 @@ int cmd_perplexity(int argc, char **argv) {
         rc = 1;
     }
     if (!rc) {
-        double tps = r.seconds > 0 ? r.tokens / r.seconds : 0, peak = cf_peak_rss() / 1e9;
+        double tps = r.seconds > 0 ? r.tokens / r.seconds : 0, peak = cinfer_ctx_memory_bytes(ctx) / 1e9;
         if (json)
-            printf("{\"perplexity\": %.10g, \"standard_error\": %.10g, \"mean_loss\": %.10g, \"std_loss\": %.10g, "
+            cli_json_printf("{\"perplexity\": %.10g, \"standard_error\": %.10g, \"mean_loss\": %.10g, \"std_loss\": %.10g, "
                    "\"tokens\": %lld, \"rows\": %d, \"sequence_length\": %d, \"seconds\": %.4f, "
                    "\"tokens_per_second\": %.2f, \"peak_memory_gb\": %.4f}\n",
                    r.perplexity, r.standard_error, r.mean_loss, r.std_loss, (long long)r.tokens, r.rows, o.seq_len,

@@ -76,8 +76,9 @@ int cmd_tokenize(int argc, char **argv) {
     char *buf = NULL;
     if (file || !strcmp(text, "-")) {
         const char *p = file ? file : "-";
-        buf = cli_read_file(p, &len);
-        if (!buf) { fprintf(stderr, "cinfer tokenize: cannot read %s\n", file ? file : "standard input"); return 1; }
+        const char *why;
+        buf = cli_read_file(p, &len, &why);
+        if (!buf) { fprintf(stderr, "cinfer tokenize: cannot read %s: %s\n", file ? file : "standard input", why); return 1; }
         text = buf;
     } else len = strlen(text);
     cinfer_tokenizer *t = load_tok("tokenize", dir);
@@ -155,8 +156,9 @@ int cmd_detokenize(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "cinfer detokenize: -m DIR is required\n%s", detokenize_help); free(ids); return 2; }
     if (from_stdin) {
         size_t len;
-        char *buf = cli_read_file("-", &len);
-        if (!buf) { fprintf(stderr, "cinfer detokenize: cannot read standard input\n"); free(ids); return 1; }
+        const char *why;
+        char *buf = cli_read_file("-", &len, &why);
+        if (!buf) { fprintf(stderr, "cinfer detokenize: cannot read standard input: %s\n", why); free(ids); return 1; }
         size_t cap = (size_t)n + len / 2 + 1;
         int32_t *more = realloc(ids, cap * sizeof *more);
         if (!more) { free(buf); free(ids); return 1; }
@@ -219,10 +221,11 @@ int cmd_template(int argc, char **argv) {
         else { fprintf(stderr, "cinfer template: unknown argument '%s'\n%s", a, template_help); return 2; }
     }
     if (!dir || !msgs) { fprintf(stderr, "cinfer template: -m DIR and --messages FILE are required\n%s", template_help); return 2; }
-    char *mj = cli_read_file(msgs, NULL), *tj = NULL;
-    if (!mj) { fprintf(stderr, "cinfer template: cannot read %s\n", msgs); return 1; }
-    if (tools && !(tj = cli_read_file(tools, NULL))) {
-        fprintf(stderr, "cinfer template: cannot read %s\n", tools);
+    const char *why;
+    char *mj = cli_read_file(msgs, NULL, &why), *tj = NULL;
+    if (!mj) { fprintf(stderr, "cinfer template: cannot read %s: %s\n", msgs, why); return 1; }
+    if (tools && !(tj = cli_read_file(tools, NULL, &why))) {
+        fprintf(stderr, "cinfer template: cannot read %s: %s\n", tools, why);
         free(mj);
         return 1;
     }

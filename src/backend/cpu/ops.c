@@ -22,7 +22,10 @@ static int cpu_ctx_new(be_ctx **out, int n_threads) {
     c->pool = cpu_pool_new(n_threads);
     if (!c->pool) { free(c); return 1; }
     c->n_threads = cpu_pool_size(c->pool);
-    openblas_set_num_threads(c->n_threads);
+    /* OpenBLAS's thread count is process-global: every sgemm here runs inside
+     * the pool at one OpenBLAS thread, so a new context (the server's second)
+     * must never raise it under another context's running GEMMs */
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     *out = c;
     return 0;
 }

@@ -1,21 +1,28 @@
 /*
- * attention.cu — softmax(q k^T * scale + mask) v over the KV cache, on the
- * device. Mask: query i of row b sits at position p = pos0[b] + i and sees
- * keys j <= p (and j > p - window when a window is set); padded queries
- * (i >= len[b]) get zeros. Cache layout [B][n_kv][cap][hd], f32 or f16.
+ * attention.cu — softmax(q k^T * scale + mask) v over the paged KV cache, on
+ * the device. Query i of row b sits at position p = pos0[b] + i of sequence
+ * seq[b] and sees what be_span says (sinks and a run, see backend.h); keys
+ * are found through the device page table (cu_kv_row); padded queries
+ * (i >= len[b]) get zeros. Pools [n_pages][n_kv][page][hd] in f32, f16 or
+ * bf16; any power-of-two page size (every kernel looks a key's page up per
+ * key row, so no kernel needs a minimum).
  *
- * Two kernels here, and the decode kernel for f16 caches in attn-decode.cu:
+ * Two kernels here, and the decode kernel for 16-bit pools in attn-decode.cu:
  * - split-K (flash-decoding): grid (slices of >= 32 keys, heads, queries);
- *   each block scores its slice of keys in f32, keeps its max m, sum l and
- *   unnormalised output o; the last block of each (query, head) merges the
- *   slices with exp(m_s - M) weights. The grid depends only on the cache capacity, never
- *   on the position, so a captured decode graph stays valid while positions
- *   move (they arrive in device memory). Exact f32; any head_dim.
+ *   the keys a query sees are numbered 0..n-1 (cu_span_of: sinks, then the
+ *   run), each block takes a slice of those numbers, scores it in f32, keeps
+ *   its max m, sum l and unnormalised output o; the last block of each
+ *   (query, head) merges the slices with exp(m_s - M) weights. The grid
+ *   depends only on the bucketed span bound (cu_span_bucket), never on the
+ *   position, so a captured decode graph stays valid while positions move
+ *   (they arrive in device memory). Exact f32; any head_dim.
  * - flash (prefill, head_dim 64 or 128, L >= 16): FlashAttention-2 style, 64
- *   queries per block (16 per warp), key/value tiles of 64 in shared memory
- *   as f16, S = QK^T and O += PV on the tensor cores (mma.sync m16n8k16, f32
- *   accumulate), online softmax in f32 with exp2. Heaviest (latest) query
- *   tiles are scheduled first.
+ *   queries per block (16 per warp), key/value tiles of 64 positions in
+ *   shared memory as f16 (bf16 and f32 pools converted on load), S = QK^T and
+ *   O += PV on the tensor cores (mma.sync m16n8k16, f32 accumulate), online
+ *   softmax in f32 with exp2. A block walks the tiles of its queries' sinks,
+ *   then those of their run, skipping the gap a window leaves; each score is
+ *   masked by its query's own span. Heaviest (latest) query tiles first.
  * References: Dao, FlashAttention-2 (2023); Dao et al., Flash-Decoding (2023);
  * PTX ISA, mma.m16n8k16 fragment layouts.
  */
@@ -29,11 +36,14 @@
 
 template <typename KT> __device__ __forceinline__ float kv_at(const KT *p, size_t i) { return cu_f<KT>(p[i]); }
 
-/* the slice's scores, softmax statistics and unnormalised output -> pp */
+/* the slice's scores, softmax statistics and unnormalised output -> pp;
+ * rows[n]: the pool row of each of the slice's keys (a key whose page is not
+ * held, which be_span never shows, reads row 0 with weight 0) */
 template <typename KT>
-__device__ __forceinline__ void split_slice(const float *qq, const KT *K, const KT *V, size_t base, int hd, int j0, int j1, float scale,
-                                            float *qs, float *sc, float *red, float *pp) {
+__device__ __forceinline__ void split_slice(const float *qq, const KT *K, const KT *V, const uint32_t *rows, const uint8_t *held, int hd,
+                                            int n, float scale, float *qs, float *sc, float *red, float *pp) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int j0 = 0, j1 = n;
     for (int d = tid; d < hd; d += SPLIT_THREADS) qs[d] = qq[d];
     __syncthreads();
     /* scores: each warp takes KU keys at a time (independent loads in flight), lanes over hd */
@@ -47,7 +57,7 @@ __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const 
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 int j = jb + NW * u;
-                if (j < j1) acc[u] += qd * kv_at(K, base + (size_t)j * hd + d);
+                if (j < j1) acc[u] += qd * kv_at(K, (size_t)rows[j] * hd + d);
             }
         }
 #pragma unroll
@@ -56,11 +66,10 @@ __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const 
 #pragma unroll
             for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
             int j = jb + NW * u;
-            if (lane == 0 && j < j1) sc[j - j0] = a * scale;
+            if (lane == 0 && j < j1) sc[j - j0] = held[j] ? a * scale : -INFINITY;
         }
     }
     __syncthreads();
-    int n = j1 - j0;
     float mx = -INFINITY;
     for (int j = tid; j < n; j += SPLIT_THREADS) mx = fmaxf(mx, sc[j]);
 #pragma unroll
@@ -83,17 +92,17 @@ __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const 
         pp[1] = t;
     }
     for (int d = tid; d < hd; d += SPLIT_THREADS) {
-        const KT *vp = V + base + (size_t)j0 * hd + d;
+        const KT *vp = V + d;
         float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
         int j = 0;
 #pragma unroll 2
         for (; j + 4 <= n; j += 4) {
-            a0 += sc[j] * kv_at(vp, (size_t)j * hd);
-            a1 += sc[j + 1] * kv_at(vp, (size_t)(j + 1) * hd);
-            a2 += sc[j + 2] * kv_at(vp, (size_t)(j + 2) * hd);
-            a3 += sc[j + 3] * kv_at(vp, (size_t)(j + 3) * hd);
+            a0 += sc[j] * kv_at(vp, (size_t)rows[j] * hd);
+            a1 += sc[j + 1] * kv_at(vp, (size_t)rows[j + 1] * hd);
+            a2 += sc[j + 2] * kv_at(vp, (size_t)rows[j + 2] * hd);
+            a3 += sc[j + 3] * kv_at(vp, (size_t)rows[j + 3] * hd);
         }
-        for (; j < n; j++) a0 += sc[j] * kv_at(vp, (size_t)j * hd);
+        for (; j < n; j++) a0 += sc[j] * kv_at(vp, (size_t)rows[j] * hd);
         pp[2 + d] = (a0 + a1) + (a2 + a3);
     }
 }
@@ -103,10 +112,13 @@ __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const 
  * decode runs one attention kernel per layer. */
 template <typename KT>
 __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, const KT *K, const KT *V, int L, int H, int n_kv, int hd,
-                                                              int cap, int window, float scale, const int *pos0, const int *len,
+                                                              const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
+                                                              const int *pos0, const int *len, const int *seq, const int *run0,
                                                               int nsplit, int chunk, float *part, int *cnt, float *out) {
     extern __shared__ float sm[];
     float *qs = sm, *sc = sm + hd;   /* [hd], [chunk] */
+    uint32_t *rows = (uint32_t *)(sc + chunk);   /* [chunk] */
+    uint8_t *held = (uint8_t *)(rows + chunk);   /* [chunk] */
     __shared__ float red[SPLIT_THREADS / 32];
     __shared__ int last;
     PDL_ENTRY();
@@ -115,12 +127,17 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
     const float *prow = part + ((size_t)bi * H + h) * nsplit * (hd + 2);
     float *pp = (float *)prow + (size_t)s * (hd + 2);
     int p = pos0[b] + i, valid = i < len[b];
-    int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
-    int j0 = max(lo, s * chunk), j1 = min(p + 1, (s + 1) * chunk);
-    if (valid && j0 < j1) {
+    cu_span sp = cu_span_of(p, window, keep, run0[b]);
+    int t0 = s * chunk, t1 = min(sp.n, (s + 1) * chunk);
+    if (valid && t0 < t1) {
         int kvh = h / (H / n_kv);
-        size_t base = ((size_t)(b * n_kv + kvh)) * cap * hd;
-        split_slice<KT>(q + ((size_t)bi * H + h) * hd, K, V, base, hd, j0, j1, scale, qs, sc, red, pp);
+        const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
+        for (int t = t0 + tid; t < t1; t += SPLIT_THREADS) {   /* split_slice's first barrier publishes these */
+            int64_t row = cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, t));
+            rows[t - t0] = row < 0 ? 0u : (uint32_t)row;
+            held[t - t0] = row >= 0;
+        }
+        split_slice<KT>(q + ((size_t)bi * H + h) * hd, K, V, rows, held, hd, t1 - t0, scale, qs, sc, red, pp);
     } else if (tid == 0) {
         pp[0] = -INFINITY;
         pp[1] = 0.0f;
@@ -179,6 +196,13 @@ __device__ __forceinline__ uint4 load8h(const float *p) {
     return make_uint4(pack_h2(v.x, v.y), pack_h2(v.z, v.w), pack_h2(w.x, w.y), pack_h2(w.z, w.w));
 }
 __device__ __forceinline__ uint4 load8h(const __half *p) { return *(const uint4 *)p; }
+/* bf16 -> f16 is exact for |x| in [2^-14, 65504], where K and V live */
+__device__ __forceinline__ uint4 load8h(const __nv_bfloat16 *p) {
+    uint4 r = *(const uint4 *)p;
+    const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
+    float2 f0 = __bfloat1622float2(b[0]), f1 = __bfloat1622float2(b[1]), f2 = __bfloat1622float2(b[2]), f3 = __bfloat1622float2(b[3]);
+    return make_uint4(pack_h2(f0.x, f0.y), pack_h2(f1.x, f1.y), pack_h2(f2.x, f2.y), pack_h2(f3.x, f3.y));
+}
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
@@ -206,9 +230,10 @@ template <int HD, typename KT> constexpr size_t flash_smem() {
  * converted on the way in, one stage. Fragments come from shared memory
  * through ldmatrix (.trans for V). Rows padded by 8 halves: conflict-free. */
 template <int HD, typename KT>
-__global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, const KT *V, float *out, int L, int H, int n_kv, int cap,
-                                               int window, float scale_log2, const int *pos0, const int *len) {
-    constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;
+__global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, const KT *V, float *out, int L, int H, int n_kv,
+                                               const int32_t *pt, int n_pt, int sh, int window, int keep, float scale_log2,
+                                               const int *pos0, const int *len, const int *seq, const int *run0) {
+    constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;   /* BK = 1 << 6: see load_tile */
     constexpr bool ASYNC = std::is_same<KT, __half>::value;
     constexpr int STAGES = ASYNC ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smraw[];
@@ -217,14 +242,26 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int kvh = h / (H / n_kv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    int lb = len[b], p0 = pos0[b];
+    int lb = len[b], p0 = pos0[b], rs = run0[b];
     int q_first = qt * BQ;
     int r0 = q_first + warp * 16 + g, r1 = r0 + 8;
     int qlast = min(lb, min(L, q_first + BQ)) - 1;
     int khi = p0 + qlast + 1;
-    int klo = window ? max(0, p0 + q_first - window + 1) : 0;
-    klo = klo / BK * BK;
     int pr0 = p0 + r0, pr1 = p0 + r1;
+    /* the tiles: the block's queries see sinks within [a0, a1) and a run within [b0, khi) (be_span
+     * is monotone in p, so its first and last query bound them); a gap between is skipped */
+    int a0, a1, b0, sl0, sh0, rl0, sl1, sh1, rl1, tmp;
+    be_span(p0 + q_first, window, keep, rs, &a0, &tmp, &b0);
+    int rl_last;   /* the last query's run start: tiles from there up to the first query are seen by all */
+    be_span(p0 + max(qlast, q_first), window, keep, rs, &tmp, &a1, &rl_last);
+    be_span(pr0, window, keep, rs, &sl0, &sh0, &rl0);
+    be_span(pr1, window, keep, rs, &sl1, &sh1, &rl1);
+    a0 = a0 / BK * BK;
+    b0 = b0 / BK * BK;
+    int a_end = (a1 + BK - 1) / BK * BK, two = a1 > a0 && b0 > a_end;
+    int klo = a1 > a0 ? a0 : b0;
+    auto next_tile = [&](int kb) { return two && kb + BK == a_end ? b0 : kb + BK; };
+    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
 
     uint32_t qa[KS][4];
 #pragma unroll
@@ -245,16 +282,18 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
-    const KT *Kb = K + ((size_t)b * n_kv + kvh) * cap * HD;
-    const KT *Vb = V + ((size_t)b * n_kv + kvh) * cap * HD;
-
-    auto load_tile = [&](int stage, int kb) {
+    /* pages of at least BK slots hold a whole (aligned) tile: one page-table read per tile,
+     * issued a tile ahead (its latency hidden behind a tile's compute) rather than a dependent
+     * read before every copy; smaller pages: a read per key in load_tile */
+    auto tile_base = [&](int kb) -> int64_t { return sh >= 6 && kb < khi ? cu_kv_row(ptr, sh, n_kv, kvh, kb) : -1; };
+    auto load_tile = [&](int stage, int kb, int64_t base) {
         __half *Ks = Ksm + stage * BK * LD, *Vs = Vsm + stage * BK * LD;
         for (int e = threadIdx.x; e < BK * HD / 8; e += 128) {
             int r = e / (HD / 8), d8 = (e % (HD / 8)) * 8;
             __half *kd = &Ks[r * LD + d8], *vd = &Vs[r * LD + d8];
-            if (kb + r < khi) {
-                const KT *ks = Kb + (size_t)(kb + r) * HD + d8, *vs = Vb + (size_t)(kb + r) * HD + d8;
+            int64_t row = kb + r >= khi ? -1 : sh >= 6 ? (base < 0 ? -1 : base + r) : cu_kv_row(ptr, sh, n_kv, kvh, kb + r);
+            if (row >= 0) {
+                const KT *ks = K + (size_t)row * HD + d8, *vs = V + (size_t)row * HD + d8;
                 if constexpr (ASYNC) {
                     cp_async16(kd, ks);
                     cp_async16(vd, vs);
@@ -270,13 +309,18 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
         if constexpr (ASYNC) cp_async_commit();
     };
 
-    if (klo < khi) load_tile(0, klo);
+    int64_t pre = tile_base(klo);   /* the base of the next tile to load */
+    if (klo < khi) {
+        load_tile(0, klo, pre);
+        pre = tile_base(next_tile(klo));
+    }
     int it = 0;
-    for (int kb = klo; kb < khi; kb += BK, it++) {
+    for (int kb = klo; kb < khi; kb = next_tile(kb), it++) {
         int stage = ASYNC ? (it & 1) : 0;
         if constexpr (ASYNC) {
-            if (kb + BK < khi) {
-                load_tile(stage ^ 1, kb + BK);
+            if (next_tile(kb) < khi) {
+                load_tile(stage ^ 1, next_tile(kb), pre);
+                pre = tile_base(next_tile(next_tile(kb)));
                 cp_async_wait<1>();
             } else {
                 cp_async_wait<0>();
@@ -297,12 +341,15 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
+        /* a tile inside every query's run (all but the diagonal and window-edge tiles) needs no mask */
+        bool full = kb >= rl_last && kb + BK - 1 <= p0 + q_first;
 #pragma unroll
         for (int j = 0; j < BK / 8; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = kb + j * 8 + 2 * t4 + (e & 1), pr = e < 2 ? pr0 : pr1;
-                bool ok = key <= pr && key < khi && (!window || key > pr - window);
+                int sl = e < 2 ? sl0 : sl1, sh_ = e < 2 ? sh0 : sh1, rl = e < 2 ? rl0 : rl1;
+                bool ok = full || (key < khi && ((key >= sl && key < sh_) || (key >= rl && key <= pr)));
                 float v = ok ? s[j][e] * scale_log2 : -INFINITY;
                 s[j][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v);
@@ -353,7 +400,10 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
         }
         __syncthreads();
         if constexpr (!ASYNC) {
-            if (kb + BK < khi) load_tile(0, kb + BK);
+            if (next_tile(kb) < khi) {
+                load_tile(0, next_tile(kb), pre);
+                pre = tile_base(next_tile(next_tile(kb)));
+            }
         }
     }
 #pragma unroll
@@ -374,25 +424,33 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 
 enum { ATT_SPLIT = 0, ATT_FLASH = 1, ATT_DECODE = 2 };
 
+/* the record (see cu_rec_attn; p: q, K, V, out, pos0, len, seq, run0, pt; i[CU_A_OP..]: dtype, path,
+ * nsplit; f: scale, chunk) */
 static void l_attention(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
     const void *K = r->p[1], *V = r->p[2];
     float *out = (float *)r->p[3];
-    const int *pos0 = (const int *)r->p[4], *len = (const int *)r->p[5];
-    int B = (int)r->i[0], L = (int)r->i[1], H = (int)r->i[2], n_kv = (int)r->i[3], hd = (int)r->i[4], cap = (int)r->i[5];
-    int window = (int)r->i[6], f16 = (int)r->i[7], path = (int)r->i[8], nsplit = (int)r->i[9];
+    const int *pos0 = (const int *)r->p[4], *len = (const int *)r->p[5], *seq = (const int *)r->p[6], *run0 = (const int *)r->p[7];
+    const int32_t *pt = (const int32_t *)r->p[8];
+    int B = (int)r->i[CU_A_B], L = (int)r->i[CU_A_L], H = (int)r->i[CU_A_H], n_kv = (int)r->i[CU_A_NKV], hd = (int)r->i[CU_A_HD];
+    int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
+    int dt = (int)r->i[CU_A_OP], path = (int)r->i[CU_A_OP + 1], nsplit = (int)r->i[CU_A_OP + 2];
     float scale = r->f[0];
     if (path == ATT_FLASH) {
         dim3 grid((unsigned)((L + 63) / 64), (unsigned)H, (unsigned)B);
         float sl = scale * 1.4426950408889634f;
-#define FL(HD, KT)                                                                                                  \
-    do {                                                                                                            \
-        cudaFuncSetAttribute(k_flash<HD, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HD, KT>()); \
-        cu_launch(c, k_flash<HD, KT>, grid, dim3(128), flash_smem<HD, KT>(), q, (const KT *)K, (const KT *)V, out, L, H, n_kv, cap, \
-                  window, sl, pos0, len);                                                                           \
+#define FL(HD, KT)                                                                                                            \
+    do {                                                                                                                      \
+        if (cu_check(c, cudaFuncSetAttribute(k_flash<HD, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HD, KT>()), \
+                     "flash attention: shared memory attribute"))                                                           \
+            return;                                                                                                           \
+        cu_launch(c, k_flash<HD, KT>, grid, dim3(128), flash_smem<HD, KT>(), q, (const KT *)K, (const KT *)V, out, L, H, n_kv, pt, \
+                  n_pt, sh, window, keep, sl, pos0, len, seq, run0);                                                          \
     } while (0)
-        if (hd == 64) { if (f16) FL(64, __half); else FL(64, float); }
-        else { if (f16) FL(128, __half); else FL(128, float); }
+#define FL_DT(HD) do { if (dt == BE_F16) FL(HD, __half); else if (dt == BE_BF16) FL(HD, __nv_bfloat16); else FL(HD, float); } while (0)
+        if (hd == 64) FL_DT(64);
+        else FL_DT(128);
+#undef FL_DT
 #undef FL
         CU_LAUNCHED(c, "flash attention");
         return;
@@ -403,25 +461,34 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     }
     int chunk = (int)r->f[1];
     dim3 grid((unsigned)nsplit, (unsigned)H, (unsigned)(B * L));
-    size_t smem = sizeof(float) * (size_t)(hd + chunk);
-    if (f16) cu_launch(c, k_attn_split<__half>, grid, dim3(SPLIT_THREADS), smem, q, (const __half *)K, (const __half *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
-    else cu_launch(c, k_attn_split<float>, grid, dim3(SPLIT_THREADS), smem, q, (const float *)K, (const float *)V, L, H, n_kv, hd, cap, window, scale, pos0, len, nsplit, chunk, c->part, c->cnt, out);
+    size_t smem = sizeof(float) * (size_t)(hd + chunk) + 5 * (size_t)chunk;
+#define SPL(KT) cu_launch(c, k_attn_split<KT>, grid, dim3(SPLIT_THREADS), smem, q, (const KT *)K, (const KT *)V, L, H, n_kv, hd, pt, n_pt, \
+                          sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out)
+    if (dt == BE_F16) SPL(__half);
+    else if (dt == BE_BF16) SPL(__nv_bfloat16);
+    else SPL(float);
+#undef SPL
     CU_LAUNCHED(c, "attention (split-K)");
     c->light_prev = 1;
 }
 
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
-    int flash = (a->head_dim == 64 || a->head_dim == 128) && a->L >= 16;
-    /* split-K geometry from the shape and capacity only (never the position): slices of at
-     * least 32 keys, at most ~2048 blocks, at most SPLIT_MAX keys per slice (shared memory) */
-    int cap = a->cap > 0 ? a->cap : 1, rows = a->B * a->L * a->n_head;
-    int nsplit = (cap + 31) / 32, most = 2048 / (rows > 0 ? rows : 1);
+    /* flash rounds q and p to f16: not in batch-invariant mode, where a row must not depend on
+     * whether its batch's padded length reaches 16 */
+    int flash = (a->head_dim == 64 || a->head_dim == 128) && a->L >= 16 && !c->batch_inv;
+    /* split-K geometry from the shape and the bucketed span only (never the position): slices of
+     * at least 32 keys, at most ~2048 blocks, at most SPLIT_MAX keys per slice (shared memory) */
+    int span = cu_span_bucket(a->max_span), rows = a->B * a->L * a->n_head;
+    int nsplit = (span + 31) / 32, most = 2048 / (rows > 0 ? rows : 1);
     if (nsplit > most) nsplit = most > 1 ? most : 1;
-    if (nsplit < (cap + SPLIT_MAX - 1) / SPLIT_MAX) nsplit = (cap + SPLIT_MAX - 1) / SPLIT_MAX;
-    int chunk = ((cap + nsplit - 1) / nsplit + 31) / 32 * 32;
-    nsplit = (cap + chunk - 1) / chunk;
-    /* decode over an f16 cache (attn-decode.cu): its own slices */
-    int decode = !flash && cu_attn_decode_fits(a, dt, &chunk, &nsplit);
+    if (nsplit < (span + SPLIT_MAX - 1) / SPLIT_MAX) nsplit = (span + SPLIT_MAX - 1) / SPLIT_MAX;
+    int chunk = ((span + nsplit - 1) / nsplit + 31) / 32 * 32;
+    /* batch-invariant: a query's slices must not depend on the batch (the merge then adds the
+     * same non-empty slices in the same order): slices of 32 keys up to 32k keys */
+    if (c->batch_inv) chunk = 32 * ((span + 32 * 1024 - 1) / (32 * 1024));
+    nsplit = (span + chunk - 1) / chunk;
+    /* decode over a 16-bit pool (attn-decode.cu): its own slices */
+    int decode = !flash && cu_attn_decode_fits(a, dt, span, &chunk, &nsplit);
     if (!flash) {
         size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
         if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
@@ -437,10 +504,9 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     r.p[2] = v;
     r.p[3] = out;
     cu_rec_attn(c, &r, a, 4);
-    r.i[6] = a->window;
-    r.i[7] = dt == BE_F16;
-    r.i[8] = flash ? ATT_FLASH : decode ? ATT_DECODE : ATT_SPLIT;
-    r.i[9] = nsplit;
+    r.i[CU_A_OP] = dt;
+    r.i[CU_A_OP + 1] = flash ? ATT_FLASH : decode ? ATT_DECODE : ATT_SPLIT;
+    r.i[CU_A_OP + 2] = nsplit;
     r.f[0] = a->scale;
     r.f[1] = (float)chunk;
     cu_submit(c, &r);

@@ -1,11 +1,14 @@
 /*
- * attn-decode.cu — attention of few queries (decode steps) over an f16 KV
- * cache, head_dim 64 or 128, up to DEC_GMAX q heads per kv head: the kernel
- * behind cu_op_attention's ATT_DECODE path (attention.cu holds the op, the
- * split-K kernel for everything else and the flash kernel for prefill).
- * Mask and layout as attention.cu. The slice geometry depends on the cache
- * capacity only, never the position, so a captured decode graph stays valid
- * while positions move. Reference: Dao et al., Flash-Decoding (2023).
+ * attn-decode.cu — attention of few queries (decode steps) over an f16 or
+ * bf16 paged KV pool, head_dim 64 or 128, up to DEC_GMAX q heads per kv
+ * head: the kernel behind cu_op_attention's ATT_DECODE path (attention.cu
+ * holds the op, the split-K kernel for everything else and the flash kernel
+ * for prefill). Mask and layout as attention.cu: the keys a query sees are
+ * numbered by cu_span_of (sinks, then the run) and slices take ranges of
+ * those numbers; each key row is found through the page table. The slice
+ * geometry depends on the bucketed span bound only, never the position, so
+ * a captured decode graph stays valid while positions move. Reference: Dao
+ * et al., Flash-Decoding (2023).
  */
 #include <math.h>
 #include <cooperative_groups.h>
@@ -17,7 +20,14 @@
 #define DEC_SMAX 64      /* slices per (query, kv head) at most */
 #define DEC_CMAX 8       /* slices merged within a thread block cluster at most (the portable cluster size) */
 
-/* Decode over an f16 cache: one block per (slice of keys, kv head, query),
+/* 16-bit pool pairs as floats */
+__device__ __forceinline__ float2 dec_f2(const __half2 *p, int t) { return __half22float2(p[t]); }
+__device__ __forceinline__ float2 dec_f2(const __nv_bfloat162 *p, int t) { return __bfloat1622float2(p[t]); }
+template <typename KT> struct dec_pair;
+template <> struct dec_pair<__half> { typedef __half2 t; };
+template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
+
+/* Decode over a 16-bit pool: one block per (slice of keys, kv head, query),
  * serving all g q heads of the kv head, so each key and value row is read
  * once per step rather than g times. The slice is walked DEC_SUB keys at a
  * time: K and V rows to shared memory in one round of 16-byte loads, scores
@@ -37,14 +47,15 @@
  * two-round form with these scores had taken 2.1% off one head's score
  * per thread and a round of loads per output column. The grid depends on the capacity
  * only, so a captured decode graph stays valid as positions advance. */
-template <int HD, bool CL>
-__global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, const __half *K, const __half *V, int L, int H, int n_kv,
-                                                              int cap, int window, float scale, const int *pos0, const int *len, int nsplit,
+template <int HD, bool CL, typename KT>
+__global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, const KT *K, const KT *V, int L, int H, int n_kv,
+                                                              const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
+                                                              const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
                                                               int chunk, float *part, int *cnt, float *out) {
     constexpr int C = DEC_SUB, RV = HD / 8, PAD = HD + 8;   /* PAD: rows 16 bytes apart in banks */
     constexpr int LOADS = (C * RV + DEC_THREADS - 1) / DEC_THREADS, HSTEP = DEC_THREADS / HD > 0 ? DEC_THREADS / HD : 1;
-    __shared__ __align__(16) __half ks[C * PAD];
-    __shared__ __align__(16) __half vs[C * HD];
+    __shared__ __align__(16) KT ks[C * PAD];
+    __shared__ __align__(16) KT vs[C * HD];
     __shared__ __align__(16) float qs[DEC_GMAX * HD];
     __shared__ float ps[DEC_GMAX][C];
     __shared__ float mrun[DEC_GMAX], lrun[DEC_GMAX], alpha[DEC_GMAX];
@@ -52,16 +63,20 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
     int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
     int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int first = pos0[b], p = first + i, valid = i < len[b];
-    int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
-    int j0 = max(lo, s * chunk), j1 = min(p + 1, (s + 1) * chunk);
-    const __half *kb = K + ((size_t)(b * n_kv + kvh)) * cap * HD, *vb = V + ((size_t)(b * n_kv + kvh)) * cap * HD;
+    /* key numbers [j0, j1) of this slice (cu_span_of); the staged row data and the page
+     * table were written before the step, so they are read before the wait */
+    cu_span sp = cu_span_of(p, window, keep, run0[b]);
+    int j0 = s * chunk, j1 = min(sp.n, (s + 1) * chunk);
+    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
     uint4 kr[LOADS], vr[LOADS];
+    int64_t rowu[LOADS];   /* pool row of each load's key (-1: none) */
 #pragma unroll
     for (int u = 0; u < LOADS; u++) {   /* rows of earlier steps: no wait needed */
-        int e = tid + u * DEC_THREADS, j = j0 + e / RV;
-        if (valid && j < j1 && j < j0 + C && j < first) {
-            kr[u] = ((const uint4 *)(kb + (size_t)j * HD))[e % RV];
-            vr[u] = ((const uint4 *)(vb + (size_t)j * HD))[e % RV];
+        int e = tid + u * DEC_THREADS, j = j0 + e / RV, pos = valid && j < j1 ? cu_span_key(sp, j) : -1;
+        rowu[u] = pos >= 0 ? cu_kv_row(ptr, sh, n_kv, kvh, pos) : -1;
+        if (j < j0 + C && pos >= 0 && pos < first && rowu[u] >= 0) {
+            kr[u] = ((const uint4 *)(K + (size_t)rowu[u] * HD))[e % RV];
+            vr[u] = ((const uint4 *)(V + (size_t)rowu[u] * HD))[e % RV];
         }
     }
     PDL_ENTRY();
@@ -80,9 +95,15 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
 #pragma unroll
             for (int u = 0; u < LOADS; u++) {   /* this step's rows, and later pieces */
                 int e = tid + u * DEC_THREADS, j = jb + e / RV;
-                if (j < jb + n && (jb != j0 || j >= first)) {
-                    kr[u] = ((const uint4 *)(kb + (size_t)j * HD))[e % RV];
-                    vr[u] = ((const uint4 *)(vb + (size_t)j * HD))[e % RV];
+                if (j < jb + n) {
+                    int pos = cu_span_key(sp, j);
+                    int64_t row = jb == j0 ? rowu[u] : cu_kv_row(ptr, sh, n_kv, kvh, pos);
+                    int late = jb != j0 || pos >= first || row < 0;   /* not fetched before the wait */
+                    if (row < 0) row = 0;   /* be_span shows held keys only; never read past the pool */
+                    if (late) {
+                        kr[u] = ((const uint4 *)(K + (size_t)row * HD))[e % RV];
+                        vr[u] = ((const uint4 *)(V + (size_t)row * HD))[e % RV];
+                    }
                 }
             }
 #pragma unroll
@@ -103,11 +124,11 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
 #pragma unroll
                 for (int d8 = 0; d8 < RV; d8++) {
                     uint4 kk = *(const uint4 *)&ks[j * PAD + d8 * 8];
-                    const __half2 *k2 = (const __half2 *)&kk;
+                    const typename dec_pair<KT>::t *k2 = (const typename dec_pair<KT>::t *)&kk;
                     float f[8];
 #pragma unroll
                     for (int t = 0; t < 4; t++) {
-                        float2 ff = __half22float2(k2[t]);
+                        float2 ff = dec_f2(k2, t);
                         f[2 * t] = ff.x;
                         f[2 * t + 1] = ff.y;
                     }
@@ -150,7 +171,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                     if (h + h0 < g) acc[h] *= alpha[h + h0];
 #pragma unroll 8
                 for (int j = 0; j < n; j++) {
-                    float vv = __half2float(vs[j * HD + d]);
+                    float vv = cu_f<KT>(vs[j * HD + d]);
 #pragma unroll
                     for (int h = 0; h < DEC_GMAX; h += HSTEP)
                         if (h + h0 < g) acc[h] += ps[h + h0][j] * vv;
@@ -268,33 +289,41 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
     }
 }
 
-/* 1 when the decode kernel serves this shape (f16 cache), with its slices: a multiple of DEC_SUB keys, at most DEC_SMAX */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int *chunk, int *nsplit) {
-    int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0, cap = a->cap > 0 ? a->cap : 1;
-    if (!(dt == BE_F16 && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX && a->n_head % a->n_kv_head == 0))
+/* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most DEC_SMAX */
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int *nsplit) {
+    int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
+    if (span < 1) span = 1;
+    if (!((dt == BE_F16 || dt == BE_BF16) && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
+          a->n_head % a->n_kv_head == 0))
         return 0;
-    int pieces = (cap + DEC_SUB - 1) / DEC_SUB;
+    int pieces = (span + DEC_SUB - 1) / DEC_SUB;
     *chunk = DEC_SUB * ((pieces + DEC_SMAX - 1) / DEC_SMAX);
-    *nsplit = (cap + *chunk - 1) / *chunk;
+    *nsplit = (span + *chunk - 1) / *chunk;
     return 1;
 }
 
-/* the record of cu_op_attention (p: q, K, V, out, pos0, len; i: B, L, H, n_kv, hd, cap, window, f16, path, nsplit;
- * f: scale, chunk) */
+/* the record of cu_op_attention (see l_attention there) */
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
-    const __half *K = (const __half *)r->p[1], *V = (const __half *)r->p[2];
+    const void *K = r->p[1], *V = r->p[2];
     float *out = (float *)r->p[3];
-    const int *pos0 = (const int *)r->p[4], *len = (const int *)r->p[5];
-    int B = (int)r->i[0], L = (int)r->i[1], H = (int)r->i[2], n_kv = (int)r->i[3], hd = (int)r->i[4], cap = (int)r->i[5];
-    int window = (int)r->i[6], nsplit = (int)r->i[9], chunk = (int)r->f[1];
+    const int *pos0 = (const int *)r->p[4], *len = (const int *)r->p[5], *seq = (const int *)r->p[6], *run0 = (const int *)r->p[7];
+    const int32_t *pt = (const int32_t *)r->p[8];
+    int B = (int)r->i[CU_A_B], L = (int)r->i[CU_A_L], H = (int)r->i[CU_A_H], n_kv = (int)r->i[CU_A_NKV], hd = (int)r->i[CU_A_HD];
+    int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
+    int bf = r->i[CU_A_OP] == BE_BF16, nsplit = (int)r->i[CU_A_OP + 2], chunk = (int)r->f[1];
     float scale = r->f[0];
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
-    unsigned cl = nsplit <= DEC_CMAX && c->cluster ? (unsigned)nsplit : 0;   /* 0: merge through global memory */
-#define DEC(HD, CL) cu_launch_cluster(c, cl, k_attn_decode<HD, CL>, grid, dim3(DEC_THREADS), 0, q, K, V, L, H, n_kv, cap, window, scale, \
-                                      pos0, len, nsplit, chunk, c->part, c->cnt, out)
-    if (hd == 64) { if (cl) DEC(64, true); else DEC(64, false); }
-    else { if (cl) DEC(128, true); else DEC(128, false); }
+    /* 0: merge through global memory; always in batch-invariant mode, where the number of (empty)
+     * slices varies with the batch: that merge adds exact zeros for them, the cluster's differs */
+    unsigned cl = nsplit <= DEC_CMAX && c->cluster && !c->batch_inv ? (unsigned)nsplit : 0;
+#define DEC(HD, CL, KT) cu_launch_cluster(c, cl, k_attn_decode<HD, CL, KT>, grid, dim3(DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, \
+                                          L, H, n_kv, pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, \
+                                          c->cnt, out)
+#define DEC_KT(HD, CL) do { if (bf) DEC(HD, CL, __nv_bfloat16); else DEC(HD, CL, __half); } while (0)
+    if (hd == 64) { if (cl) DEC_KT(64, true); else DEC_KT(64, false); }
+    else { if (cl) DEC_KT(128, true); else DEC_KT(128, false); }
+#undef DEC_KT
 #undef DEC
     CU_LAUNCHED(c, "attention (decode)");
     c->light_prev = 1;

@@ -17,7 +17,13 @@
  * so the next step captures afresh.
  *
  * Errors: the first failing CUDA/cuBLAS call is kept in the context (code and
- * message); the status op reports it and ctx.c turns it into CINFER_EBACKEND.
+ * message); ops after it do nothing; the status op reports it (ctx.c turns it
+ * into CINFER_EBACKEND and undoes the forward's cache changes) and clears it:
+ * any open capture is closed, the graph dropped, the stream drained and the
+ * split-K counters zeroed, so the next forward starts clean. The runtime's
+ * last-error slot is per thread and shared by every context of the thread,
+ * so it is read only where a call of this context just failed or launched,
+ * and an error that is not the one expected there is recorded, never dropped.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +51,18 @@ int cu_check_blas(be_ctx *c, cublasStatus_t s, const char *what) {
     return 1;
 }
 
+void cu_clear_expected(be_ctx *c, cudaError_t expected, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess && e != expected) cu_check(c, e, what);
+}
+
+/* a call's own failure e that the caller handles (expected): the runtime's slot is taken, any other error kept */
+static void take(be_ctx *c, cudaError_t e, cudaError_t expected, const char *what) {
+    if (e == cudaSuccess) return;
+    if (e != expected) cu_check(c, e, what);
+    cu_clear_expected(c, e, what);
+}
+
 static void drop_graph(be_ctx *c) {
     if (c->exec) cudaGraphExecDestroy(c->exec);
     c->exec = NULL;
@@ -61,9 +79,9 @@ static void catch_up(be_ctx *c, int n) {
 void cu_go_eager(be_ctx *c) {
     if (c->mode == CU_CAPTURE) {
         cudaGraph_t g = NULL;
-        cudaStreamEndCapture(c->stream, &g);
+        /* an op that could not be captured invalidates the capture: expected, the records run eagerly */
+        take(c, cudaStreamEndCapture(c->stream, &g), cudaErrorStreamCaptureInvalidated, "end capture");
         if (g) cudaGraphDestroy(g);
-        (void)cudaGetLastError();
         c->mode = CU_EAGER;
         catch_up(c, c->n_recs);
     } else if (c->mode == CU_REPLAY) {
@@ -81,7 +99,10 @@ static void sync(be_ctx *c, const char *what) {
     c->arena_off = 0;
 }
 
-const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
+/* stages n host arrays back to back with one copy; returns the device address of the first */
+static const unsigned char *stage_parts(be_ctx *c, const void *const *host, const size_t *len, int n) {
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += len[i];
     size_t al = (bytes + 15) & ~(size_t)15;
     if (al > CU_ARENA_BYTES) {
         cu_check(c, cudaErrorInvalidValue, "staging: host array larger than the arena");
@@ -90,23 +111,45 @@ const void *cu_stage(be_ctx *c, const void *host, size_t bytes) {
     /* a graph step copies its first CU_STEP_STAGE bytes in one node at its start */
     if (c->mode != CU_EAGER && c->arena_off + al > CU_STEP_STAGE) cu_go_eager(c);
     if (c->arena_off + al > CU_ARENA_BYTES) sync(c, "staging arena wrap");
-    size_t off = c->arena_off;
+    size_t off = c->arena_off, at = off;
     c->arena_off += al;
-    if (bytes) memcpy(c->arena_h + off, host, bytes);
+    for (int i = 0; i < n; i++) {
+        if (len[i]) memcpy(c->arena_h + at, host[i], len[i]);
+        at += len[i];
+    }
     if (c->mode == CU_EAGER && bytes)
         cu_check(c, cudaMemcpyAsync(c->arena_d + off, c->arena_h + off, bytes, cudaMemcpyHostToDevice, c->stream), "staging copy");
     return c->arena_d + off;
 }
 
+const void *cu_stage(be_ctx *c, const void *host, size_t bytes) { return stage_parts(c, &host, &bytes, 1); }
+
+int cu_span_bucket(int max_span) {
+    int s = max_span > 256 ? max_span : 256, p2 = 256;
+    while (p2 < s) p2 *= 2;
+    int q = p2 >= 2048 ? p2 / 8 : 256;
+    return (s + q - 1) / q * q;
+}
+
 void cu_rec_attn(be_ctx *c, cu_rec *r, const be_attn *a, int slot) {
-    r->p[slot] = cu_stage(c, a->pos0, sizeof(int) * (size_t)a->B);
-    r->p[slot + 1] = cu_stage(c, a->len, sizeof(int) * (size_t)a->B);
-    r->i[0] = a->B;
-    r->i[1] = a->L;
-    r->i[2] = a->n_head;
-    r->i[3] = a->n_kv_head;
-    r->i[4] = a->head_dim;
-    r->i[5] = a->cap;
+    size_t nb = sizeof(int) * (size_t)a->B;   /* the four row arrays in one copy (eager prefill issues one per op) */
+    const void *parts[4] = {a->pos0, a->len, a->seq, a->run0};
+    size_t lens[4] = {nb, nb, nb, nb};
+    const unsigned char *d = stage_parts(c, parts, lens, 4);
+    for (int i = 0; i < 4; i++) r->p[slot + i] = d + i * nb;
+    r->p[slot + 4] = a->pt;   /* device memory the cache uploads before the step: not staged */
+    int sh = 0;
+    while ((1 << sh) < a->page) sh++;
+    r->i[CU_A_B] = a->B;
+    r->i[CU_A_L] = a->L;
+    r->i[CU_A_H] = a->n_head;
+    r->i[CU_A_NKV] = a->n_kv_head;
+    r->i[CU_A_HD] = a->head_dim;
+    r->i[CU_A_SPAN] = cu_span_bucket(a->max_span);
+    r->i[CU_A_PSH] = sh;
+    r->i[CU_A_NPT] = a->n_pt;
+    r->i[CU_A_WIN] = a->window;
+    r->i[CU_A_KEEP] = a->keep;
 }
 
 void cu_submit(be_ctx *c, const cu_rec *r) {
@@ -131,7 +174,12 @@ int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need) {
     *buf = NULL;
     *have = 0;
     size_t n = need + need / 4;
-    if (cu_check(c, cudaMalloc(buf, n), "workspace allocation")) { *buf = NULL; return 0; }
+    cudaError_t e = cudaMalloc(buf, n);
+    if (e != cudaSuccess) {
+        take(c, e, cudaSuccess, "workspace allocation");
+        *buf = NULL;
+        return 0;
+    }
     *have = n;
     return 1;
 }
@@ -153,7 +201,6 @@ static void cuda_ctx_free(be_ctx *c) {
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->recs);
     free(c);
-    (void)cudaGetLastError();
 }
 
 /* a speed feature on by default; the environment variable name=0 turns it off (for comparisons) */
@@ -166,13 +213,19 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     (void)n_threads;
     *out = NULL;
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) { (void)cudaGetLastError(); return 1; }
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n < 1) {   /* no context to report to: the status is the answer; take only this error */
+        if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();
+        return 1;
+    }
     be_ctx *c = (be_ctx *)calloc(1, sizeof *c);
     if (!c) return 1;
     c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
     c->pdl = knob_on("CINFER_CUDA_PDL");
     c->prefetch = knob_on("CINFER_CUDA_PREFETCH");
     c->cluster = knob_on("CINFER_CUDA_CLUSTER");
+    const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
+    c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");
@@ -193,7 +246,11 @@ static int cuda_n_threads(const be_ctx *c) { (void)c; return 1; }
 static void *cuda_alloc(be_ctx *c, size_t bytes) {
     cu_go_eager(c);
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) { (void)cudaGetLastError(); return NULL; }
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {   /* out of memory is the caller's to report (NULL); anything else is recorded */
+        take(c, e, cudaErrorMemoryAllocation, "cudaMalloc");
+        return NULL;
+    }
     if (cu_check(c, cudaMemsetAsync(p, 0, bytes, c->stream), "alloc memset")) { cudaFree(p); return NULL; }
     return p;
 }
@@ -240,19 +297,53 @@ static void cuda_mat_release(be_ctx *c, be_mat *m) {
     m->dev = NULL;
 }
 
+/* reports the first error and clears it so the next forward can run: closes a
+ * capture left open, drops the graph, drains the stream, zeroes the split-K
+ * counters (a launch that failed or was dropped may have left them part
+ * counted). A fault that poisoned the device context fails the drain and is
+ * reported again by the next call: CUDA cannot recover those in-process. */
 static int cuda_status(be_ctx *c, char *msg, size_t n) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) cu_check(c, e, "asynchronous error");
-    if (c->err && msg && n) snprintf(msg, n, "%s", c->msg);
-    return c->err;
+    cu_clear_expected(c, cudaSuccess, "asynchronous error");
+    if (msg && n) msg[0] = 0;
+    if (!c->err) return 0;
+    int err = c->err;
+    if (msg && n) snprintf(msg, n, "%s", c->msg);
+    if (c->mode == CU_CAPTURE) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);   /* its result is the error being reported */
+        if (g) cudaGraphDestroy(g);
+    }
+    c->mode = CU_EAGER;
+    c->in_step = 0;
+    c->step_ok = 0;
+    drop_graph(c);
+    c->act16_src = NULL;
+    c->err = 0;
+    c->msg[0] = 0;
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess && c->cnt_n) e = cudaMemsetAsync(c->cnt, 0, c->cnt_n, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    cu_clear_expected(c, e, "recovery after an error");
+    if (e != cudaSuccess) cu_check(c, e, "recovery after an error");   /* sticky: the next status reports it */
+    c->arena_off = 0;
+    return err;
 }
+
+static size_t cuda_mem_available(be_ctx *c) {
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    if (e != cudaSuccess) { take(c, e, cudaSuccess, "cudaMemGetInfo"); return 0; }
+    return fr;
+}
+
+static void cuda_batch_invariant(be_ctx *c, int on) { c->batch_inv = on != 0; }
 
 static void cuda_step_begin(be_ctx *c) {
     if (c->in_step) cu_go_eager(c);
     sync(c, "step begin");
+    if (c->err) return;   /* no capture is opened while an error is pending */
     c->in_step = 1;
     c->step_ok = 1;
-    if (c->err) return;
     if (c->exec) {
         c->mode = CU_REPLAY;
         c->i_rec = 0;
@@ -272,11 +363,12 @@ static void cuda_step_end(be_ctx *c) {
         cudaGraph_t g = NULL;
         cudaError_t e = cudaStreamEndCapture(c->stream, &g);
         cudaGraphExec_t ex = NULL;
-        if (e == cudaSuccess && g) e = cudaGraphInstantiate(&ex, g, 0);
+        if (e == cudaSuccess && g && !c->err) e = cudaGraphInstantiate(&ex, g, 0);
         if (g) cudaGraphDestroy(g);
         c->mode = CU_EAGER;
-        if (e != cudaSuccess || !ex) {
-            (void)cudaGetLastError();
+        if (c->err) { if (ex) cudaGraphExecDestroy(ex); return; }   /* a failed step is not launched; status reports it */
+        if (e != cudaSuccess || !ex) {   /* an invalidated capture or a graph that cannot instantiate: run eagerly */
+            take(c, e, e, "graph");
             catch_up(c, c->n_recs);   /* nothing ran yet: run it eagerly */
             return;
         }
@@ -339,6 +431,8 @@ static be_ops make_ops(void) {
     o.kv_write = cu_op_kv_write;
     o.attention = cu_op_attention;
     o.status = cuda_status;
+    o.mem_available = cuda_mem_available;
+    o.batch_invariant = cuda_batch_invariant;
     o.step_begin = cuda_step_begin;
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;

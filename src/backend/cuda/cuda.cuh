@@ -16,7 +16,13 @@
  * issued so far (see ctx.cu).
  *
  * Invariants: one stream per context, every launch on it; no globals; the
- * first CUDA error is kept in the context and reported by the status op.
+ * first CUDA error is kept in the context, reported and cleared by the
+ * status op (a fault that poisons the device context stays: CUDA reports it
+ * again at the next call).
+ *
+ * Paged KV: a kernel finds a key through the page table (cu_kv_row) and
+ * decides what a query sees only through be_span (cu_span_of); no kernel
+ * knows the window rule.
  */
 #ifndef CINFER_CUDA_CUH
 #define CINFER_CUDA_CUH
@@ -64,6 +70,7 @@ struct be_ctx {
     const void *act16_src;   /* act16 holds this f32 buffer ([act16_len] elements, act16_dt) rounded; */
     size_t act16_len;        /* NULL when stale. Any op other than a matmul clears it. */
     int act16_dt;
+    int batch_inv;           /* batch-invariant mode: matmuls keep f32 activations, rows never mix (be_ops.batch_invariant) */
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
     int *cnt;                /* [cnt_n] bytes: split-K arrival counters, zero between launches */
@@ -81,18 +88,28 @@ struct be_ctx {
     int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
+    int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
 int cu_check(be_ctx *c, cudaError_t e, const char *what);
 int cu_check_blas(be_ctx *c, cublasStatus_t s, const char *what);
 #define CU_LAUNCHED(c, what) cu_check((c), cudaGetLastError(), (what))
+/* takes the error a failed call left in the runtime's last-error slot when it
+ * is the one expected (the caller handles it); any other is recorded */
+void cu_clear_expected(be_ctx *c, cudaError_t expected, const char *what);
 
 /* copies host bytes into the staging arena; returns their device address */
 const void *cu_stage(be_ctx *c, const void *host, size_t bytes);
-/* the attention geometry every cache op records the same way: i[0..5] = B, L,
- * n_head, n_kv_head, head_dim, cap; p[slot], p[slot + 1] = staged pos0, len */
+/* the attention geometry every cache op records the same way:
+ * i[0..9] = B, L, n_head, n_kv_head, head_dim, span (cu_span_bucket), log2(page), n_pt, window, keep;
+ * p[slot..slot+4] = staged pos0, len, seq, run0, and the device page table.
+ * Ops put their own fields in i[10..13]. */
+enum { CU_A_B, CU_A_L, CU_A_H, CU_A_NKV, CU_A_HD, CU_A_SPAN, CU_A_PSH, CU_A_NPT, CU_A_WIN, CU_A_KEEP, CU_A_OP };
 void cu_rec_attn(be_ctx *c, cu_rec *r, const be_attn *a, int slot);
+/* max_span rounded up so that decode steps keep one geometry (and graph) for many
+ * positions: to 256, then to 1/8 of its power of two */
+int cu_span_bucket(int max_span);
 /* runs or records one op */
 void cu_submit(be_ctx *c, const cu_rec *r);
 /* leaves capture/replay for the rest of the step (before an allocation, a sync) */
@@ -116,8 +133,8 @@ void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, fl
 void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt);
 void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
-/* the decode attention kernel (attn-decode.cu): whether it serves a shape, its slices; its launch */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int *chunk, int *nsplit);
+/* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 
@@ -158,7 +175,7 @@ static inline void cu_launch_cluster(be_ctx *c, unsigned cluster_x, void (*kerne
     }
     cfg.attrs = at;
     cfg.numAttrs = na;
-    cudaLaunchKernelEx(&cfg, kernel, args...);
+    cu_check(c, cudaLaunchKernelEx(&cfg, kernel, args...), "kernel launch");
     c->light_prev = 0;
 }
 
@@ -167,11 +184,43 @@ static inline void cu_launch(be_ctx *c, void (*kernel)(K...), dim3 grid, dim3 bl
     cu_launch_cluster(c, 0, kernel, grid, block, smem, args...);
 }
 
+/* the row (head h, position j) of a sequence's keys in a pool [n_pages][n_kv][page][hd]:
+ * be_kv_off(pt_row, page, n_kv, 1, h, j, 1) with page = 1 << sh; -1 when the page is not held */
+__device__ __forceinline__ int64_t cu_kv_row(const int32_t *pt_row, int sh, int n_kv, int h, int j) {
+    int32_t id = pt_row[j >> sh];
+    return id < 0 ? -1 : ((((int64_t)id * n_kv + h) << sh) + (j & ((1 << sh) - 1)));
+}
+
+/* what a query at position p sees (be_span), numbered 0..n-1: index t < n_s is the
+ * sink s_lo + t, the rest the run r_lo + (t - n_s) */
+struct cu_span { int s_lo, n_s, r_lo, n; };
+__device__ __forceinline__ cu_span cu_span_of(int p, int window, int keep, int run0) {
+    cu_span s;
+    int s_hi;
+    be_span(p, window, keep, run0, &s.s_lo, &s_hi, &s.r_lo);
+    s.n_s = s_hi - s.s_lo;
+    s.n = s.n_s + (p + 1 > s.r_lo ? p + 1 - s.r_lo : 0);
+    return s;
+}
+__device__ __forceinline__ int cu_span_key(const cu_span &s, int t) { return t < s.n_s ? s.s_lo + t : s.r_lo + (t - s.n_s); }
+
 /* weight element as float */
 template <typename T> __device__ __forceinline__ float cu_f(T v);
 template <> __device__ __forceinline__ float cu_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ float cu_f<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float cu_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T cu_from_f(float v);
+template <> __device__ __forceinline__ float cu_from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half cu_from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 cu_from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+/* stores x as element i of a pool of dtype dt (f32/f16/bf16), rounding to nearest even */
+__device__ __forceinline__ void cu_kv_put(void *p, int dt, size_t i, float x) {
+    if (dt == BE_F16) ((__half *)p)[i] = __float2half_rn(x);
+    else if (dt == BE_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+    else ((float *)p)[i] = x;
+}
 
 __device__ __forceinline__ float cu_mat_get(const void *p, int dt, size_t i) {
     return dt == BE_F32 ? ((const float *)p)[i] : dt == BE_F16 ? __half2float(((const __half *)p)[i])

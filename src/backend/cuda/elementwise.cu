@@ -343,25 +343,34 @@ void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, fl
 
 /* ------------------------------------------------------------- kv write */
 
+/* element offset of (row b, query i, kv head h) in a pool: the page of
+ * sequence seq[b] holding position pos0[b] + i; -1 when the row's token is
+ * padding or its page is not held (the cache holds every page a step writes) */
+__device__ __forceinline__ int64_t kv_slot(const int32_t *pt, int n_pt, int sh, int n_kv, int hd, int b, int i, int h, const int *pos0,
+                                           const int *len, const int *seq) {
+    if (i >= len[b]) return -1;
+    int64_t row = cu_kv_row(pt + (size_t)seq[b] * n_pt, sh, n_kv, h, pos0[b] + i);
+    return row < 0 ? -1 : row * hd;
+}
+
 /* one block per (b, i, kv head); threads over hd */
-__global__ void k_kv_write(const float *src, void *cache, int f16, int L, int n_kv, int hd, int cap, const int *pos0, const int *len) {
+__global__ void k_kv_write(const float *src, void *cache, int dt, int L, int n_kv, int hd, const int32_t *pt, int n_pt, int sh,
+                           const int *pos0, const int *len, const int *seq) {
     PDL_ENTRY();
     int h = blockIdx.x % n_kv, i = (blockIdx.x / n_kv) % L, b = blockIdx.x / n_kv / L;
-    if (i >= len[b]) return;
+    int64_t off = kv_slot(pt, n_pt, sh, n_kv, hd, b, i, h, pos0, len, seq);
+    if (off < 0) return;
     const float *s = src + (((size_t)b * L + i) * n_kv + h) * hd;
-    size_t off = (((size_t)b * n_kv + h) * cap + pos0[b] + i) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        if (f16) ((__half *)cache)[off + d] = __float2half_rn(s[d]);
-        else ((float *)cache)[off + d] = s[d];
-    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) cu_kv_put(cache, dt, (size_t)off + d, s[d]);
 }
 
 static void l_kv_write(be_ctx *c, const cu_rec *r) {
-    unsigned blocks = (unsigned)(r->i[0] * r->i[1] * r->i[3]);
+    unsigned blocks = (unsigned)(r->i[CU_A_B] * r->i[CU_A_L] * r->i[CU_A_NKV]);
     if (!blocks) return;
-    int hd = (int)r->i[4];
+    int hd = (int)r->i[CU_A_HD];
     cu_launch(c, k_kv_write, dim3(blocks), dim3(hd >= 128 ? 128 : 32 * ((hd + 31) / 32)), 0, (const float *)r->p[0], (void *)r->p[1],
-              (int)r->i[9], (int)r->i[1], (int)r->i[3], hd, (int)r->i[5], (const int *)r->p[2], (const int *)r->p[3]);
+              (int)r->i[CU_A_OP], (int)r->i[CU_A_L], (int)r->i[CU_A_NKV], hd, (const int32_t *)r->p[6], (int)r->i[CU_A_NPT],
+              (int)r->i[CU_A_PSH], (const int *)r->p[2], (const int *)r->p[3], (const int *)r->p[4]);
     CU_LAUNCHED(c, "kv_write");
 }
 
@@ -372,7 +381,7 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
     r.p[0] = src;
     r.p[1] = cache;
     cu_rec_attn(c, &r, a, 2);
-    r.i[9] = dt == BE_F16;
+    r.i[CU_A_OP] = dt;
     cu_submit(c, &r);
 }
 
@@ -384,8 +393,9 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
  * come from staged positions and frequencies, so they are computed before
  * waiting on the kernel before; there is no barrier. Rotation as k_rope, the
  * cache layout as k_kv_write; decode runs one launch here instead of four. */
-__global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int f16, int L, int H, int n_kv, int hd, int rot,
-                          int cap, const int *pos, const float *inv_freq, int neox, const int *pos0, const int *len) {
+__global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int dt, int L, int H, int n_kv, int hd, int rot,
+                          const int32_t *pt, int n_pt, int sh, const int *pos, const float *inv_freq, int neox, const int *pos0,
+                          const int *len, const int *seq) {
     int h = blockIdx.x % n_kv, t = blockIdx.x / n_kv, b = t / L, i = t % L;
     int half = rot / 2, g = H / n_kv, npair = (g + 1) * half, nwork = npair + (hd - rot) + hd;
     int w = threadIdx.x;
@@ -397,9 +407,10 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
         sn = sinf(ang);
     }
     PDL_WAIT();
+    int64_t slot = kv_slot(pt, n_pt, sh, n_kv, hd, b, i, h, pos0, len, seq);
+    int store = slot >= 0;
+    size_t off = store ? (size_t)slot : 0;
     for (; w < nwork; w += blockDim.x) {
-        int store = i < len[b];
-        size_t off = (((size_t)b * n_kv + h) * cap + pos0[b] + i) * hd;
         float *kr = k + ((size_t)t * n_kv + h) * hd;
         if (w < npair) {
             int hh = w / half, j = w % half;
@@ -415,29 +426,29 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
             vec[i0] = r0;
             vec[i1] = r1;
             if (hh == g && store) {
-                if (f16) { ((__half *)kc)[off + i0] = __float2half_rn(r0); ((__half *)kc)[off + i1] = __float2half_rn(r1); }
-                else { ((float *)kc)[off + i0] = r0; ((float *)kc)[off + i1] = r1; }
+                cu_kv_put(kc, dt, off + i0, r0);
+                cu_kv_put(kc, dt, off + i1, r1);
             }
         } else if (store) {
             int d = w - npair, isv = d >= hd - rot;
             if (isv) d -= hd - rot;
             else d += rot;
             float val = isv ? v[((size_t)t * n_kv + h) * hd + d] : kr[d];
-            void *cc = isv ? vc : kc;
-            if (f16) ((__half *)cc)[off + d] = __float2half_rn(val);
-            else ((float *)cc)[off + d] = val;
+            cu_kv_put(isv ? vc : kc, dt, off + d, val);
         }
     }
 }
 
 static void l_rope_kv(be_ctx *c, const cu_rec *r) {
-    unsigned blocks = (unsigned)(r->i[0] * r->i[1] * r->i[3]);
+    unsigned blocks = (unsigned)(r->i[CU_A_B] * r->i[CU_A_L] * r->i[CU_A_NKV]);
     if (!blocks) return;
-    int g = (int)(r->i[2] / r->i[3]), hd = (int)r->i[4], rot = (int)r->i[6];
+    int g = (int)(r->i[CU_A_H] / r->i[CU_A_NKV]), hd = (int)r->i[CU_A_HD], rot = (int)r->i[CU_A_OP + 1];
     int work = (g + 1) * (rot / 2) + (hd - rot) + hd, threads = (work + 31) / 32 * 32;
     cu_launch(c, k_rope_kv, dim3(blocks), dim3(threads > 1024 ? 1024 : threads), 0, (float *)r->p[0], (float *)r->p[1],
-              (const float *)r->p[2], (void *)r->p[3], (void *)r->p[4], (int)r->i[9], (int)r->i[1], (int)r->i[2], (int)r->i[3], hd, rot,
-              (int)r->i[5], (const int *)r->p[7], (const float *)r->p[8], (int)r->i[7], (const int *)r->p[5], (const int *)r->p[6]);
+              (const float *)r->p[2], (void *)r->p[3], (void *)r->p[4], (int)r->i[CU_A_OP], (int)r->i[CU_A_L], (int)r->i[CU_A_H],
+              (int)r->i[CU_A_NKV], hd, rot, (const int32_t *)r->p[9], (int)r->i[CU_A_NPT], (int)r->i[CU_A_PSH],
+              (const int *)r->p[10], (const float *)r->p[11], (int)r->i[CU_A_OP + 2], (const int *)r->p[5], (const int *)r->p[6],
+              (const int *)r->p[7]);
     CU_LAUNCHED(c, "rope + kv_write");
 }
 
@@ -456,11 +467,11 @@ void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const 
     r.p[3] = kc;
     r.p[4] = vc;
     cu_rec_attn(c, &r, a, 5);
-    r.p[7] = cu_stage(c, a->pos, sizeof(int) * (size_t)T);
-    r.p[8] = cu_stage(c, a->inv_freq, sizeof(float) * (size_t)(a->rot_dims / 2));
-    r.i[6] = a->rot_dims;
-    r.i[7] = a->neox;
-    r.i[9] = dt == BE_F16;
+    r.p[10] = cu_stage(c, a->pos, sizeof(int) * (size_t)T);
+    r.p[11] = cu_stage(c, a->inv_freq, sizeof(float) * (size_t)(a->rot_dims / 2));
+    r.i[CU_A_OP] = dt;
+    r.i[CU_A_OP + 1] = a->rot_dims;
+    r.i[CU_A_OP + 2] = a->neox;
     cu_submit(c, &r);
 }
 

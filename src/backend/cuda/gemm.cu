@@ -1,7 +1,8 @@
 /*
  * gemm.cu — y[n][m] = x[n][k] . w[m][k]^T (+ bias) on the device.
  *
- * Decode (n <= 8): a memory-bound GEMV that streams each weight row once:
+ * Decode (one row; up to GEMV_MAX_N when batch-invariant or by
+ * CINFER_CUDA_GEMV_ROWS): a memory-bound GEMV that streams each weight row once:
  * a persistent grid, 1-8 warps per output row (each a slice), 16-byte
  * non-allocating loads of the stored dtype (8 bf16/f16 or 4 f32 per load),
  * x (f32, few rows, L1-resident) read alongside, all n rows accumulated per
@@ -13,12 +14,25 @@
  * rows together and writes silu(gate) * up. Rows whose length or alignment
  * does not allow 16-byte loads take a scalar warp-per-row kernel.
  *
- * Prefill (n > 8): cuBLAS. 16-bit weights: x is rounded to the weight's
+ * Batches of 2 rows and more take cuBLAS by default: measured on the H200
+ * (bench-cuda BENCH_AGG, llama-3-8b, CINFER_CUDA_GEMV_ROWS=8 against 1),
+ * decode steps of 2/4/8 rows took 7.4/11.5/21.0 ms on this GEMV and
+ * 5.4/5.7/6.3 ms on cuBLAS (one row: 4.1 ms on the GEMV).
+ *
+ * Prefill and batches: cuBLAS. 16-bit weights: x is rounded to the weight's
  * dtype (as transformers computes in bf16/f16; consecutive matmuls of one
  * input, q/k/v and gate/up, round it once) and multiplied by
  * cublasGemmEx with f32 accumulation and f32 output; f32 weights use SGEMM
  * in plain f32 (no TF32). Row-major y = x w^T is column-major
  * y^T = w^T(op T) x, so w is the transposed A operand with lda = k.
+ *
+ * Batch-invariant mode (be_ops.batch_invariant): the bf16 rounding above
+ * makes a row's result depend on how many rows share its matmul (n <= 8 keeps
+ * f32). In this mode every matmul runs as GEMVs over chunks of at most 8 rows
+ * with f32 activations, one slice layout whatever n (ks as for n > 1) and the
+ * input norm never folded into the GEMV, so each output element is summed in
+ * the same order whatever the batch. Weights are re-read per chunk: slower
+ * for large batches, which is the price of the switch.
  */
 #include <string.h>
 #include "backend/cuda/cuda.cuh"
@@ -275,9 +289,10 @@ __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const v
 /* launches the GEMV over the set's count matrices (all with k columns) */
 template <typename WT>
 static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
-    /* warps per row: one for a single token; for batches, slices of at least 128 16-byte loads */
+    /* warps per row: one for a single token; for batches (and always when batch-invariant),
+     * slices of at least 128 16-byte loads */
     int ks = 1, nv = k / (int)(16 / sizeof(WT));
-    while (n > 1 && ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
+    while ((n > 1 || c->batch_inv) && ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
     int rpg = GEMV_WARPS / ks, end = 0;
     if (st.glu) count = 1;   /* one walk over the rows of both matrices */
     for (int i = 0; i < 3; i++) {
@@ -381,10 +396,18 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
     CU_LAUNCHED(c, "gemv (several matrices)");
 }
 
+/* rows up to which a matmul takes the GEMV (f32 activations): one (see above), or up to
+ * GEMV_MAX_N by CINFER_CUDA_GEMV_ROWS (for comparisons); always GEMV_MAX_N when
+ * batch-invariant (its chunks) */
+static int gemv_rows(const be_ctx *c) {
+    if (c->batch_inv) return GEMV_MAX_N;
+    return c->gemv_rows < 1 ? 1 : c->gemv_rows > GEMV_MAX_N ? GEMV_MAX_N : c->gemv_rows;
+}
+
 /* 1 when the count matrices can share one GEMV launch over x (n rows) */
-static int multi_ok(const float *x, int n, int count, const be_mat *const *w) {
+static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_mat *const *w) {
     int k = (int)w[0]->cols, vec = 16 / (int)be_dtype_size(w[0]->dt);
-    int ok = count >= 1 && count <= 3 && n <= GEMV_MAX_N && k % vec == 0 && k % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    int ok = count >= 1 && count <= 3 && n <= gemv_rows(c) && k % vec == 0 && k % 4 == 0 && ((uintptr_t)x & 15) == 0;
     for (int i = 1; i < count && ok; i++) ok = w[i]->cols == k && w[i]->dt == w[0]->dt;
     return ok;
 }
@@ -424,7 +447,7 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
 
 /* acc: y += the product (the 16-byte GEMV and cuBLAS; the any-shape GEMV has no accumulate) */
 static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
-    if (multi_ok(x, n, 1, &w)) {
+    if (multi_ok(c, x, n, 1, &w)) {
         mm_opts o = {0, acc, NULL, 0.0f, 0.0f};
         submit_multi(c, x, n, 1, &w, &bias, &y, &o);
         return;
@@ -432,7 +455,7 @@ static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const b
     cu_rec r;
     memset(&r, 0, sizeof r);
     int k = (int)w->cols;
-    int path = n <= GEMV_MAX_N ? PATH_GEMV_ANY : PATH_BLAS;
+    int path = n <= gemv_rows(c) ? PATH_GEMV_ANY : PATH_BLAS;
     if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
     r.fn = cu_matmul_launcher;
     r.p[0] = x;
@@ -463,10 +486,33 @@ static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const b
     cu_submit(c, &r);
 }
 
-void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) { matmul_op(c, x, n, w, bias, y, 0); }
+/* batch-invariant mode: an op over more than GEMV_MAX_N rows runs as the same op over chunks
+ * of at most GEMV_MAX_N rows (x, xn: k columns; y[i]: w[i]->rows columns) */
+#define INV_CHUNKS(c, n, call)                                                                          \
+    do {                                                                                                \
+        if ((c)->batch_inv && (n) > GEMV_MAX_N) {                                                       \
+            for (int r0_ = 0; r0_ < (n); r0_ += GEMV_MAX_N) {                                           \
+                int nr_ = (n) - r0_ < GEMV_MAX_N ? (n) - r0_ : GEMV_MAX_N;                              \
+                call;                                                                                   \
+            }                                                                                           \
+            return;                                                                                     \
+        }                                                                                               \
+    } while (0)
+
+/* y[i] + r0 rows, for count matrices */
+static void rows_at(float *const *y, const be_mat *const *w, int count, int r0, float **out) {
+    for (int i = 0; i < count; i++) out[i] = y[i] + (size_t)r0 * w[i]->rows;
+}
+
+void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
+    INV_CHUNKS(c, n, matmul_op(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, 0));
+    matmul_op(c, x, n, w, bias, y, 0);
+}
 
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
-    if (!multi_ok(x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
+    float *yc[3];
+    INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_matmul_multi(c, x + (size_t)r0_ * w[0]->cols, nr_, count, w, bias, yc)));
+    if (!multi_ok(c, x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
         for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
         return;
     }
@@ -476,14 +522,17 @@ void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_ma
 
 void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                        const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu) {
-    int k = (int)w[0]->cols, ok = multi_ok(x, n, count, w) && (!glu || (count == 2 && w[0]->rows == w[1]->rows));
-    if (ok && (size_t)n * k <= GEMV_NORM_MAX) {   /* decode: the norm in the GEMV's prologue */
+    int k = (int)w[0]->cols, ok = multi_ok(c, x, n, count, w) && (!glu || (count == 2 && w[0]->rows == w[1]->rows));
+    float *yc[3];
+    INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_norm_matmul(c, x + (size_t)r0_ * k, nr_, norm, w_add, eps, xn + (size_t)r0_ * k,
+                                                                        count, w, bias, yc, glu)));
+    if (ok && (size_t)n * k <= GEMV_NORM_MAX && !c->batch_inv) {   /* decode: the norm in the GEMV's prologue */
         mm_opts o = {glu, 0, norm, w_add, eps};
         submit_multi(c, x, n, count, w, bias, y, &o);
         return;
     }
     cu_op_rmsnorm(c, x, n, k, norm, w_add, eps, xn);
-    if (glu && multi_ok(xn, n, 2, w) && w[0]->rows == w[1]->rows) {
+    if (glu && multi_ok(c, xn, n, 2, w) && w[0]->rows == w[1]->rows) {
         mm_opts o = {1, 0, NULL, 0.0f, 0.0f};
         submit_multi(c, xn, n, 2, w, bias, y, &o);
         return;
@@ -493,7 +542,8 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
 }
 
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {
-    if (n <= GEMV_MAX_N && !multi_ok(x, n, 1, &w)) {   /* the any-shape GEMV: product, then the add */
+    INV_CHUNKS(c, n, cu_op_matmul_add(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, tmp + (size_t)r0_ * w->rows));
+    if (n <= gemv_rows(c) && !multi_ok(c, x, n, 1, &w)) {   /* the any-shape GEMV: product, then the add */
         cu_op_matmul(c, x, n, w, bias, tmp);
         cu_op_add(c, y, tmp, (size_t)n * w->rows);
         return;
