@@ -176,6 +176,79 @@ cinfer_status cinfer_seq_snapshot(cinfer_ctx *c, int seq, cinfer_snapshot **out)
 cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *s);
 void cinfer_snapshot_free(cinfer_snapshot *s);   /* NULL is fine */
 
+/* ------------------------------------------------------- state on disk
+ * Fingerprints name what a cache state belongs to: the model's covers
+ * config.json, every shard's safetensors header and a sample of every
+ * tensor's bytes (two fine-tunes of one base differ); the tokenizer's covers
+ * tokenizer.json and tokenizer_config.json. out receives 32 hex digits. */
+cinfer_status cinfer_model_fingerprint(const cinfer_model *m, char out[33]);
+cinfer_status cinfer_tokenizer_fingerprint(const cinfer_model *m, char out[33]);
+
+/* mlx-lm prompt-cache files (mlx_lm.models.cache.save_prompt_cache): one
+ * safetensors file, tensors "L.0"/"L.1" = layer L's keys/values [1][n_kv][T]
+ * [head_dim] (KVCache; RotatingKVCache in ring order with its meta state
+ * "0.L" = "keep,max_size,offset,_idx"), "2.L" the class name, "1.KEY" user
+ * metadata. Saving writes K/V in the context's KV dtype and adds the user
+ * metadata in user_meta_json (a JSON object of strings, may be NULL) plus
+ * cinfer's keys: 1.cinfer_model, 1.cinfer_tokenizer (fingerprints) and
+ * 1.cinfer_tokens (the ids, when `tokens` is not NULL; n_tokens must equal
+ * the sequence's length). The file is written to a temporary name, fsynced
+ * and renamed. */
+cinfer_status cinfer_prompt_cache_save(cinfer_ctx *c, int seq, const char *path, const char *user_meta_json,
+                                       const int32_t *tokens, int n_tokens);
+/* The same image in a malloc'd buffer *buf[*len] (caller frees). */
+cinfer_status cinfer_prompt_cache_encode(cinfer_ctx *c, int seq, const char *user_meta_json, const int32_t *tokens,
+                                         int n_tokens, void **buf, size_t *len);
+/* Restores a prompt-cache file into seq (cleared first; any float K/V dtype
+ * is converted). Refused with EFORMAT / EUNSUPPORTED and a message naming the
+ * mismatch: another model or tokenizer fingerprint, layer count, KV heads,
+ * head_dim, a window (--max-kv-size) other than the context's, a quantized
+ * cache (QuantizedKVCache: not supported yet). *user_meta_json (may be NULL)
+ * receives the file's "1.*" metadata as a malloc'd JSON object without the
+ * "1." prefix; *fingerprinted (may be NULL) is 0 when the file carries no
+ * cinfer fingerprint, so only shapes could be checked. A refused file leaves
+ * seq empty. */
+cinfer_status cinfer_prompt_cache_load(cinfer_ctx *c, int seq, const char *path, char **user_meta_json,
+                                       int *fingerprinted);
+cinfer_status cinfer_prompt_cache_decode(cinfer_ctx *c, int seq, const void *buf, size_t len, char **user_meta_json,
+                                         int *fingerprinted);
+
+/* A persistent prefix tier: a directory of cache entries keyed by the model
+ * and tokenizer fingerprints, the cache configuration and a token prefix
+ * (format: README, "Cache directory"). Each entry carries an XXH3 per tensor
+ * and over its header, verified on every load; entries are written to a
+ * temporary file, fsynced, renamed and the directory fsynced, so a reader
+ * never sees half an entry; processes share a directory through advisory
+ * locks; least recently used entries are evicted past max_bytes. A corrupt
+ * entry is reported through `log` (NULL: stderr), removed and treated as a
+ * miss. A tier is used by one thread at a time. */
+typedef struct cinfer_tier cinfer_tier;
+typedef struct cinfer_tier_opts {
+    size_t max_bytes;    /* 0 = no limit */
+    void (*log)(const char *msg, void *user);
+    void *log_user;
+} cinfer_tier_opts;
+/* Creates dir if needed. The model must outlive the tier. opts may be NULL. */
+cinfer_status cinfer_tier_open(const char *dir, const cinfer_model *m, const cinfer_tier_opts *opts,
+                               cinfer_tier **out, char *err, size_t err_len);
+void cinfer_tier_free(cinfer_tier *t);   /* NULL is fine */
+const char *cinfer_tier_error(const cinfer_tier *t);
+/* Restores into seq the longest stored prefix of ids[0..n) of at most
+ * max_len tokens; *n_cached = its length (0: a miss, seq cleared). */
+cinfer_status cinfer_tier_lookup(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int max_len,
+                                 int *n_cached);
+/* Stores seq's state; ids[0..n) are its tokens (n = its length). */
+cinfer_status cinfer_tier_store(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n);
+/* For a prompt about to be generated from: restores the longest stored
+ * prefix of ids[0..n-1), feeds the rest of those n-1 tokens (in
+ * prefill_step_size steps) and stores the state at n-1 tokens and at the last
+ * multiple of CINFER_TIER_BLOCK tokens before it (a checkpoint that prompts
+ * sharing only a prefix can use), each when it fed tokens past the restored
+ * prefix. A store that fails is reported and skipped. The caller then feeds
+ * ids[n-1] (cinfer_generate). *n_cached: tokens taken from disk. */
+#define CINFER_TIER_BLOCK 256
+cinfer_status cinfer_tier_prefill(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int *n_cached);
+
 /* One forward over B token rows of padded length L (the design's forward
  * contract); row b extends sequence b. ids [B][L]; lens[B] true lengths
  * (NULL: all L); pos0[B] start positions (NULL: continue each sequence from

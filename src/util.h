@@ -33,6 +33,9 @@ int cf_file_exists(const char *path);
 cinfer_status cf_write_target(const char *path, char **target, char *err, size_t n);
 /* renames the (already fsync'd) tmp onto target and syncs the directory */
 int cf_rename_durable(const char *tmp, const char *target);
+/* writes buf to path durably: a temporary ".tmp.<pid>.<n>.<name>" beside the
+ * target (cf_write_target), fsync, cf_rename_durable (atomic.c) */
+cinfer_status cf_write_atomic(const char *path, const void *buf, size_t len, char *err, size_t n);
 double cf_now(void);          /* monotonic seconds */
 size_t cf_peak_rss(void);     /* bytes */
 #endif

@@ -48,7 +48,16 @@ static cinfer_status parse_header(const char *path, const char *json, size_t jle
     json_t *v;
     cinfer_status st = CINFER_OK;
     json_object_foreach(root, key, v) {
-        if (!strcmp(key, "__metadata__")) continue;
+        if (!strcmp(key, "__metadata__")) {
+            const char *mk;
+            json_t *mv;
+            if (!json_is_object(v)) { st = cf_err(err, n, CINFER_EFORMAT, "%s: __metadata__ is not an object", path); break; }
+            json_object_foreach(v, mk, mv) if (!json_is_string(mv)) break;
+            if (mk) { st = cf_err(err, n, CINFER_EFORMAT, "%s: __metadata__ value '%s' is not a string", path, mk); break; }
+            free(s->metadata);
+            if (!(s->metadata = json_dumps(v, JSON_COMPACT))) { st = cf_err(err, n, CINFER_ENOMEM, "out of memory"); break; }
+            continue;
+        }
         json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
                *off = json_object_get(v, "data_offsets");
         if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off) || json_array_size(off) != 2) {
@@ -105,6 +114,40 @@ static cinfer_status parse_header(const char *path, const char *json, size_t jle
     return st;
 }
 
+/* parses one file image (map: the mmap to release on close, NULL for a caller's buffer) */
+static cinfer_status add_image(const char *path, const uint8_t *base, size_t len, void *map, st_set *s, char *err, size_t n) {
+    if (len < 8) {
+        if (map) munmap(map, len);
+        return cf_err(err, n, CINFER_EFORMAT, "%s: truncated (%zu bytes, no header)", path, len);
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | base[i];
+    if (hlen > len - 8 || hlen > (1u << 30)) {
+        if (map) munmap(map, len);
+        return cf_err(err, n, CINFER_EFORMAT, "%s: header length %llu exceeds the file (%zu bytes): truncated or not safetensors",
+                      path, (unsigned long long)hlen, len);
+    }
+    char **np = realloc(s->paths, (s->n_files + 1) * sizeof *np);
+    if (np) s->paths = np;
+    void **nm = realloc(s->maps, (s->n_files + 1) * sizeof *nm);
+    if (nm) s->maps = nm;
+    size_t *nl = realloc(s->map_len, (s->n_files + 1) * sizeof *nl);
+    if (nl) s->map_len = nl;
+    char *pcopy = np && nm && nl ? strdup(path) : NULL;
+    if (!pcopy) { if (map) munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
+    int fi = s->n_files++;
+    s->paths[fi] = pcopy;
+    s->maps[fi] = map;
+    s->map_len[fi] = len;
+    cinfer_status st = parse_header(path, (const char *)base + 8, hlen, base + 8 + hlen, len - 8 - hlen, fi, s, err, n);
+    if (st) return st;
+    qsort(s->t, s->n, sizeof *s->t, cmp_tensor);
+    for (int i = 1; i < s->n; i++)
+        if (!strcmp(s->t[i].name, s->t[i - 1].name))
+            return cf_err(err, n, CINFER_EFORMAT, "%s: tensor '%s' appears in two files", path, s->t[i].name);
+    return CINFER_OK;
+}
+
 cinfer_status st_open_file(const char *path, st_set *s, char *err, size_t n) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return cf_err(err, n, CINFER_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -115,34 +158,11 @@ cinfer_status st_open_file(const char *path, st_set *s, char *err, size_t n) {
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return cf_err(err, n, CINFER_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | ((const uint8_t *)map)[i];
-    if (hlen > len - 8 || hlen > (1u << 30)) {
-        munmap(map, len);
-        return cf_err(err, n, CINFER_EFORMAT, "%s: header length %llu exceeds the file (%zu bytes): truncated or not safetensors",
-                      path, (unsigned long long)hlen, len);
-    }
-    char **np = realloc(s->paths, (s->n_files + 1) * sizeof *np);
-    if (np) s->paths = np;
-    void **nm = realloc(s->maps, (s->n_files + 1) * sizeof *nm);
-    if (nm) s->maps = nm;
-    size_t *nl = realloc(s->map_len, (s->n_files + 1) * sizeof *nl);
-    if (nl) s->map_len = nl;
-    if (!np || !nm || !nl) { munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
-    char *pcopy = strdup(path);
-    if (!pcopy) { munmap(map, len); return cf_err(err, n, CINFER_ENOMEM, "out of memory"); }
-    int fi = s->n_files++;
-    s->paths[fi] = pcopy;
-    s->maps[fi] = map;
-    s->map_len[fi] = len;
-    const uint8_t *base = map;
-    cinfer_status st = parse_header(path, (const char *)base + 8, hlen, base + 8 + hlen, len - 8 - hlen, fi, s, err, n);
-    if (st) return st;
-    qsort(s->t, s->n, sizeof *s->t, cmp_tensor);
-    for (int i = 1; i < s->n; i++)
-        if (!strcmp(s->t[i].name, s->t[i - 1].name))
-            return cf_err(err, n, CINFER_EFORMAT, "%s: tensor '%s' appears in two files", path, s->t[i].name);
-    return CINFER_OK;
+    return add_image(path, map, len, map, s, err, n);
+}
+
+cinfer_status st_open_mem(const char *name, const void *buf, size_t len, st_set *s, char *err, size_t n) {
+    return add_image(name, buf, len, NULL, s, err, n);
 }
 
 static int shard_name_ok(const char *f) {
@@ -202,13 +222,14 @@ void st_close(st_set *s) {
         free(s->t[i].owned);
     }
     for (int i = 0; i < s->n_files; i++) {
-        munmap(s->maps[i], s->map_len[i]);
+        if (s->maps[i]) munmap(s->maps[i], s->map_len[i]);
         free(s->paths[i]);
     }
     free(s->t);
     free(s->paths);
     free(s->maps);
     free(s->map_len);
+    free(s->metadata);
     memset(s, 0, sizeof *s);
 }
 

@@ -23,6 +23,7 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_kl(int argc, char **argv);
 int cmd_logprobs(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_cache_prompt(int argc, char **argv);
 
 /* shared helpers (cli-util.c) */
 /* parses an int/float flag value; prints "cinfer CMD: bad value for FLAG" */
@@ -67,4 +68,36 @@ int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co);
 int cli_size(const char *v, size_t *out);
 /* loads a model dir, printing the error; NULL on failure */
 cinfer_model *cli_load_model(const char *cmd, const char *dir, const char *device, int n_threads);
+
+/* Cache state on disk (cmd-cache-prompt.c): --prompt-cache-file F (continue
+ * from an mlx-lm prompt-cache file; the prompt is what follows it) and
+ * --cache-dir DIR / --cache-dir-max-gb G (the persistent prefix tier). A
+ * command adds CLI_CACHE_LONGOPTS and CLI_CACHE_HELP, passes options to
+ * cli_cache_flag (as cli_kv_flag), then calls cli_cache_begin after creating
+ * its context: it restores seq 0 and sets *skip to the prompt ids already in
+ * the cache (feed ids + skip), and cli_cache_end after generating. */
+enum { CACHE_FILE = 0x280, CACHE_DIR, CACHE_MAX_GB };
+#define CLI_CACHE_LONGOPTS                                                                                   \
+    {"prompt-cache-file", 1, 0, CACHE_FILE}, {"cache-dir", 1, 0, CACHE_DIR}, {"cache-dir-max-gb", 1, 0, CACHE_MAX_GB}
+#define CLI_CACHE_HELP                                                                                       \
+    "      --prompt-cache-file F  continue from an mlx-lm prompt-cache file (cinfer cache-prompt,\n"          \
+    "                             mlx_lm.cache_prompt); the prompt is what follows the cached one\n"      \
+    "      --cache-dir DIR        reuse and store prompt prefixes in DIR across runs\n"                    \
+    "      --cache-dir-max-gb G   evict least recently used entries past G GB\n"
+typedef struct cli_cache {
+    const char *file, *dir;
+    size_t max_bytes;
+    int cached;          /* tokens taken from the file or the directory */
+    int fed;             /* prompt tokens the tier step fed itself */
+    double seconds;      /* time of that step */
+    cinfer_tier *tier;
+} cli_cache;
+int cli_cache_flag(const char *cmd, int code, const char *v, cli_cache *cc);
+/* mlx-lm's cut of a chat rendering at the user's text, given the same rendering with the text
+ * "<query>": the part before the text's end (prefix: what cache-prompt caches) or from its start
+ * (what generate feeds after a prompt-cache file); malloc'd, NULL (message printed) when the
+ * template does not show the text */
+char *cli_cache_cut(const char *cmd, const char *full, const char *test, int prefix);
+int cli_cache_begin(const char *cmd, cli_cache *cc, cinfer_model *m, cinfer_ctx *c, const int32_t *ids, int n, int *skip);
+void cli_cache_end(cli_cache *cc, cinfer_gen_stats *s);
 #endif

@@ -39,7 +39,7 @@ static const char *chat_commands = "commands: q quits, r resets the conversation
 
 /* one user turn: render, feed the new part, generate; 0 ok, 1 fatal, 2 refused (conversation kept) */
 static int chat_turn_run(const gen_opts *o, cinfer_ctx *c, const cinfer_tokenizer *t, json_t *msgs, fed_ids *fed,
-                         const cinfer_gen_opts *go) {
+                         const cinfer_gen_opts *go, cinfer_model *m, cli_cache *cc) {
     char *text = gen_render("chat", o, t, msgs);
     int32_t *ids = NULL;
     int n = 0;
@@ -50,9 +50,11 @@ static int chat_turn_run(const gen_opts *o, cinfer_ctx *c, const cinfer_tokenize
     cinfer_ctx_trim(c, keep);
     if (cinfer_ctx_pos(c) < keep) keep = cinfer_ctx_pos(c);   /* a window that dropped keys cannot go back */
     fed->n = keep;
+    int skip = 0;   /* --cache-dir: a rendering that shares nothing with the cache may start from disk */
+    if (cc->dir && !keep && cli_cache_begin("chat", cc, m, c, ids, n, &skip)) { free(ids); return 1; }
     chat_turn turn = {{.o = o, .stream = 1}, {0}};
     cinfer_gen_stats s;
-    cinfer_status st = cinfer_generate_ex(c, ids + keep, n - keep, &o->sp, go, chat_token, &turn, &s);
+    cinfer_status st = cinfer_generate_ex(c, ids + keep + skip, n - keep - skip, &o->sp, go, chat_token, &turn, &s);
     /* what the cache now holds, in order (the last id may not be fed yet: the
      * next turn's match is bounded by the cache's length) */
     for (int i = keep; !st && i < n; i++) fed_push(fed, ids[i]);
@@ -125,12 +127,13 @@ int cmd_chat(int argc, char **argv) {
         json_t *um = json_pack("{s:s,s:s}", "role", "user", "content", line);
         if (!um) { fprintf(stderr, "cinfer chat: the line is not UTF-8 text\n"); continue; }
         json_array_append_new(msgs, um);
-        rc = chat_turn_run(&o, c, t, msgs, &fed, &go);
+        rc = chat_turn_run(&o, c, t, msgs, &fed, &go, m, &o.cache);
         if (rc == 2) { json_array_remove(msgs, json_array_size(msgs) - 1); rc = 0; }
     }
     free(line);
     json_decref(msgs);
     free(fed.v);
+    cli_cache_end(&o.cache, NULL);
     gen_opts_free(&o);
     cinfer_ctx_free(c);
     cinfer_model_free(m);

@@ -41,6 +41,13 @@ static int prompt_ids(const gen_opts *o, cinfer_model *m, const char *text, size
         if (o->system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", o->system));
         json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", text));
         rendered = gen_render("generate", o, t, msgs);
+        if (rendered && o->cache.file) {   /* the file holds the rendering up to the user's text (cli_cache_cut) */
+            json_object_set_new(json_array_get(msgs, json_array_size(msgs) - 1), "content", json_string("<query>"));
+            char *test = gen_render("generate", o, t, msgs), *cut = test ? cli_cache_cut("generate", rendered, test, 0) : NULL;
+            free(test);
+            free(rendered);
+            rendered = cut;
+        }
         json_decref(msgs);
         if (!rendered) return 1;
         text = rendered;
@@ -56,7 +63,7 @@ static int prompt_ids(const gen_opts *o, cinfer_model *m, const char *text, size
         *n = 1;
         return 0;
     }
-    cinfer_status st = cinfer_tokenize(t, text, len, !templ, 1, ids, n);
+    cinfer_status st = cinfer_tokenize(t, text, len, !templ && !o->cache.file, 1, ids, n);
     free(rendered);
     if (st || *n < 1) { fprintf(stderr, "cinfer generate: could not tokenize the prompt (%s)\n", cinfer_status_str(st)); return 1; }
     return 0;
@@ -79,6 +86,7 @@ static void print_result(const gen_opts *o, const gen_out *g, const cinfer_gen_s
         json_object_set_new(j, "generation_tps", num_or_null(gps));
         json_object_set_new(j, "peak_memory_gb", num_or_null(s->peak_memory / 1e9));
         json_object_set_new(j, "kv_bytes", json_integer((json_int_t)s->kv_bytes));
+        if (o->cache.file || o->cache.dir) json_object_set_new(j, "prompt_cached_tokens", json_integer(o->cache.cached));
         char *js = json_dumps(j, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
         if (js) puts(js);
         free(js);
@@ -121,6 +129,8 @@ int cmd_generate(int argc, char **argv) {
     co.n_threads = o.threads;
     co.kv_f16 = o.kv_f16;
     if (!rc && cinfer_ctx_new(m, &co, &c, err, sizeof err)) { fprintf(stderr, "cinfer generate: %s\n", err); rc = 1; }
+    int skip = 0;
+    if (!rc) rc = cli_cache_begin("generate", &o.cache, m, c, ids, n, &skip);
     if (!rc) {
         cinfer_gen_stats s;
         cinfer_gen_opts go = cinfer_gen_defaults();
@@ -131,13 +141,15 @@ int cmd_generate(int argc, char **argv) {
         go.report_eos = o.json;
         gen_out g = {.o = &o, .stream = !o.json};
         if (o.json) { g.ids = json_array(); g.lps = json_array(); }
-        cinfer_status st = cinfer_generate_ex(c, ids, n, &o.sp, &go, gen_out_token, &g, &s);
+        cinfer_status st = cinfer_generate_ex(c, ids + skip, n - skip, &o.sp, &go, gen_out_token, &g, &s);
+        cli_cache_end(&o.cache, &s);
         gen_out_finish(&g);
         if (st) { fprintf(stderr, "%scinfer generate: %s\n", g.printed ? "\n" : "", cinfer_ctx_error(c)); rc = 1; }
         else if (g.write_failed) rc = 0;   /* main() reports the failed write */
         else print_result(&o, &g, &s, g.stopped ? CINFER_FINISH_STOP : s.finish_reason);
         gen_out_free(&g);
     }
+    cli_cache_end(&o.cache, NULL);
     free(ids);
     free(input);
     gen_opts_free(&o);

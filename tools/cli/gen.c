@@ -35,6 +35,7 @@ static void gen_help(FILE *f, const char *cmd) {
         "      --device cpu|cuda      backend (default cpu)\n"
         "      --kv-f16               keep the KV cache in f16\n"
         CLI_KV_HELP
+        CLI_CACHE_HELP
         "%s"
         "  -h, --help                 this help\n",
         cmd,
@@ -75,7 +76,7 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
         {"chat", 0, 0, 9}, {"system", 1, 0, 10}, {"system-prompt", 1, 0, 10}, {"json", 0, 0, 11},
         {"kv-f16", 0, 0, 12}, {"tokens", 1, 0, 13}, {"file", 1, 0, 'f'}, {"stop", 1, 0, 14},
         {"extra-eos-token", 1, 0, 15}, {"ignore-chat-template", 0, 0, 16}, {"chat-template", 1, 0, 17},
-        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
+        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_CACHE_LONGOPTS, {0, 0, 0, 0}};
     static const char *shortopts = "m:p:n:t:f:qh";
     int chat = !strcmp(cmd, "chat");
     memset(o, 0, sizeof *o);
@@ -86,6 +87,7 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
     int c, seed = -1;
     while ((c = getopt_long(argc, argv, shortopts, lo, NULL)) != -1) {
         int kv = cli_kv_flag(cmd, c, optarg, &o->co);
+        if (!kv) kv = cli_cache_flag(cmd, c, optarg, &o->cache);
         if (kv < 0) return 2;
         if (kv) continue;
         switch (c) {
@@ -134,6 +136,11 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
     }
     if (o->no_chat && (o->system || o->chat_template)) {
         fprintf(stderr, "cinfer %s: --ignore-chat-template leaves no template for %s\n", cmd, o->system ? "--system-prompt" : "--chat-template");
+        return 2;
+    }
+    if (o->cache.file && (chat || !inputs)) {
+        fprintf(stderr, "cinfer %s: --prompt-cache-file %s\n", cmd, chat ? "is for generate (chat takes --cache-dir)"
+                                                                         : "needs the prompt that follows the cached one (-p, -f or --tokens)");
         return 2;
     }
     if (seed >= 0) { o->sp.seed = (uint64_t)seed; o->seeded = 1; }

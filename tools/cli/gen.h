@@ -20,6 +20,7 @@ typedef struct gen_opts {
     char *template_text;     /* --chat-template FILE's contents (malloc'd) or NULL */
     cinfer_sampler_params sp;
     cinfer_ctx_opts co;      /* the KV-cache flags (cli_kv_flag) */
+    cli_cache cache;         /* --prompt-cache-file, --cache-dir (cli_cache_flag) */
 } gen_opts;
 
 /* parses the flags; 0 ok, 2 usage error, -1 help printed */

@@ -16,6 +16,7 @@ static const cli_cmd commands[] = {
     {"chat", cmd_chat, "interactive chat through the chat template"},
     {"perplexity", cmd_perplexity, "perplexity of a model on a data file (mlx_lm.perplexity)"},
     {"kl", cmd_kl, "KL divergence of a model against a base model (llama.cpp's report)"},
+    {"cache-prompt", cmd_cache_prompt, "prefill a prompt and save an mlx-lm prompt-cache file"},
     {"logprobs", cmd_logprobs, "summed log-probs of responses given prompts (DPO pairs: margin)"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching, prefix reuse)"},
 };
