@@ -15,7 +15,8 @@ CF="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc -DCINFER
 LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic \
  -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lm -Wl,-rpath,$CUDA_HOME/lib64"
 cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
-cc $CF -o $B/cinfer tools/cli/*.c $LIBS
+# the server needs libmicrohttpd, which the GPU machine lacks: the GPU CLI is built without it
+cc $CF -DCINFER_NO_SERVE -o $B/cinfer $(ls tools/cli/*.c | grep -v -e /cmd-serve.c -e /serve-) $LIBS
 for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/test-seq.c bench/gpu/*.c; do
   [ -f "$t" ] || continue
   cc $CF -I$CUDA_HOME/include -Itests -o $B/$(basename "$t" .c) "$t" $LIBS

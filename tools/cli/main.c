@@ -18,7 +18,9 @@ static const cli_cmd commands[] = {
     {"kl", cmd_kl, "KL divergence of a model against a base model (llama.cpp's report)"},
     {"cache-prompt", cmd_cache_prompt, "prefill a prompt and save an mlx-lm prompt-cache file"},
     {"logprobs", cmd_logprobs, "summed log-probs of responses given prompts (DPO pairs: margin)"},
+#ifndef CINFER_NO_SERVE   /* tests/gpu/build.sh: the GPU machine has no libmicrohttpd */
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching, prefix reuse)"},
+#endif
 };
 
 static void usage(FILE *f) {
