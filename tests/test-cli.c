@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     CHECK(rc == 1, "a token id outside the vocabulary fails cleanly (exit %d)", rc);
 
     /* chat and generate --chat through a chat template added to a copy of stories260k */
-    char mdir[128], cmd[1200];
+    char mdir[128], cmd[3000];
     snprintf(mdir, sizeof mdir, "%s/chatm", cli_tmp);
     snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/* %s/ && chmod -R u+w %s", mdir, sh, mdir, mdir);
     int copied = system(cmd) == 0;
@@ -93,6 +93,35 @@ int main(int argc, char **argv) {
     int turns = 0;
     for (char *q = out; (q = strstr(q, "tok/s]")); q++) turns++;
     CHECK(rc == 0 && turns == 2 && strstr(out, ", there was a little girl"), "chat answers two turns (%d turns)", turns);
+    /* the second turn reuses the cached first turn: its reply must equal a fresh greedy run on the
+     * whole conversation (rendered by `template`, tokenized by `tokenize`), which a wrong reuse
+     * offset or a stale cache tail would change */
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nLily and Ben\\n' | %s chat -m %s -n 12 2>/dev/null > %s/chat2.out", cli,
+             mdir, cli_tmp);
+    rc = system(cmd);
+    char replies[2][256] = {"", ""};
+    snprintf(cmd, sizeof cmd, "%s/chat2.out", cli_tmp);
+    cf = fopen(cmd, "r");
+    for (int i = 0; cf && i < 2 && fgets(replies[i], sizeof replies[i], cf); i++) replies[i][strcspn(replies[i], "\n")] = 0;
+    if (cf) fclose(cf);
+    json_t *conv = json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "Once upon a time", "role",
+                             "assistant", "content", replies[0], "role", "user", "content", "Lily and Ben");
+    snprintf(cmd, sizeof cmd, "%s/conv.json", cli_tmp);
+    int wrote = conv && json_dump_file(conv, cmd, 0) == 0;
+    json_decref(conv);
+    snprintf(cmd, sizeof cmd,
+             "%s template -m %s --messages %s/conv.json > %s/conv.txt && %s tokenize -m %s --no-bos-eos --ids - < %s/conv.txt | "
+             "tr ' ' ',' > %s/conv.ids && %s generate -m %s --ignore-chat-template -q -n 12 --tokens $(cat %s/conv.ids) > %s/fresh.out",
+             cli, mdir, cli_tmp, cli_tmp, cli, mdir, cli_tmp, cli_tmp, cli, mdir, cli_tmp, cli_tmp);
+    int frc = system(cmd);
+    char fresh[256] = "";
+    snprintf(cmd, sizeof cmd, "%s/fresh.out", cli_tmp);
+    cf = fopen(cmd, "r");
+    if (cf && fgets(fresh, sizeof fresh, cf)) fresh[strcspn(fresh, "\n")] = 0;
+    if (cf) fclose(cf);
+    CHECK(rc == 0 && wrote && frc == 0 && replies[1][0] && !strcmp(replies[1], fresh),
+          "chat's second turn, fed after the cached first, equals a fresh run on the whole conversation ('%s' vs '%s')",
+          replies[1], fresh);
     snprintf(args, sizeof args, "generate --chat -m %s -p hi -n 2", sh);
     rc = sh_run(args, out, sizeof out);
     CHECK(rc == 1, "generate --chat on a model without a chat template fails cleanly (rc %d)", rc);
