@@ -21,6 +21,13 @@ static int check_failed_ = 0, check_passed_ = 0;
 #define CHECK_DONE() (printf("# %d passed, %d failed\n", check_passed_, check_failed_), \
                       check_failed_ ? 1 : 0)
 
+/* the backend-generic tests (test-backend-ops, test-cache, test-seq) run on CUDA when
+ * CINFER_TEST_DEVICE=cuda (tests/gpu/run.sh on the GPU machine), on the CPU otherwise */
+static inline int test_on_cuda(void) {
+    const char *d = getenv("CINFER_TEST_DEVICE");
+    return d && !strcmp(d, "cuda");
+}
+
 /* ../shared next to the checkout, or $CINFER_SHARED. Missing, it is one FAIL
  * line that names it (never a silent skip); the default model ships in the
  * repository as models/stories260k and needs no ../shared. */

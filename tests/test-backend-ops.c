@@ -20,6 +20,7 @@
  */
 #include <stdint.h>
 #include "check.h"
+#include "paged.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #ifdef CINFER_CUDA
@@ -39,7 +40,7 @@ static float frand(void) {   /* uniform [-1, 1) */
     rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
     return (float)((rng >> 40) * (1.0 / 8388608.0) - 1.0);
 }
-static int irand(int n) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (int)((rng >> 33) % (uint64_t)n); }
+static int irand(int n) { return paged_rand(&rng, n); }
 
 /* a device buffer of n floats framed by guards, every word poisoned */
 typedef struct gbuf { float *base, *p; size_t n; } gbuf;
@@ -424,66 +425,6 @@ static void test_argmax(void) {
 
 /* ---------------------------------------------------------- paged KV */
 
-/* A paged layout for a batch (be_attn a: B, L, pos0, len, window, keep, run0
- * set): rows extend distinct random sequences of n_seq = B + 2; a page is held
- * when a query of the batch sees (be_span) or writes a position in it, else
- * -1 as a window's dropped pages are; held pages get ids from a random
- * permutation of the pool, so a sequence's pages are scattered and
- * non-contiguous, and some pool pages belong to nobody. */
-typedef struct layout {
-    int seq[8];
-    int n_pages;
-    int32_t *pt, *pt_d;   /* [n_seq][n_pt] host, device */
-} layout;
-
-static void mark(char *need, int page, int lo, int hi) {   /* pages of positions [lo, hi) */
-    for (int j = lo; j < hi; j += page - j % page) need[j / page] = 1;
-}
-
-static void layout_new(layout *ly, be_attn *a, int page) {
-    int B = a->B, n_seq = B + 2, end = 1;
-    int perm[16];
-    for (int s = 0; s < n_seq; s++) perm[s] = s;
-    for (int s = n_seq - 1; s > 0; s--) { int r = irand(s + 1), t = perm[s]; perm[s] = perm[r]; perm[r] = t; }
-    a->max_span = 1;
-    for (int b = 0; b < B; b++) {
-        ly->seq[b] = perm[b];
-        int e = a->pos0[b] + a->len[b], span = a->window && e > a->window ? a->window : e;
-        if (e > end) end = e;
-        if (span > a->max_span) a->max_span = span;
-    }
-    int n_pt = (end + page - 1) / page + 1;
-    char *need = calloc((size_t)n_seq * n_pt, 1);
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < a->len[b]; i++) {
-            int p = a->pos0[b] + i, s_lo, s_hi, r_lo;
-            char *row = need + (size_t)ly->seq[b] * n_pt;
-            be_span(p, a->window, a->keep, a->run0[b], &s_lo, &s_hi, &r_lo);
-            mark(row, page, s_lo, s_hi);
-            mark(row, page, r_lo, p + 1);
-        }
-    int held = 0;
-    for (int e = 0; e < n_seq * n_pt; e++) held += need[e];
-    ly->n_pages = held + 3;
-    int *ids = malloc(sizeof(int) * ly->n_pages);
-    for (int e = 0; e < ly->n_pages; e++) ids[e] = e;
-    for (int e = ly->n_pages - 1; e > 0; e--) { int r = irand(e + 1), t = ids[e]; ids[e] = ids[r]; ids[r] = t; }
-    ly->pt = malloc(sizeof(int32_t) * n_seq * n_pt);
-    for (int e = 0, k = 0; e < n_seq * n_pt; e++) ly->pt[e] = need[e] ? ids[k++] : -1;
-    ly->pt_d = be->alloc(bc, sizeof(int32_t) * n_seq * n_pt);
-    be->from_host(bc, ly->pt_d, ly->pt, sizeof(int32_t) * n_seq * n_pt);
-    a->page = page;
-    a->n_pt = n_pt;
-    a->pt = ly->pt_d;
-    a->pt_host = ly->pt;
-    a->seq = ly->seq;
-    free(ids);
-    free(need);
-}
-
-static void layout_free(layout *ly) { be->free(bc, ly->pt_d); free(ly->pt); }
-
-static size_t pool_elems(const be_attn *a, const layout *ly) { return (size_t)ly->n_pages * a->n_kv_head * a->page * a->head_dim; }
 static size_t words_of(size_t n, be_dtype dt) { return (n * be_dtype_size(dt) + 3) / 4; }
 
 /* a host pool of n elements of dt, random in [-s, s) */
@@ -508,9 +449,9 @@ static void test_kv_write(void) {
         for (int page = 1; page <= 16; page *= 4) {
             int B = 3, L = 9, nkv = 3, hd = 64, pos0[3] = {0, 3, 17}, len[3] = {5, 2, 9}, run0[3] = {0, 0, 0};
             be_attn a = {.B = B, .L = L, .n_head = nkv, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len, .run0 = run0};
-            layout ly;
-            layout_new(&ly, &a, page);
-            size_t nsrc = (size_t)B * L * nkv * hd, words = words_of(pool_elems(&a, &ly), dt);
+            paged_layout ly;
+            paged_new(&ly, &a, page, &rng, be, bc);
+            size_t nsrc = (size_t)B * L * nkv * hd, words = words_of(paged_pool_elems(&a, &ly), dt);
             float *src = rnd(nsrc, 1.0f);
             uint32_t *ref = poisoned(words), *got = malloc(words * 4);
             be_ref_kv_write(&a, src, ref, dt);
@@ -521,7 +462,7 @@ static void test_kv_write(void) {
             CHECK(guards && !memcmp(got, ref, words * 4), "kv_write %s page %d: the pool equals the reference bit for bit (other slots poisoned), guards %s",
                   DTN[dt], page, guards ? "intact" : "WRITTEN");
             gb_free(&gs); gb_free(&gc);
-            layout_free(&ly);
+            paged_free(&ly);
             free(src); free(ref); free(got);
         }
 }
@@ -545,9 +486,9 @@ static void test_rope_kv_write(void) {
             for (int t = 0; t < T; t++) pos[t] = pos0[t / L] + t % L;
             be_attn a = {.B = B, .L = L, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len, .run0 = run0,
                          .pos = pos, .inv_freq = inv, .rot_dims = rot, .neox = neox};
-            layout ly;
-            layout_new(&ly, &a, variant ? 4 : 16);
-            size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, ne = pool_elems(&a, &ly), words = words_of(ne, dt);
+            paged_layout ly;
+            paged_new(&ly, &a, variant ? 4 : 16, &rng, be, bc);
+            size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, ne = paged_pool_elems(&a, &ly), words = words_of(ne, dt);
             float *q = rnd(nq, 1.0f), *k = rnd(nk, 1.0f), *v = rnd(nk, 1.0f);
             float *qr = malloc(nq * 4), *kr = malloc(nk * 4), *qg = malloc(nq * 4), *kg = malloc(nk * 4);
             memcpy(qr, q, nq * 4);
@@ -579,7 +520,7 @@ static void test_rope_kv_write(void) {
                   DTN[dt], rot, neox ? "neox" : "interleaved", a.page, eq, ek, ec, tc, untouched ? "untouched" : "WRITTEN",
                   guards ? "intact" : "WRITTEN");
             gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&gkc); gb_free(&gvc);
-            layout_free(&ly);
+            paged_free(&ly);
             free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(kc); free(vc); free(inv);
             free(kref); free(vref); free(ones); free(mask);
         }
@@ -592,9 +533,9 @@ static int attention_case(const att_case *t) {
     be_attn a = {.B = t->B, .L = t->L, .n_head = t->H, .n_kv_head = t->nkv, .head_dim = t->hd, .pos0 = t->pos0, .len = t->len,
                  .window = t->window, .keep = t->keep, .run0 = t->run0, .scale = 1.0f / sqrtf((float)t->hd)};
     be_dtype dt = (be_dtype)t->dt;
-    layout ly;
-    layout_new(&ly, &a, t->page);
-    size_t nq = (size_t)t->B * t->L * t->H * t->hd, ne = pool_elems(&a, &ly), words = words_of(ne, dt);
+    paged_layout ly;
+    paged_new(&ly, &a, t->page, &rng, be, bc);
+    size_t nq = (size_t)t->B * t->L * t->H * t->hd, ne = paged_pool_elems(&a, &ly), words = words_of(ne, dt);
     float *q = rnd(nq, 2.0f);
     void *kh = pool_rand(ne, dt, 2.0f), *vh = pool_rand(ne, dt, 1.0f);
     gbuf gq = gb_new(nq), gk = gb_new(words), gv = gb_new(words), go = gb_new(nq);
@@ -616,7 +557,7 @@ static int attention_case(const att_case *t) {
           flash ? "flash" : dec ? "decode" : "split-K", t->B, t->L, t->H, t->nkv, t->hd, t->page, t->window, t->keep, t->run0[0],
           DTN[dt], a.max_span, e, tol, guards ? "intact" : "WRITTEN");
     gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&go);
-    layout_free(&ly);
+    paged_free(&ly);
     free(q); free(kh); free(vh); free(got); free(ref);
     return ok;
 }
@@ -711,8 +652,7 @@ static void test_graph(void) {
 #endif
 
 int main(void) {
-    const char *dev = getenv("CINFER_TEST_DEVICE");
-    on_cuda = dev && !strcmp(dev, "cuda");
+    on_cuda = test_on_cuda();
     be = on_cuda ? be_cuda() : be_cpu();
     CHECK(be != NULL, "backend %s built", on_cuda ? "cuda" : "cpu");
     if (!be) return CHECK_DONE();

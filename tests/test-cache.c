@@ -20,11 +20,7 @@
 #include "backend/cpu/cpu.h"
 #include "cache/cache.h"
 
-/* CINFER_TEST_DEVICE=cuda (tests/gpu/run.sh) runs it on the CUDA backend */
-static const be_ops *test_backend(void) {
-    const char *d = getenv("CINFER_TEST_DEVICE");
-    return d && !strcmp(d, "cuda") ? be_cuda() : be_cpu();
-}
+static const be_ops *test_backend(void) { return test_on_cuda() ? be_cuda() : be_cpu(); }
 
 #define NSEQ 5
 #define HD 8
@@ -220,7 +216,6 @@ static int step(rig *R, int B, const int *seq, const int *n) {
 static int snap_restore(rig *R, int s, int d) {
     int n_sink, run, len, page;
     kv_group_held(R->g, s, &n_sink, &run, &len);
-    if (!run) n_sink = 0;
     int T = n_sink + len - run;
     size_t bytes = (size_t)NKV * (T ? T : 1) * HD * 4;
     float *k = malloc(bytes), *v = malloc(bytes), *k2 = malloc(bytes), *v2 = malloc(bytes);
@@ -313,7 +308,7 @@ int main(void) {
     static const policy pols[] = {{"full", 0, 0}, {"window 16", 16, 0}, {"rotating 24 keep 4", 24, 4},
                                   {"rotating 40 keep 4", 40, 4}};
     static const int pages[] = {1, 4, 16, 128};
-    CHECK(test_backend() != NULL, "backend %s", getenv("CINFER_TEST_DEVICE") ? getenv("CINFER_TEST_DEVICE") : "cpu");
+    CHECK(test_backend() != NULL, "backend %s", test_on_cuda() ? "cuda" : "cpu");
     if (!test_backend()) return CHECK_DONE();
     for (size_t p = 0; p < sizeof pols / sizeof *pols; p++)
         for (size_t g = 0; g < sizeof pages / sizeof *pages; g++)

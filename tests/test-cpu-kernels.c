@@ -270,7 +270,10 @@ static void test_attention(int threads) {
             be_attn a = { .B = cs[ci].B, .L = cs[ci].L, .n_head = cs[ci].nh, .n_kv_head = cs[ci].nkv,
                           .head_dim = cs[ci].hd, .pos0 = pos0, .len = len, .scale = 1.0f / sqrtf((float)cs[ci].hd) };
             paged_layout pl;
-            int np = paged_init(&pl, &a, cs[ci].page, cs[ci].win, cs[ci].keep, 1234 + ci);
+            uint64_t seed = 1234 + ci;
+            paged_run0(&pl, &a, cs[ci].win, cs[ci].keep);
+            paged_new(&pl, &a, cs[ci].page, &seed, NULL, NULL);
+            int np = pl.n_pages;
             size_t nq = (size_t)a.B * a.L * a.n_head * a.head_dim;
             size_t nk = (size_t)np * a.n_kv_head * a.page * a.head_dim;
             float *q = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float));

@@ -32,7 +32,10 @@ static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, in
     be_attn a = {.B = B, .L = L, .n_head = nh, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len,
                  .scale = 1.0f / sqrtf((float)hd)};
     paged_layout pl;
-    int np = paged_init(&pl, &a, page, window, keep, 99 + (uint64_t)L * 7 + page);
+    uint64_t seed = 99 + (uint64_t)L * 7 + page;
+    paged_run0(&pl, &a, window, keep);
+    paged_new(&pl, &a, page, &seed, NULL, NULL);
+    int np = pl.n_pages;
     size_t pool_n = (size_t)np * nkv * page * hd, qn = (size_t)B * L * nh * hd, kn = (size_t)B * L * nkv * hd;
     size_t el = be_dtype_size(dt);
     void *k = malloc(pool_n * el), *v = malloc(pool_n * el), *k2 = malloc(pool_n * el), *v2 = malloc(pool_n * el);

@@ -19,10 +19,7 @@
 
 /* CINFER_TEST_DEVICE=cuda (tests/gpu/run.sh) runs it on the CUDA backend, where a batch of
  * more than 8 rows matches rows alone only in batch-invariant mode */
-static const char *device(void) {
-    const char *d = getenv("CINFER_TEST_DEVICE");
-    return d && !strcmp(d, "cuda") ? "cuda" : NULL;
-}
+static const char *device(void) { return test_on_cuda() ? "cuda" : NULL; }
 
 #define NS 32
 #define V 512

@@ -79,8 +79,7 @@ void cinfer_snapshot_free(cinfer_snapshot *s) {
 /* the positions layer l's group holds for seq: ranges [0, n_sink), [run, len) as (start, count) pairs */
 static int held_ranges(const kv_group *g, int seq, int r[4]) {
     int n_sink, run, len;
-    kv_group_held(g, seq, &n_sink, &run, &len);
-    if (run == 0) n_sink = 0;
+    kv_group_held(g, seq, &n_sink, &run, &len);   /* run 0: n_sink 0, all of [0, len) */
     r[0] = 0;
     r[1] = n_sink;
     r[2] = run;
