@@ -147,10 +147,12 @@ static int have(const void *op, const char *name) {
 }
 
 static void test_matmul(void) {
-    const int ns[] = {1, 2, 3, 5, 8, 9, 33};
-    const int shapes[][2] = {{37, 64}, {64, 200}, {300, 1024}, {130, 36}, {1000, 4096}, {3000, 3000}};   /* the last: more row groups than the persistent grid */
+    const int ns[] = {1, 2, 3, 5, 8, 9, 33, 64, 65};
+    /* {48, 256} and {1040, 2048}: CUDA's skinny tensor-core matmul (rows % 16, k % 256, 2..64 rows);
+     * {3000, 3000}: more row groups than the persistent grid */
+    const int shapes[][2] = {{37, 64}, {64, 200}, {300, 1024}, {130, 36}, {48, 256}, {1000, 4096}, {3000, 3000}, {1040, 2048}};
     for (int dt = 0; dt < 3; dt++)
-        for (size_t si = 0; si < sizeof shapes / sizeof *shapes - (on_cuda ? 0 : 2); si++)   /* the big two: CUDA's grids */
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes - (on_cuda ? 0 : 3); si++)   /* the big three: CUDA's grids */
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 int n = ns[ni], m = shapes[si][0], k = shapes[si][1];
                 int with_bias = (si + ni) % 3 == 0;
@@ -177,10 +179,10 @@ static void test_matmul(void) {
 /* q/k/v-style: one input, three matrices, one launch (decode) or three cuBLAS calls */
 static void test_matmul_multi(void) {
     if (!have((const void *)be->matmul_multi, "matmul_multi")) return;
-    const int ns[] = {1, 3, 9};
+    const int ns[] = {1, 3, 9, 40};
     for (int dt = 0; dt < 3; dt++)
-        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
-            int n = ns[ni], k = 512, ms[3] = {300, 64, 72};
+        for (size_t ni = 0; ni < 2 * sizeof ns / sizeof *ns; ni++) {   /* the second half: rows % 16 (CUDA's skinny matmul) */
+            int sk = ni >= sizeof ns / sizeof *ns, n = ns[ni % (sizeof ns / sizeof *ns)], k = 512, ms[3] = {sk ? 304 : 300, 64, sk ? 80 : 72};
             be_mat w[3], b[3];
             const be_mat *wp[3], *bp[3];
             float *y[3];
@@ -211,8 +213,8 @@ static void test_matmul_multi(void) {
                 if (bp[i]) free_mat(&b[i]);
             }
             double tol = mm_tol(n, dt);
-            CHECK(guards && worst <= tol, "matmul_multi %s n=%d (3 matrices, one with bias): err %.2e (tol %.0e), guards %s",
-                  be_dtype_name((be_dtype)dt), n, worst, tol, guards ? "intact" : "WRITTEN");
+            CHECK(guards && worst <= tol, "matmul_multi %s n=%d m0=%d (3 matrices, one with bias): err %.2e (tol %.0e), guards %s",
+                  be_dtype_name((be_dtype)dt), n, ms[0], worst, tol, guards ? "intact" : "WRITTEN");
             gb_free(&gx);
             free(x);
         }
@@ -220,15 +222,16 @@ static void test_matmul_multi(void) {
 
 /* rmsnorm then q/k/v-style matmuls, or gate/up with the SwiGLU, in one op (decode: the norm
  * in the GEMV's prologue, one launch; prefill: norm, cuBLAS, swiglu); and y += x . w^T */
-static const int NM_NS[] = {1, 3, 9};
+static const int NM_NS[] = {1, 3, 9, 24};
 
 static void test_norm_matmul(void) {
     if (!have((const void *)be->norm_matmul, "norm_matmul")) return;
     const int *ns = NM_NS;
     for (int dt = 0; dt < 3; dt++)
         for (size_t ni = 0; ni < sizeof NM_NS / sizeof *NM_NS; ni++)
-            for (int glu = 0; glu < 2; glu++) {
-                int n = ns[ni], k = 1544, count = glu ? 2 : 3, ms[3] = {1200, glu ? 1200 : 64, 72};   /* more row groups than the grid */
+            for (int glu = 0; glu < 4; glu++) {   /* glu & 2: k % 256 and rows % 16 (CUDA's skinny matmul) */
+                int sk = glu >> 1, n = ns[ni], k = sk ? 1536 : 1544, count = glu & 1 ? 2 : 3;
+                int ms[3] = {1200, glu & 1 ? 1200 : 64, sk ? 80 : 72};   /* more row groups than the grid */
                 be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
                 const be_mat *wp[3], *bp[3];
                 gbuf gy[3];
@@ -243,7 +246,7 @@ static void test_norm_matmul(void) {
                     gy[i] = gb_new((size_t)n * ms[i]);
                     y[i] = gy[i].p;
                 }
-                be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu);
+                be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu & 1);
                 double worst = 0;
                 float *tmp = malloc(sizeof(float) * n * k);
                 int guards = gb_get(&gxn, tmp);   /* xn is scratch: guards only */
@@ -253,19 +256,19 @@ static void test_norm_matmul(void) {
                     ref[i] = malloc(sizeof(float) * n * ms[i]);
                     ref_mm(xn, n, &w[i], bp[i], ref[i]);
                 }
-                if (glu) be_ref_swiglu(ref[0], ref[1], ref[0], (size_t)n * ms[0]);
+                if (glu & 1) be_ref_swiglu(ref[0], ref[1], ref[0], (size_t)n * ms[0]);
                 for (int i = 0; i < count; i++) {
                     float *got = malloc(sizeof(float) * n * ms[i]);
                     guards &= gb_get(&gy[i], got);
-                    double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
+                    double e = glu & 1 && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
                     if (!(e <= worst)) worst = e;
                     free(got); free(ref[i]);
                     gb_free(&gy[i]);
                     free_mat(&w[i]);
                 }
                 double tol = mm_tol(n, dt);
-                CHECK(guards && worst <= tol, "norm_matmul %s n=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n,
-                      glu ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol, guards ? "intact" : "WRITTEN");
+                CHECK(guards && worst <= tol, "norm_matmul %s n=%d k=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n,
+                      k, glu & 1 ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol, guards ? "intact" : "WRITTEN");
                 gb_free(&gx); gb_free(&gxn);
                 free_mat(&bias); free_mat(&nw);
                 free(x); free(xn); free(tmp);
@@ -276,8 +279,8 @@ static void test_matmul_add(void) {
     if (!have((const void *)be->matmul_add, "matmul_add")) return;
     const int *ns = NM_NS;
     for (int dt = 0; dt < 3; dt++)
-        for (size_t ni = 0; ni < sizeof NM_NS / sizeof *NM_NS; ni++) {
-            int n = ns[ni], k = 384, m = 200;
+        for (size_t ni = 0; ni < 2 * sizeof NM_NS / sizeof *NM_NS; ni++) {   /* the second half: CUDA's skinny matmul */
+            int sk = ni >= sizeof NM_NS / sizeof *NM_NS, n = ns[ni % (sizeof NM_NS / sizeof *NM_NS)], k = sk ? 512 : 384, m = sk ? 208 : 200;
             be_mat w = mk_mat((be_dtype)dt, m, k, 1.0f), bias = mk_mat(BE_F32, 1, m, 1.0f);
             float *x = rnd((size_t)n * k, 1.0f), *y0 = rnd((size_t)n * m, 1.0f), *ref = malloc(sizeof(float) * n * m);
             float *got = malloc(sizeof(float) * n * m);
