@@ -125,6 +125,7 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
 int cu_round16(be_ctx *c, const float *x, void *out, int bf16, size_t total);
 /* the skinny tensor-core matmul (skinny.cu): whether it serves count matrices of n rows; its launch */
 int cu_skinny_ok(const be_ctx *c, int n, int count, const be_mat *const *w);
+int cu_skinny_prepare(be_ctx *c, int n, int count, const be_mat *const *w);
 void cu_skinny_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);

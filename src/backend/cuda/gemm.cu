@@ -469,7 +469,8 @@ static int act16_reuse(be_ctx *c, const float *x, int n, int count, const be_mat
 /* 2..64 rows on 16-bit weights: the tensor-core skinny matmul (skinny.cu), count matrices of one k */
 static void submit_skinny(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y,
                           int acc) {
-    if (!cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * w[0]->cols * 2)) return;
+    int nsplit = cu_skinny_prepare(c, n, count, w);
+    if (!nsplit || !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * w[0]->cols * 2)) return;
     cu_rec r;
     memset(&r, 0, sizeof r);
     r.fn = cu_skinny_launcher;
@@ -480,6 +481,7 @@ static void submit_skinny(be_ctx *c, const float *x, int n, int count, const be_
     r.i[2] = w[0]->dt;
     r.i[3] = count;
     r.i[10] = acc;
+    r.i[12] = nsplit;
     for (int i = 0; i < count; i++) {
         r.p[1 + i] = w[i]->dev;
         r.p[4 + i] = bias[i] ? bias[i]->dev : NULL;
