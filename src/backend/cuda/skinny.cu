@@ -71,6 +71,40 @@ __device__ __forceinline__ void sk_stage(uint16_t (*xs)[SK_XS], const uint16_t *
     asm volatile("cp.async.commit_group;");
 }
 
+/* the 8 16-byte runs a lane multiplies in chunk ci: rows g and g+8, four 32-column steps */
+__device__ __forceinline__ void sk_loadw(uint4 (*wv)[2], const uint4 *wr0, const uint4 *wr1, int ci, int active) {
+    if (!active) return;
+#pragma unroll
+    for (int s4 = 0; s4 < 4; s4++) {
+        wv[s4][0] = sk_ld_stream(wr0 + (size_t)ci * (SK_KC / 8) + s4 * 4);
+        wv[s4][1] = sk_ld_stream(wr1 + (size_t)ci * (SK_KC / 8) + s4 * 4);
+    }
+}
+
+/* chunk ci of [c0, c1): stage the next chunk's x, wait for this one's, multiply */
+template <int NT, bool BF>
+__device__ __forceinline__ void sk_chunk(float (*acc)[4], const uint4 (*wv)[2], uint16_t (*xs)[NT * 8][SK_XS], const uint16_t *x, int n,
+                                         int k, int ci, int c0, int c1, int g, int t, int active) {
+    const int buf = (ci - c0) & 1;
+    if (ci + 1 < c1) {
+        sk_stage<NT>(xs[buf ^ 1], x, n, k, (ci + 1) * SK_KC);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+    __syncthreads();
+    if (active)
+#pragma unroll
+        for (int s4 = 0; s4 < 4; s4++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 xv = *(const uint4 *)&xs[buf][nt * 8 + g][s4 * 32 + 8 * t];
+                sk_mma<BF>(acc[nt], wv[s4][0].x, wv[s4][1].x, wv[s4][0].y, wv[s4][1].y, xv.x, xv.y);
+                sk_mma<BF>(acc[nt], wv[s4][0].z, wv[s4][1].z, wv[s4][0].w, wv[s4][1].w, xv.z, xv.w);
+            }
+    __syncthreads();   /* buffer buf is staged again two chunks on */
+}
+
 /* x: [n][k] 16-bit; k % SK_KC == 0; every m % 16 == 0. Block b: row tile b / nsplit (SK_ROWS
  * features of one matrix), column slice b % nsplit of k. With nsplit > 1 the slices' partial sums
  * go to part and the last slice to finish (a self-resetting counter in cnt) adds them in slice
@@ -106,33 +140,18 @@ __global__ void __launch_bounds__(SK_WARPS * 32) k_skinny(sk_set st, const uint1
         xs[1][n + i / SK_XS][i % SK_XS] = 0;
     }
     PDL_ENTRY();
-    if (c0 < c1) sk_stage<NT>(xs[0], x, n, k, c0 * SK_KC);
-    for (int ci = c0; ci < c1; ci++) {
-        const int buf = (ci - c0) & 1;
-        uint4 wv[4][2];
-        if (active)
-#pragma unroll
-            for (int s4 = 0; s4 < 4; s4++) {
-                wv[s4][0] = sk_ld_stream(wr0 + (size_t)ci * (SK_KC / 8) + s4 * 4);
-                wv[s4][1] = sk_ld_stream(wr1 + (size_t)ci * (SK_KC / 8) + s4 * 4);
-            }
-        if (ci + 1 < c1) {
-            sk_stage<NT>(xs[buf ^ 1], x, n, k, (ci + 1) * SK_KC);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        }
-        __syncthreads();
-        if (active)
-#pragma unroll
-            for (int s4 = 0; s4 < 4; s4++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint4 xv = *(const uint4 *)&xs[buf][nt * 8 + g][s4 * 32 + 8 * t];
-                    sk_mma<BF>(acc[nt], wv[s4][0].x, wv[s4][1].x, wv[s4][0].y, wv[s4][1].y, xv.x, xv.y);
-                    sk_mma<BF>(acc[nt], wv[s4][0].z, wv[s4][1].z, wv[s4][0].w, wv[s4][1].w, xv.z, xv.w);
-                }
-        __syncthreads();   /* buffer buf is staged again two chunks on */
+    /* the weights of a chunk are loaded into registers while the chunk before it is multiplied */
+    uint4 wa[4][2], wb[4][2];
+    if (c0 < c1) {
+        sk_stage<NT>(xs[0], x, n, k, c0 * SK_KC);
+        sk_loadw(wa, wr0, wr1, c0, active);
+    }
+    for (int ci = c0; ci < c1; ci += 2) {
+        if (ci + 1 < c1) sk_loadw(wb, wr0, wr1, ci + 1, active);
+        sk_chunk<NT, BF>(acc, wa, xs, x, n, k, ci, c0, c1, g, t, active);
+        if (ci + 1 >= c1) break;
+        if (ci + 2 < c1) sk_loadw(wa, wr0, wr1, ci + 2, active);
+        sk_chunk<NT, BF>(acc, wb, xs, x, n, k, ci + 1, c0, c1, g, t, active);
     }
     if (nsplit == 1) {
         if (!active) return;
