@@ -148,7 +148,7 @@ static int have(const void *op, const char *name) {
 
 static void test_matmul(void) {
     const int ns[] = {1, 2, 3, 5, 8, 9, 33, 64, 65};
-    /* {48, 256} and {1040, 2048}: CUDA's skinny tensor-core matmul (rows % 16, k % 256, 2..64 rows);
+    /* {48, 256} and {1040, 2048}: tile-aligned shapes (rows % 16, k % 256), as the models' are;
      * {3000, 3000}: more row groups than the persistent grid */
     const int shapes[][2] = {{37, 64}, {64, 200}, {300, 1024}, {130, 36}, {48, 256}, {1000, 4096}, {3000, 3000}, {1040, 2048}};
     for (int dt = 0; dt < 3; dt++)
@@ -181,7 +181,7 @@ static void test_matmul_multi(void) {
     if (!have((const void *)be->matmul_multi, "matmul_multi")) return;
     const int ns[] = {1, 3, 9, 40};
     for (int dt = 0; dt < 3; dt++)
-        for (size_t ni = 0; ni < 2 * sizeof ns / sizeof *ns; ni++) {   /* the second half: rows % 16 (CUDA's skinny matmul) */
+        for (size_t ni = 0; ni < 2 * sizeof ns / sizeof *ns; ni++) {   /* the second half: rows % 16 */
             int sk = ni >= sizeof ns / sizeof *ns, n = ns[ni % (sizeof ns / sizeof *ns)], k = 512, ms[3] = {sk ? 304 : 300, 64, sk ? 80 : 72};
             be_mat w[3], b[3];
             const be_mat *wp[3], *bp[3];
@@ -229,7 +229,7 @@ static void test_norm_matmul(void) {
     const int *ns = NM_NS;
     for (int dt = 0; dt < 3; dt++)
         for (size_t ni = 0; ni < sizeof NM_NS / sizeof *NM_NS; ni++)
-            for (int glu = 0; glu < 4; glu++) {   /* glu & 2: k % 256 and rows % 16 (CUDA's skinny matmul) */
+            for (int glu = 0; glu < 4; glu++) {   /* glu & 2: k % 256 and rows % 16 */
                 int sk = glu >> 1, n = ns[ni], k = sk ? 1536 : 1544, count = glu & 1 ? 2 : 3;
                 int ms[3] = {1200, glu & 1 ? 1200 : 64, sk ? 80 : 72};   /* more row groups than the grid */
                 be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
@@ -288,7 +288,7 @@ static void test_matmul_add(void) {
     if (!have((const void *)be->matmul_add, "matmul_add")) return;
     const int *ns = NM_NS;
     for (int dt = 0; dt < 3; dt++)
-        for (size_t ni = 0; ni < 2 * sizeof NM_NS / sizeof *NM_NS; ni++) {   /* the second half: CUDA's skinny matmul */
+        for (size_t ni = 0; ni < 2 * sizeof NM_NS / sizeof *NM_NS; ni++) {   /* the second half: k % 256, rows % 16 */
             int sk = ni >= sizeof NM_NS / sizeof *NM_NS, n = ns[ni % (sizeof NM_NS / sizeof *NM_NS)], k = sk ? 512 : 384, m = sk ? 208 : 200;
             be_mat w = mk_mat((be_dtype)dt, m, k, 1.0f), bias = mk_mat(BE_F32, 1, m, 1.0f);
             float *x = rnd((size_t)n * k, 1.0f), *y0 = rnd((size_t)n * m, 1.0f), *ref = malloc(sizeof(float) * n * m);

@@ -224,9 +224,6 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->pdl = knob_on("CINFER_CUDA_PDL");
     c->prefetch = knob_on("CINFER_CUDA_PREFETCH");
     c->cluster = knob_on("CINFER_CUDA_CLUSTER");
-    c->skinny = knob_on("CINFER_CUDA_SKINNY");
-    const char *sb = getenv("CINFER_CUDA_SKINNY_BLOCKS");
-    c->skinny_blocks = sb ? atoi(sb) : 0;
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     int bad = !c->recs;

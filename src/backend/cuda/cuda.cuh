@@ -88,8 +88,6 @@ struct be_ctx {
     int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
-    int skinny;              /* 2..64-row matmuls on 16-bit weights take skinny.cu (CINFER_CUDA_SKINNY=0: cuBLAS) */
-    int skinny_blocks;       /* blocks skinny.cu aims to launch (CINFER_CUDA_SKINNY_BLOCKS; 0: 2 per SM) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
 };
 
@@ -121,12 +119,6 @@ int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need);
 
 /* ops implemented in the kernel files */
 void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
-/* rounds total floats of x to bf16 (bf16 = 1) or f16 into out; 1 on a launch failure */
-int cu_round16(be_ctx *c, const float *x, void *out, int bf16, size_t total);
-/* the skinny tensor-core matmul (skinny.cu): whether it serves count matrices of n rows; its launch */
-int cu_skinny_ok(const be_ctx *c, int n, int count, const be_mat *const *w);
-int cu_skinny_prepare(be_ctx *c, int n, int count, const be_mat *const *w);
-void cu_skinny_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y);

@@ -19,8 +19,13 @@
  * decode steps of 2/4/8 rows took 7.4/11.5/21.0 ms on this GEMV and
  * 5.4/5.7/6.3 ms on cuBLAS (one row: 4.1 ms on the GEMV).
  *
- * Batches of 2..64 rows on 16-bit weights take the tensor-core skinny matmul
- * (skinny.cu; CINFER_CUDA_SKINNY=0: cuBLAS) when k is a multiple of 256.
+ * A tensor-core kernel for 2..64 rows (weights streamed once, mma.sync
+ * m16n8k16, x staged in shared memory per 128 columns and shared by 128
+ * features, split-K with an in-order reduction, q/k/v and gate/up in one
+ * launch) was measured against cuBLAS in the same calls (bench-cuda
+ * BENCH_AGG, llama-3-8b, 2026-12-01): 6.19/9.52/14.33 ms per step at 8/32/64
+ * rows against cuBLAS's 6.33/7.85/9.11 — level at 8 rows, slower beyond — so
+ * it was not kept (commits 5727e54, 36083de, af4680f hold it).
  *
  * Prefill and batches: cuBLAS. 16-bit weights: x is rounded to the weight's
  * dtype (as transformers computes in bf16/f16; consecutive matmuls of one
@@ -332,12 +337,6 @@ __global__ void k_round16(const float *x, void *out, int bf16, size_t n) {
     }
 }
 
-int cu_round16(be_ctx *c, const float *x, void *out, int bf16, size_t total) {
-    unsigned g = cu_blocks(total, 256);
-    cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, out, bf16, total);
-    return CU_LAUNCHED(c, "round to 16-bit");
-}
-
 __global__ void k_bias(float *y, const void *bias, int bdt, int m, size_t total) {
     PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
@@ -363,8 +362,12 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
         cu_check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k, &beta, y, m),
                       "cublasSgemm");
     } else {
-        /* i[6]: act16 already holds x rounded (q/k/v and gate/up share their input) */
-        if (!r->i[6] && cu_round16(c, x, (void *)r->p[4], dt == BE_BF16, (size_t)n * k)) return;
+        size_t total = (size_t)n * k;
+        unsigned g = cu_blocks(total, 256);
+        if (!r->i[6]) {   /* else act16 already holds x rounded (q/k/v and gate/up share their input) */
+            cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, (void *)r->p[4], dt == BE_BF16, total);
+            if (CU_LAUNCHED(c, "round to 16-bit")) return;
+        }
         cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &beta, y, CUDA_R_32F,
                                       m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -450,49 +453,6 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
     cu_submit(c, &r);
 }
 
-/* whether act16 already holds x ([n][k], k = w[0]->cols) rounded to w[0]'s dtype; afterwards it
- * will, unless an output y[i] ([n][w[i]->rows]) overlaps x and so overwrites it */
-static int act16_reuse(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, float *const *y) {
-    size_t len = (size_t)n * w[0]->cols;
-    int have = c->act16_src == x && c->act16_len == len && c->act16_dt == (int)w[0]->dt, overlap = 0;
-    const char *xb = (const char *)x;
-    for (int i = 0; i < count; i++) {
-        const char *yb = (const char *)y[i];
-        overlap |= yb < xb + len * 4 && xb < yb + (size_t)n * w[i]->rows * 4;
-    }
-    c->act16_src = overlap ? NULL : x;
-    c->act16_len = len;
-    c->act16_dt = (int)w[0]->dt;
-    return have;
-}
-
-/* 2..64 rows on 16-bit weights: the tensor-core skinny matmul (skinny.cu), count matrices of one k */
-static void submit_skinny(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y,
-                          int acc) {
-    int nsplit = cu_skinny_prepare(c, n, count, w);
-    if (!nsplit || !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * w[0]->cols * 2)) return;
-    cu_rec r;
-    memset(&r, 0, sizeof r);
-    r.fn = cu_skinny_launcher;
-    r.p[0] = x;
-    r.p[10] = c->act16;
-    r.i[0] = n;
-    r.i[1] = w[0]->cols;
-    r.i[2] = w[0]->dt;
-    r.i[3] = count;
-    r.i[10] = acc;
-    r.i[12] = nsplit;
-    for (int i = 0; i < count; i++) {
-        r.p[1 + i] = w[i]->dev;
-        r.p[4 + i] = bias[i] ? bias[i]->dev : NULL;
-        r.p[7 + i] = y[i];
-        r.i[4 + i] = w[i]->rows;
-        r.i[7 + i] = bias[i] ? bias[i]->dt : 0;
-    }
-    r.i[11] = act16_reuse(c, x, n, count, w, y);
-    cu_submit(c, &r);
-}
-
 /* acc: y += the product (the 16-byte GEMV and cuBLAS; the any-shape GEMV has no accumulate) */
 static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
     if (multi_ok(c, x, n, 1, &w)) {
@@ -504,10 +464,6 @@ static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const b
     memset(&r, 0, sizeof r);
     int k = (int)w->cols;
     int path = n <= gemv_rows(c) ? PATH_GEMV_ANY : PATH_BLAS;
-    if (path == PATH_BLAS && cu_skinny_ok(c, n, 1, &w)) {
-        submit_skinny(c, x, n, 1, &w, &bias, &y, acc);
-        return;
-    }
     if (path == PATH_BLAS && w->dt != BE_F32 && !cu_ensure(c, &c->act16, &c->act16_n, (size_t)n * k * 2)) return;
     r.fn = cu_matmul_launcher;
     r.p[0] = x;
@@ -523,8 +479,15 @@ static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const b
     r.i[5] = path;
     r.i[7] = acc;
     if (path == PATH_BLAS && w->dt != BE_F32) {
-        r.i[6] = act16_reuse(c, x, n, 1, &w, &y);
+        size_t len = (size_t)n * k;
+        r.i[6] = c->act16_src == x && c->act16_len == len && c->act16_dt == (int)w->dt;
         cu_submit(c, &r);
+        /* y must not overlap x for the rounded copy to stay valid */
+        const char *xb = (const char *)x, *yb = (const char *)y;
+        int overlap = yb < xb + len * 4 && xb < yb + (size_t)n * w->rows * 4;
+        c->act16_src = overlap ? NULL : x;
+        c->act16_len = len;
+        c->act16_dt = (int)w->dt;
         return;
     }
     c->act16_src = NULL;
@@ -557,10 +520,6 @@ void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_ma
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
     float *yc[3];
     INV_CHUNKS(c, n, (rows_at(y, w, count, r0_, yc), cu_op_matmul_multi(c, x + (size_t)r0_ * w[0]->cols, nr_, count, w, bias, yc)));
-    if (!multi_ok(c, x, n, count, w) && n > gemv_rows(c) && cu_skinny_ok(c, n, count, w)) {   /* batched decode: one launch */
-        submit_skinny(c, x, n, count, w, bias, y, 0);
-        return;
-    }
     if (!multi_ok(c, x, n, count, w)) {   /* prefill (cuBLAS) or mixed shapes: one matmul each */
         for (int i = 0; i < count; i++) cu_op_matmul(c, x, n, w[i], bias[i], y[i]);
         return;
