@@ -4,7 +4,8 @@
  * perplexity.cpp: log_softmax, kl_divergence), over every scored position of
  * the same rows perplexity scores (not llama.cpp's second-half-of-chunk).
  *
- * Per position, with the model's logits z and the base's log-probs lb:
+ * Per position (be_ops.score, be_ref_score_row: on the backend, from logits
+ * that never leave it), with the model's logits z and the base's log-probs lb:
  *   nll = lse(z) - z[tok];  KLD = sum_{lb_i > -16} exp(lb_i) (lb_i - (z_i - lse(z)))
  *   dp = p_model(tok) - p_base(tok);  same top = argmax z == argmax lb.
  * Statistics: llama.cpp's mean_and_uncertainty / covariance / percentile.

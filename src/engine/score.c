@@ -3,12 +3,15 @@
  * (mlx_lm.perplexity's evaluation) and response log-probs (prompt/response
  * pairs, DPO style).
  *
- * Rows are fed through cinfer_forward in chunks of W positions, each chunk
+ * Rows are fed through the forward in chunks of W positions, each chunk
  * continuing the cache of the one before, and the LM head runs only at the
- * positions scored: so [B, L, vocab] never exists, only [B*W, vocab].
- * Padded rows (logprobs) carry their own lengths; a row that is done feeds
- * zero tokens. Per position: CE = logsumexp(z) - z[target] in float32, the
- * exp sum in double; totals in double. Perplexity's SE is the delta method
+ * positions scored: so [B, L, vocab] never exists, only [B*W, vocab], and it
+ * stays in the backend: be_ops.score reduces each row there (on CUDA only a
+ * few numbers a position cross to the host). W comes from the backend's free
+ * memory (score_chunk_width). Padded rows (logprobs) carry their own lengths;
+ * a row that is done feeds zero tokens. Per position (be_ref_score_row):
+ * CE = logsumexp(z) - z[target] in float32, the exp sum in double; totals in
+ * double. Perplexity's SE is the delta method
  * with the ddof-1 sample std of the losses, computed in two passes.
  * References: mlx_lm/perplexity.py (0.32), mlx-bun src/eval/perplexity.ts.
  */
