@@ -5,7 +5,9 @@
 # (test-cache, test-seq; CINFER_TEST_DEVICE=cuda),
 # whole models vs the CPU backend and transformers' fixtures, stories260k
 # greedy text vs the CPU, the CLI end to end with --device cuda (generate,
-# logits, perplexity), then the
+# logits, perplexity; and issue 18's scoring on the device: perplexity, every
+# KL statistic live and from a saved base, per-token values and response
+# log-probs against the CPU per statistic, tests/gpu/score-compare.py), then the
 # tests again under compute-sanitizer (memcheck; racecheck and synccheck on
 # the kernel test). MODELS: directory holding stories260k and prose-13m
 # (default .carry/cuda/models: copies of ../shared/models/*), TXT: text for

@@ -4,9 +4,8 @@
  * leave the GPU; only one be_score_row per row (and, when saving a base, its
  * 16-bit code row) crosses to the host.
  *
- * One block of 1024 threads per row, in passes over the row (held in
- * registers when it has at most 32,768 entries; else the second and third
- * pass read it again, from L2 when it fits: two blocks per SM keep at most
+ * One block of 1024 threads per row, in passes over the row (the second and
+ * third read it again, from L2 when it fits: two blocks per SM keep at most
  * 264 rows in flight): max (first index on ties, NaN never wins) and min;
  * sum expf(z - max) accumulated in double per thread and across the block;
  * with a base or codes, the KL terms (exp in double) and the codes. Every f32
@@ -29,26 +28,7 @@ __device__ __forceinline__ sc_best sc_pick(sc_best a, sc_best b) {
     return a;
 }
 
-__device__ __forceinline__ float sc_get(const float4 &q, int j) { return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w; }
-
-/* The row z[V] is either streamed from memory in every pass (NV4 = 0), or
- * (NV4 > 0: V % 4 == 0 and V <= 4 * NV4 * SC_T) read once into registers,
- * NV4 float4 a thread, element 4 (t + k SC_T) + j: one read of the logits
- * instead of two or three. Thread t visits its elements in increasing index
- * either way, so the first index of the max is kept. */
-#define SC_FOR_EACH(body)                                                          \
-    if (NV4 == 0) {                                                                \
-        for (int i = t; i < V; i += SC_T) { const float x = a[i]; body }            \
-    } else {                                                                       \
-        _Pragma("unroll") for (int k = 0; k < (NV4 ? NV4 : 1); k++)                \
-            _Pragma("unroll") for (int j = 0; j < 4; j++) {                        \
-                const int i = 4 * (t + k * SC_T) + j;                              \
-                if (i < V) { const float x = sc_get(reg[k], j); body }             \
-            }                                                                      \
-    }
-
-template <int NV4>
-__global__ void __launch_bounds__(SC_T, NV4 ? 1 : 2)
+__global__ void __launch_bounds__(SC_T, 2)
 k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float *blse, const unsigned char *rec,
         long long rec_bytes, const int32_t *idx, uint16_t *codes, long long cs, be_score_row *out) {
     PDL_ENTRY();
@@ -58,19 +38,14 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
     __shared__ float s_row[3];   /* max, min, lse */
     const int r = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
     const float *a = z + (size_t)r * V;
-    float4 reg[NV4 ? NV4 : 1];
-    if (NV4) {
-        const float4 *a4 = (const float4 *)a;
-#pragma unroll
-        for (int k = 0; k < (NV4 ? NV4 : 1); k++) {
-            int q = t + k * SC_T;
-            reg[k] = 4 * q < V ? a4[q] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-    }
     /* pass 1: max (first index), min */
     sc_best b = {-INFINITY, V};
     float mn = INFINITY;
-    SC_FOR_EACH(if (x > b.v) { b.v = x; b.i = i; } mn = fminf(mn, x);)
+    for (int i = t; i < V; i += SC_T) {
+        float v = a[i];
+        if (v > b.v) { b.v = v; b.i = i; }
+        mn = fminf(mn, v);
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
         sc_best ob = {__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
@@ -95,7 +70,7 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
     const int im = s_i[0];
     /* pass 2: the normaliser, double sums */
     double s = 0;
-    SC_FOR_EACH(s += (double)expf(__fsub_rn(x, mx));)
+    for (int i = t; i < V; i += SC_T) s += (double)expf(__fsub_rn(a[i], mx));
 #pragma unroll
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) s_d[w] = s;
@@ -126,8 +101,8 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
         }
         uint16_t *cr = codes ? codes + (size_t)r * cs : NULL;
         const float inv = sc > 0 ? __fdiv_rn(1.0f, sc) : 0.0f;
-        SC_FOR_EACH(
-            float lq = __fsub_rn(x, lse);
+        for (int i = t; i < V; i += SC_T) {
+            float lq = __fsub_rn(a[i], lse);
             if (zb || q) {
                 float lb = zb ? __fsub_rn(zb[i], bl) : __fadd_rn(__fmul_rn(bsc, (float)q[i]), bmin);
                 if (lb > -16.0f) kld += exp((double)lb) * ((double)lb - (double)lq);
@@ -135,7 +110,8 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
             if (cr) {
                 long v = sc > 0 && lq > lo ? lroundf(__fmul_rn(inv, __fsub_rn(lq, lo))) : 0;
                 cr[i] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
-            })
+            }
+        }
 #pragma unroll
         for (int o = 16; o; o >>= 1) kld += __shfl_xor_sync(0xffffffffu, kld, o);
         __syncthreads();   /* s_d is read by thread 0 above */
@@ -180,12 +156,7 @@ void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, co
         }
     }
     be_score_row *d_out = (be_score_row *)c->score_out;
-    /* rows of up to 8192 / 32768 floats (a multiple of 4, 16-byte aligned) are read once into registers */
-    int aligned = V % 4 == 0 && ((uintptr_t)z & 15) == 0;
-    void (*kern)(const float *, int, const int32_t *, const float *, const float *, const unsigned char *, long long,
-                 const int32_t *, uint16_t *, long long, be_score_row *) =
-        aligned && V <= 4 * 2 * SC_T ? k_score<2> : aligned && V <= 4 * 8 * SC_T ? k_score<8> : k_score<0>;
-    cu_launch(c, kern, dim3((unsigned)n), dim3(SC_T), 0, z, V, d_tgt, base ? base->z : (const float *)NULL, d_lse,
+    cu_launch(c, k_score, dim3((unsigned)n), dim3(SC_T), 0, z, V, d_tgt, base ? base->z : (const float *)NULL, d_lse,
               base ? base->rec : (const unsigned char *)NULL, (long long)(base ? base->rec_bytes : 0), d_idx, codes,
               (long long)code_stride, d_out);
     if (!CU_LAUNCHED(c, "score") &&
