@@ -22,7 +22,7 @@
  * KV bytes a step reads against copy bandwidth (agg_decode); BENCH_LONG="4096
  * 32768 131000" — one sequence decoding after a context of that many tokens
  * (prefilled in chunks of 4096), same measures (long_decode). BENCH_ONLY=1
- * skips the prefill/decode/breakdown part. BENCH_SCORE="512 2048" (issue 18):
+ * skips the prefill/decode/breakdown part. With it, BENCH_SCORE="512 2048" (issue 18):
  * cinfer_perplexity's scored positions/s at those tokens per row against the
  * same forward with logits at every position left on the device (LM head
  * included, nothing reduced: the same plan and chunks through
