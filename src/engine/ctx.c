@@ -337,8 +337,9 @@ cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L,
     cinfer_status st = forward(c, ids, B, L, NULL, lens, pos0, OUT_LIST, out_rows, n_out, NULL, NULL, sr, 1);
     for (int i = 0; !st && sr && i < n_out; i++)   /* NaN/Inf logits make a non-finite lse: as finite_logits */
         if (!isfinite(sr->out[i].lse))
-            st = ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %d are not all finite (log-sum-exp %g): "
-                          "the model's weights or activations are not finite", i, (double)sr->out[i].lse);
+            st = ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %d hold %s (their log-sum-exp is %g): "
+                          "the model's weights or activations are not finite", i, isnan(sr->out[i].lse) ? "NaN" : "Inf",
+                          (double)sr->out[i].lse);
     return st;
 }
 
