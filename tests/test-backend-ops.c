@@ -435,6 +435,104 @@ static void test_argmax(void) {
     free(lg);
 }
 
+/* ---------------------------------------------------------- score */
+
+/* |a - b| / |scale|, NaN -> infinity */
+static double rel1(double a, double b, double scale) {
+    double d = fabs(a - b);
+    if (!(d == d)) return INFINITY;
+    return d / (fabs(scale) > 0 ? fabs(scale) : 1);
+}
+
+/* be_ops.score against be_ref_score on identical logits: no base, a live base (logits + lse),
+ * a file base (16-bit records), the row's own codes; vocabularies small, odd, Llama 2's and
+ * Llama 3's; ties, a -inf entry, a row of one large logit. Bar: 1e-6 relative for lse, kld,
+ * the code range; the target log-prob to 1e-6 of |lse| (it is z - lse: lse's rounding is its
+ * error); argmax exact; codes within 1 (a code is an f32 rounding of (lp - min) / scale). */
+static void test_score(void) {
+    static const int VS[] = {512, 1001, 32000, 128256};
+    for (int vi = 0; vi < 4; vi++) {
+        int V = VS[vi], n = 9;
+        size_t rb = 16 + 2 * (size_t)V + (V & 1 ? 2 : 0), nv = (size_t)n * V;
+        float *z = rnd(nv, 8.0f), *zb = rnd(nv, 8.0f);
+        for (size_t i = 0; i < nv; i++) zb[i] = 0.7f * z[i] + 0.3f * zb[i];   /* a base near the model */
+        z[0 * V + 5] = z[0 * V + 9] = 40.0f;                      /* tie: the first wins */
+        z[1 * V + 3] = -INFINITY;                                 /* outside the KL sum: every base row has -inf there */
+        for (int i = 0; i < n; i++) zb[(size_t)i * V + 3] = -INFINITY;
+        for (int i = 0; i < V; i++) z[2 * V + i] = i == V / 2 ? 60.0f : -2.0f;   /* a peaked row */
+        int32_t tgt[9], idx[9];
+        for (int i = 0; i < n; i++) { tgt[i] = irand(V); idx[i] = (i * 4) % n; }   /* base rows permuted */
+        tgt[2] = V / 2;
+        /* the base: its lse, and its records (reference codes + header) */
+        be_score_row *rbase = malloc(sizeof *rbase * n), *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
+        unsigned char *rec = calloc((size_t)n, rb);
+        float *lseb = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) {
+            be_ref_score_row(zb + (size_t)i * V, V, tgt[i], NULL, 0, (uint16_t *)(void *)(rec + i * rb + 16), &rbase[i]);
+            memcpy(rec + i * rb, &rbase[i].code_scale, 4);
+            memcpy(rec + i * rb + 4, &rbase[i].code_min, 4);
+            lseb[i] = rbase[i].lse;
+        }
+        gbuf gz = gb_new(nv), gzb = gb_new(nv), grec = gb_new((size_t)n * rb / 4), gcodes = gb_new((size_t)n * rb / 4);
+        gb_put(&gz, z);
+        gb_put(&gzb, zb);
+        gb_put(&grec, (const float *)(const void *)rec);
+        uint16_t *refc = calloc((size_t)n, rb), *gotc = malloc((size_t)n * rb);
+        for (int kind = 0; kind < 3; kind++) {   /* no base + codes; live base; file base */
+            be_score_base bh = {0}, bd = {0};
+            if (kind == 1) { bh.z = zb; bd.z = gzb.p; bh.lse = bd.lse = lseb; }
+            if (kind == 2) { bh.rec = rec; bd.rec = (const unsigned char *)grec.p; bh.rec_bytes = bd.rec_bytes = rb; }
+            bh.idx = bd.idx = idx;
+            be_ref_score(z, n, V, tgt, kind ? &bh : NULL, kind ? NULL : refc, rb / 2, ref);
+            memset(got, 0xff, sizeof *got * n);
+            be->score(bc, gz.p, n, V, tgt, kind ? &bd : NULL, kind ? NULL : (uint16_t *)(void *)gcodes.p, rb / 2, got);
+            char msg[256] = "";
+            int bad = be->status && be->status(bc, msg, sizeof msg);
+            double e_lse = 0, e_lp = 0, e_kl = 0, e_code = 0;
+            int am_ok = 1, cd = 0, cmax = 0;
+            for (int i = 0; i < n; i++) {
+                e_lse = fmax(e_lse, rel1(got[i].lse, ref[i].lse, ref[i].lse));
+                e_lp = fmax(e_lp, rel1(got[i].lp, ref[i].lp, ref[i].lse));
+                e_kl = fmax(e_kl, rel1(got[i].kld, ref[i].kld, ref[i].kld));
+                e_code = fmax(e_code, fmax(rel1(got[i].code_scale, ref[i].code_scale, ref[i].code_scale),
+                                           rel1(got[i].code_min, ref[i].code_min, ref[i].code_min)));
+                am_ok &= got[i].argmax == ref[i].argmax;
+            }
+            if (!kind) {
+                gb_get(&gcodes, (float *)(void *)gotc);
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < V; j++) {
+                        int d = abs((int)gotc[(size_t)i * rb / 2 + j] - (int)refc[(size_t)i * rb / 2 + j]);
+                        cd += d != 0;
+                        cmax = d > cmax ? d : cmax;
+                    }
+            }
+            static const char *KN[3] = {"no base, codes", "live base", "file base"};
+            CHECK(!bad && am_ok && e_lse <= 1e-6 && e_lp <= 1e-6 && e_kl <= 1e-6 && e_code <= 1e-6 && cmax <= 1,
+                  "score V=%d %s: lse %.1e, lp %.1e (of |lse|), kld %.1e, code range %.1e, argmax %s, codes: %d differ (max %d) %s",
+                  V, KN[kind], e_lse, e_lp, e_kl, e_code, am_ok ? "equal" : "DIFFER", cd, cmax, msg);
+            if (kind == 1) {
+                CHECK(ref[0].argmax == 5 && ref[2].argmax == V / 2 && ref[1].kld > 0, "score V=%d: ties pick the first, the peaked row's max",
+                      V);
+            }
+        }
+        /* a model against itself: kld exactly 0 on both */
+        be_score_base self = {gz.p, NULL, NULL, 0, NULL};
+        float *lse_self = malloc(sizeof(float) * n);
+        int32_t id0[9];
+        for (int i = 0; i < n; i++) { id0[i] = i; lse_self[i] = got[i].lse; }
+        self.lse = lse_self;
+        self.idx = id0;
+        be->score(bc, gz.p, n, V, tgt, &self, NULL, 0, got);
+        double mx = 0;
+        for (int i = 0; i < n; i++) mx = fmax(mx, fabs(got[i].kld));
+        CHECK(mx < 1e-12, "score V=%d: a row against itself gives KL %.1e (f32 log-probs rounded alike)", V, mx);
+        free(lse_self);
+        gb_free(&gz); gb_free(&gzb); gb_free(&grec); gb_free(&gcodes);
+        free(z); free(zb); free(rbase); free(ref); free(got); free(rec); free(lseb); free(refc); free(gotc);
+    }
+}
+
 /* ---------------------------------------------------------- paged KV */
 
 static size_t words_of(size_t n, be_dtype dt) { return (n * be_dtype_size(dt) + 3) / 4; }
@@ -677,6 +775,7 @@ int main(void) {
     test_rmsnorm();
     test_rope();
     test_elementwise();
+    test_score();
     test_kv_write();
     test_rope_kv_write();
     test_attention();

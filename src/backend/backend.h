@@ -119,6 +119,37 @@ static inline BE_HD int64_t be_kv_off(const int32_t *pt_row, int page, int n_kv,
     return ((((int64_t)id * n_kv + h) * page) + (j % page)) * hd * el;
 }
 
+/* Scoring: the per-position statistics of perplexity, KL and response
+ * log-probs, reduced from a logits row z[V] (be_ops.score; the definition is
+ * be_ref_score_row in cpu/ref.c, which the CPU backend runs):
+ *   lse    = max + (float)log(sum_i expf(z_i - max)), the sum in double
+ *   lp     = z[tgt] - lse (f32): the target's log-prob (nll = -lp)
+ *   argmax = first index of the max
+ *   kld    = with a base, sum over i with lb_i > -16 of exp(lb_i) (lb_i - (z_i - lse)) in double
+ *            (lb_i, z_i - lse rounded to f32 first: a model against itself gives exactly 0)
+ *   code_scale, code_min: the range of the row's own 16-bit log-prob code (llama.cpp's):
+ *            mx = z[argmax] - lse, min = max(min_i z_i - lse, mx - 16), scale = (mx - min) / 65535,
+ *            and with codes: q_i = lp_i > min && scale > 0 ? clamp(lroundf((1 / scale) (lp_i - min))) : 0. */
+typedef struct be_score_row {
+    float lse, lp;
+    int32_t argmax;
+    float code_scale, code_min;
+    double kld;
+} be_score_row;
+
+/* The base log-probs lb of the rows a score op reduces, one of two kinds (both in backend memory):
+ *   z != NULL: base logits, lb_i = z[idx][i] - lse[idx] (f32), lse [rows of z] on the host;
+ *   rec != NULL: records of the base file (score-kl.c), rec_bytes apart, each f32 scale, f32 min,
+ *     8 bytes, then u16 q[V]: lb_i = scale * q_i + min (f32 multiply, then add).
+ * idx[n] (host): the base row / record of each scored row. */
+typedef struct be_score_base {
+    const float *z;
+    const float *lse;
+    const unsigned char *rec;
+    size_t rec_bytes;
+    const int32_t *idx;
+} be_score_base;
+
 typedef struct be_ops {
     const char *name;
     int (*ctx_new)(be_ctx **out, int n_threads);
@@ -198,6 +229,11 @@ typedef struct be_ops {
      * then kv_write of k and v: one pass */
     void (*rope_kv_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                           be_dtype kv_dt);
+    /* out[n] (host) = the scoring statistics above of each row of z[n][V] (backend memory) against
+     * tgt[n] (host); base NULL: kld = 0; codes (backend memory, may be NULL): row i's 16-bit code
+     * written at codes + i * code_stride (u16 elements) */
+    void (*score)(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
+                  uint16_t *codes, size_t code_stride, be_score_row *out);
 } be_ops;
 
 const be_ops *be_cpu(void);

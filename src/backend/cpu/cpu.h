@@ -45,4 +45,9 @@ void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n);
 void be_ref_attention(const be_attn *a, const float *q, const void *k, const void *v,
                       be_dtype kv_dt, float *out);
 void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype kv_dt);
+/* be_ops.score for one row (base row bi; codes: that row's code or NULL) and for n rows */
+void be_ref_score_row(const float *z, int V, int tgt, const be_score_base *base, int bi, uint16_t *codes,
+                      be_score_row *o);
+void be_ref_score(const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
+                  size_t code_stride, be_score_row *out);
 #endif

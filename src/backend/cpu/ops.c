@@ -229,6 +229,34 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
     else cpu_pool_run(c->pool, att_task, &j);
 }
 
+/* be_ops.score: the reference per row, rows split over the pool (each row's
+ * result depends on that row alone, so the split changes no bits) */
+typedef struct score_job {
+    const float *z;
+    int n, V;
+    const int32_t *tgt;
+    const be_score_base *base;
+    uint16_t *codes;
+    size_t cs;
+    be_score_row *out;
+} score_job;
+
+static void score_task(void *arg, int ith, int nth) {
+    const score_job *j = arg;
+    int i0 = (int)((int64_t)j->n * ith / nth), i1 = (int)((int64_t)j->n * (ith + 1) / nth);
+    for (int i = i0; i < i1; i++)
+        be_ref_score_row(j->z + (size_t)i * j->V, j->V, j->tgt[i], j->base, j->base ? j->base->idx[i] : 0,
+                         j->codes ? j->codes + (size_t)i * j->cs : NULL, &j->out[i]);
+}
+
+static void cpu_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
+                      uint16_t *codes, size_t code_stride, be_score_row *out) {
+    if (n <= 0) return;
+    score_job j = {z, n, V, tgt, base, codes, code_stride, out};
+    if (n > 1) cpu_pool_run(c->pool, score_task, &j);
+    else score_task(&j, 0, 1);
+}
+
 /* MemAvailable from /proc/meminfo (page cache counts as available), else free pages */
 static size_t cpu_mem_available(be_ctx *c) {
     (void)c;
@@ -266,6 +294,7 @@ static const be_ops cpu_ops = {
     .attention = cpu_attention,
     .matmul_multi = cpu_matmul_multi,
     .mem_available = cpu_mem_available,
+    .score = cpu_score,
 };
 
 const be_ops *be_cpu(void) { return &cpu_ops; }

@@ -196,6 +196,7 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->act16);
     cudaFree(c->part);
     cudaFree(c->cnt);
+    cudaFree(c->score_out);
     cudaFree(c->arena_d);
     if (c->arena_h) cudaFreeHost(c->arena_h);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -436,6 +437,7 @@ static be_ops make_ops(void) {
     o.step_begin = cuda_step_begin;
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
+    o.score = cu_op_score;
     o.matmul_multi = cu_op_matmul_multi;
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;

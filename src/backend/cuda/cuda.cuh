@@ -73,6 +73,8 @@ struct be_ctx {
     int batch_inv;           /* batch-invariant mode: matmuls keep f32 activations, rows never mix (be_ops.batch_invariant) */
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
+    void *score_out;         /* [score_out_n] bytes: the score op's per-row results */
+    size_t score_out_n;
     int *cnt;                /* [cnt_n] bytes: split-K arrival counters, zero between launches */
     size_t cnt_n;
     /* graph state */
@@ -137,6 +139,8 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
+                 size_t code_stride, be_score_row *out);
 
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 
