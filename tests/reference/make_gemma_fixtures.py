@@ -246,11 +246,14 @@ def make(name, kind, kw, dtype, style, notes, outdir, seed):
     if margin < 0:
         fail("%s: generate disagrees with the argmax of a full forward" % name)
     lg = logits_of(ref, ids)
-    # the model as built (before saving) must agree with the reloaded one (f32 cases exactly)
-    lg_built = logits_of(model.float(), ids)
-    diff = float(np.abs(lg_built - lg).max())
-    if diff > 1e-5:   # bf16: the built model now holds the rounded weights too
-        fail("%s: built vs reloaded logits differ by %g" % (name, diff))
+    # the model as built (before saving) must agree with the reloaded one. f32 cases only: a
+    # model cast to bf16 and back also rounds its RoPE inv_freq buffers (run of 2026-12-01:
+    # 1.2e-3 .. 8.8e-2 apart for the bf16 cases), while the reloaded f32 model, the reference,
+    # computes them afresh in f32
+    if dtype == "float32":
+        diff = float(np.abs(logits_of(model, ids) - lg).max())
+        if diff > 1e-5:
+            fail("%s: built vs reloaded logits differ by %g" % (name, diff))
     np.save(os.path.join(d, "logits.npy"), lg.astype(np.float32))
     info = {"name": name, "model_type": saved["model_type"], "weights_dtype": dtype, "config_style": style,
             "tokens": ids, "window": WINDOW, "greedy_prompt": 40, "greedy": gen, "greedy_margin": margin,
