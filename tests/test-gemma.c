@@ -16,11 +16,15 @@
 #include "engine/engine.h"
 #include "io/npy.h"
 
-/* Bars (max |error| / logit range), the Llama family's (test-model.c F32_TOL 5e-6, where the CPU
- * achieves <= 7.6e-7 on short rows, 2.2e-6 on 300 tokens) for f32 math against transformers' f32
- * logits, f32 and bf16 weights alike; on CUDA (f32 activations into bf16 cuBLAS for prefill) the
- * model test's bars: 2e-3 for bf16 weights, 5e-5 for f32. Native bf16 transformers: 1.5e-2. */
-static double tol_f32(int bf16) { return test_on_cuda() ? (bf16 ? 2e-3 : 5e-5) : 5e-6; }
+/* Bars (max |error| / logit range): on the CPU the Llama family's (test-model.c F32_TOL 5e-6,
+ * where the CPU achieves <= 7.6e-7 on short rows, 2.2e-6 on 300 tokens) for f32 math against
+ * transformers' f32 logits, f32 and bf16 weights alike, and 1e-5 between two ways of computing the
+ * same logits (decode vs prefill, batched vs alone). On CUDA the GPU model test's bars
+ * (tests/gpu/test-cuda-model.c): its batched matmuls feed cuBLAS bf16-rounded activations for bf16
+ * weights, so 1e-2 against transformers' f32 logits and 1.1e-2 between paths there (TOL_16_F32,
+ * TOL_DEC_16); f32 weights keep 5e-6 / 1e-5. Native bf16 transformers: 1.5e-2. */
+static double tol_f32(int bf16) { return test_on_cuda() && bf16 ? 1e-2 : 5e-6; }
+static double tol_same(int bf16) { return test_on_cuda() && bf16 ? 1.1e-2 : 1e-5; }
 static const char *device(void) { return test_on_cuda() ? "cuda" : NULL; }
 
 static cinfer_ctx *new_ctx(cinfer_model *m, int page, int seqs) {
@@ -186,16 +190,16 @@ static void gemma_case(const char *name) {
         cinfer_ctx *c = new_ctx(m, 4, 1);
         double e = INFINITY;
         int ok = c && golden_decode_err(c, ids, n, V, lg, &e);
-        CHECK(ok && e <= 1e-5, "%s: token-by-token decode == prefill over %d tokens, window %d (page 4): %.2e of range", name, n,
-              (int)json_integer_value(json_object_get(ref, "window")), e);
+        CHECK(ok && e <= tol_same(bf16), "%s: token-by-token decode == prefill over %d tokens, window %d (page 4): %.2e of range", name,
+              n, (int)json_integer_value(json_object_get(ref, "window")), e);
         cinfer_ctx_free(c);
         e = chunked_err(m, ids, n, V, lg);
-        CHECK(e <= 1e-5, "%s: prefill in chunks of 5 == one prefill: %.2e of range", name, e);
+        CHECK(e <= tol_same(bf16), "%s: prefill in chunks of 5 == one prefill: %.2e of range", name, e);
         double e0, e1;
         ok = golden_padded_err(m, ids, n, V, lg, &e0, &e1);
-        CHECK(ok && e0 <= 1e-5 && e1 <= 1e-5, "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
+        CHECK(ok && e0 <= tol_same(bf16) && e1 <= tol_same(bf16), "%s: padded batch of 2 rows == each row alone (%.2e, %.2e)", name, e0, e1);
         e = batch_err(m, ids, n, V);
-        CHECK(e <= 1e-5, "%s: 3 sequences batched over 3 steps (cinfer_forward_seqs) == each alone: %.2e of range", name, e);
+        CHECK(e <= tol_same(bf16), "%s: 3 sequences batched over 3 steps (cinfer_forward_seqs) == each alone: %.2e of range", name, e);
     }
     int np = (int)json_integer_value(json_object_get(ref, "greedy_prompt"));
     int nw = golden_ids(json_object_get(ref, "greedy"), want, 64);
