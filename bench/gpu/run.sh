@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.." || exit 1
 B=${B:-build-gpu}
 O=${OUT:-/tmp}
 W=${WORK:-/tmp/cinfer-bench}
-SHAPES=${SHAPES:-"llama-3.2-1b llama-3-8b"}
+SHAPES=${SHAPES-"llama-3.2-1b llama-3-8b"}   # SHAPES="": none of these (e.g. GEMMA alone)
 mkdir -p $W
 if ldd $B/bench-cuda | grep -q 'not found'; then
   lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
