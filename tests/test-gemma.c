@@ -213,7 +213,35 @@ static void gemma_case(const char *name) {
     cinfer_model_free(m);
 }
 
+/* a copy of the gemma3-f32 fixture with one config.json key set to the JSON text val: loading it
+ * fails with a message naming `want` */
+static void bad_config(const char *key, const char *val, const char *want) {
+    char tmp[] = "/tmp/cinfer-gemma-XXXXXX", cmd[512], err[512] = "";
+    if (!mkdtemp(tmp)) { CHECK(0, "mkdtemp"); return; }
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/gemma/gemma3-f32/* %s/ && chmod -R u+w %s", tmp, tmp);
+    int ok = system(cmd) == 0;
+    snprintf(cmd, sizeof cmd, "%s/config.json", tmp);
+    json_t *c = json_load_file(cmd, 0, NULL), *v = json_loads(val, JSON_DECODE_ANY, NULL);
+    ok = ok && c && v && !json_object_set_new(c, key, v) && !json_dump_file(c, cmd, 0);
+    json_decref(c);
+    cinfer_load_opts o = {0};
+    o.no_tokenizer = 1;
+    cinfer_model *m = NULL;
+    cinfer_status st = ok ? cinfer_model_load(tmp, &o, &m, err, sizeof err) : CINFER_OK;
+    CHECK(ok && st != CINFER_OK && !m && strstr(err, want), "config %s = %s is refused naming %s (%s)", key, val, want, err);
+    cinfer_model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd)) printf("# rm %s failed\n", tmp);
+}
+
 int main(void) {
+    bad_config("layer_types", "[\"sliding_attention\"]", "layer_types");
+    bad_config("layer_types", "[\"sliding_attention\", \"sliding_attention\", \"chunked_attention\", \"sliding_attention\", "
+               "\"sliding_attention\", \"full_attention\"]", "chunked_attention");
+    bad_config("attn_logit_softcapping", "-1", "attn_logit_softcapping");
+    bad_config("rope_parameters", "{\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e6}, "
+               "\"sliding_attention\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e4}}", "sliding_attention");
+    bad_config("hidden_activation", "\"gelu\"", "hidden_activation");
     const char *cases[] = {"gemma2-f32", "gemma2-bf16", "gemma3-f32", "gemma3-bf16", "llama-bias-f32", "llama-mlpbias-bf16"};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) gemma_case(cases[i]);
     return CHECK_DONE();
