@@ -229,9 +229,9 @@ static void test_norm_matmul(void) {
     const int *ns = NM_NS;
     for (int dt = 0; dt < 3; dt++)
         for (size_t ni = 0; ni < sizeof NM_NS / sizeof *NM_NS; ni++)
-            for (int glu = 0; glu < 4; glu++) {   /* glu & 2: k % 256 and rows % 16 */
-                int sk = glu >> 1, n = ns[ni], k = sk ? 1536 : 1544, count = glu & 1 ? 2 : 3;
-                int ms[3] = {1200, glu & 1 ? 1200 : 64, sk ? 80 : 72};   /* more row groups than the grid */
+            for (int v = 0; v < 2 * (BE_ACT_GELU_TANH + 1); v++) {   /* v >= BE_ACT_GELU_TANH + 1: k % 256 and rows % 16 */
+                int glu = v % (BE_ACT_GELU_TANH + 1), sk = v > BE_ACT_GELU_TANH, n = ns[ni], k = sk ? 1536 : 1544, count = glu ? 2 : 3;
+                int ms[3] = {1200, glu ? 1200 : 64, sk ? 80 : 72};   /* more row groups than the grid */
                 be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
                 const be_mat *wp[3], *bp[3];
                 gbuf gy[3];
@@ -246,7 +246,7 @@ static void test_norm_matmul(void) {
                     gy[i] = gb_new((size_t)n * ms[i]);
                     y[i] = gy[i].p;
                 }
-                be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu & 1);
+                be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu);
                 double worst = 0;
                 float *tmp = malloc(sizeof(float) * n * k);
                 int guards = gb_get(&gxn, tmp);   /* xn is scratch: guards only... */
@@ -265,19 +265,20 @@ static void test_norm_matmul(void) {
                     ref[i] = malloc(sizeof(float) * n * ms[i]);
                     ref_mm(xn, n, &w[i], bp[i], ref[i]);
                 }
-                if (glu & 1) be_ref_swiglu(ref[0], ref[1], ref[0], (size_t)n * ms[0]);
+                if (glu) be_ref_glu(ref[0], ref[1], ref[0], (size_t)n * ms[0], glu);
                 for (int i = 0; i < count; i++) {
                     float *got = malloc(sizeof(float) * n * ms[i]);
                     guards &= gb_get(&gy[i], got);
-                    double e = glu & 1 && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
+                    double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
                     if (!(e <= worst)) worst = e;
                     free(got); free(ref[i]);
                     gb_free(&gy[i]);
                     free_mat(&w[i]);
                 }
                 double tol = mm_tol(n, dt);
-                CHECK(guards && worst <= tol, "norm_matmul %s n=%d k=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n,
-                      k, glu & 1 ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol, guards ? "intact" : "WRITTEN");
+                CHECK(guards && worst <= tol, "norm_matmul %s n=%d k=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n, k,
+                      glu == BE_ACT_GELU_TANH ? "gate/up + GeGLU (tanh)" : glu ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol,
+                      guards ? "intact" : "WRITTEN");
                 gb_free(&gx); gb_free(&gxn);
                 free_mat(&bias); free_mat(&nw);
                 free(x); free(xn); free(tmp);
@@ -368,11 +369,28 @@ static void test_elementwise(void) {
     gbuf gg = gb_new(n), gu = gb_new(n), go = gb_new(n);
     gb_put(&gg, g);
     gb_put(&gu, u);
-    be->swiglu(bc, gg.p, gu.p, go.p, n);
-    int guards = gb_get(&go, got);
-    be_ref_swiglu(g, u, ref, n);
-    double e = relerr(got, ref, n);
-    CHECK(guards && e <= 1e-6, "swiglu n=%zu: err %.2e, guards %s", n, e, guards ? "intact" : "WRITTEN");
+    int guards;
+    double e;
+    for (int act = BE_ACT_SILU; act <= BE_ACT_GELU_TANH; act++) {
+        be->glu(bc, gg.p, gu.p, go.p, n, act);
+        guards = gb_get(&go, got);
+        be_ref_glu(g, u, ref, n, act);
+        e = relerr(got, ref, n);
+        CHECK(guards && e <= 1e-6, "glu act %d n=%zu: err %.2e, guards %s", act, n, e, guards ? "intact" : "WRITTEN");
+    }
+    for (size_t i = 0; i < n; i++) ref[i] = g[i] * 12.0f;   /* logits around the cap: tanh's whole range */
+    gb_put(&go, ref);
+    be->softcap(bc, go.p, n, 30.0f);
+    guards = gb_get(&go, got);
+    be_ref_softcap(ref, n, 30.0f);
+    e = relerr(got, ref, n);
+    CHECK(guards && e <= 1e-6, "softcap n=%zu: err %.2e, guards %s", n, e, guards ? "intact" : "WRITTEN");
+    gb_put(&go, g);
+    be->scale(bc, go.p, n, 50.596443f);
+    guards = gb_get(&go, got);
+    for (size_t i = 0; i < n; i++) ref[i] = g[i] * 50.596443f;
+    e = relerr(got, ref, n);
+    CHECK(guards && e == 0, "scale n=%zu: err %.2e, guards %s", n, e, guards ? "intact" : "WRITTEN");
     be->add(bc, gg.p, gu.p, n);
     guards = gb_get(&gg, got);
     for (size_t i = 0; i < n; i++) ref[i] = g[i] + u[i];
@@ -636,12 +654,13 @@ static void test_rope_kv_write(void) {
         }
 }
 
-typedef struct att_case { int B, L, H, nkv, hd, page, window, keep, dt; int pos0[3], len[3], run0[3]; } att_case;
+typedef struct att_case { int B, L, H, nkv, hd, page, window, keep, dt; int pos0[3], len[3], run0[3]; float softcap; } att_case;
 
 /* one attention case over a random paged layout against be_ref_attention; returns 1 on pass */
 static int attention_case(const att_case *t) {
     be_attn a = {.B = t->B, .L = t->L, .n_head = t->H, .n_kv_head = t->nkv, .head_dim = t->hd, .pos0 = t->pos0, .len = t->len,
-                 .window = t->window, .keep = t->keep, .run0 = t->run0, .scale = 1.0f / sqrtf((float)t->hd)};
+                 .window = t->window, .keep = t->keep, .run0 = t->run0, .scale = 1.0f / sqrtf((float)t->hd), .softcap = t->softcap};
+    if (t->softcap > 0) a.scale *= 8.0f;   /* scores large enough that the cap bites */
     be_dtype dt = (be_dtype)t->dt;
     paged_layout ly;
     paged_new(&ly, &a, t->page, &rng, be, bc);
@@ -657,15 +676,15 @@ static int attention_case(const att_case *t) {
     int guards = gb_get(&go, got);
     be_ref_attention(&a, q, kh, vh, dt, ref);
     double e = relerr(got, ref, nq);
-    int flash = (t->hd == 64 || t->hd == 128) && t->L >= 16;
-    int dec = !flash && dt != BE_F32 && (t->hd == 64 || t->hd == 128) && t->H / t->nkv <= 8;
+    int flash = (t->hd == 64 || t->hd == 128) && t->L >= 16 && !(t->softcap > 0);
+    int dec = !flash && dt != BE_F32 && (t->hd == 64 || t->hd == 128) && t->H / t->nkv <= 8 && !(t->softcap > 0);
     flash = flash && on_cuda;
     dec = dec && on_cuda;
     double tol = flash ? 6e-3 : 2e-5;   /* flash: q, k, p, v on the tensor cores in f16; else exact f32 sums */
     int ok = guards && e <= tol;
-    CHECK(ok, "attention %s B=%d L=%d H=%d/%d hd=%d page=%d window=%d keep=%d run0=%d kv=%s span=%d: err %.2e (tol %.0e), guards %s",
+    CHECK(ok, "attention %s B=%d L=%d H=%d/%d hd=%d page=%d window=%d keep=%d run0=%d softcap=%g kv=%s span=%d: err %.2e (tol %.0e), guards %s",
           flash ? "flash" : dec ? "decode" : "split-K", t->B, t->L, t->H, t->nkv, t->hd, t->page, t->window, t->keep, t->run0[0],
-          DTN[dt], a.max_span, e, tol, guards ? "intact" : "WRITTEN");
+          t->softcap, DTN[dt], a.max_span, e, tol, guards ? "intact" : "WRITTEN");
     gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&go);
     paged_free(&ly);
     free(q); free(kh); free(vh); free(got); free(ref);
@@ -674,27 +693,35 @@ static int attention_case(const att_case *t) {
 
 static const att_case ATT_CASES[] = {
     /* B  L   H  kv  hd  page win keep dt  pos0             len          run0 */
-    {2, 1, 8, 2, 128, 16, 0, 0, 0, {37, 300}, {1, 1}, {0}},                 /* decode, split-K */
-    {3, 1, 32, 8, 128, 128, 0, 0, 1, {200, 5, 1000}, {1, 1, 1}, {0}},       /* decode kernel: llama-3-8b heads */
-    {3, 1, 32, 8, 128, 16, 0, 0, 2, {200, 0, 700}, {1, 1, 1}, {0}},         /* ... over bf16 pages */
-    {2, 3, 16, 2, 128, 16, 0, 0, 2, {100, 250}, {3, 2}, {0}},               /* g = 8, a padded query */
-    {1, 1, 4, 4, 64, 8, 48, 0, 0, {200}, {1}, {0}},                         /* sliding window (split-K) */
-    {1, 1, 4, 4, 64, 16, 16, 0, 1, {200}, {1}, {0}},                        /* hd 64, g = 1, window */
-    {2, 1, 8, 2, 128, 32, 64, 4, 1, {300, 500}, {1, 1}, {250, 440}},        /* ring: keep 4 sinks, run0 > keep */
-    {2, 2, 8, 2, 64, 4, 40, 4, 0, {300, 90}, {2, 2}, {270, 60}},            /* ... split-K, page 4 */
-    {2, 2, 12, 4, 64, 32, 0, 0, 2, {0, 300}, {2, 1}, {0}},                  /* g = 3 */
-    {1, 1, 8, 2, 128, 16, 0, 0, 1, {15}, {1}, {0}},                         /* fewer keys than a slice */
-    {1, 1, 8, 2, 128, 256, 0, 0, 1, {4500}, {1}, {0}},                      /* slices of several pieces */
-    {2, 1, 8, 8, 64, 64, 1000, 4, 2, {4100, 3000}, {1, 1}, {3200, 2100}},   /* ... with a window and sinks */
-    {1, 1, 4, 2, 64, 128, 0, 0, 0, {5000}, {1}, {0}},                       /* split-K beyond SPLIT_MAX keys */
-    {2, 3, 8, 4, 8, 2, 0, 0, 1, {5, 0}, {3, 2}, {0}},                       /* tiny head_dim, page 2 */
-    {2, 20, 6, 3, 32, 8, 0, 0, 0, {0, 7}, {20, 11}, {0}},                   /* split-K with many queries */
-    {2, 70, 8, 2, 64, 16, 0, 0, 1, {0, 5}, {70, 33}, {0}},                  /* prefill, flash */
-    {2, 70, 8, 2, 128, 64, 0, 0, 2, {0, 100}, {70, 70}, {0}},               /* ... bf16 pages */
-    {1, 200, 4, 1, 128, 32, 48, 0, 0, {0}, {200}, {0}},                     /* ... sliding window, f32 */
-    {1, 40, 8, 2, 64, 16, 64, 4, 1, {300}, {40}, {250}},                    /* ... sinks and a gap before the run */
-    {1, 70, 8, 2, 128, 128, 100, 4, 1, {20}, {70}, {4}},                    /* ... run0 == keep: one range */
-    {1, 16, 4, 2, 64, 1, 0, 0, 1, {400}, {16}, {0}},                        /* chunked prefill, page size 1 */
+    {2, 1, 8, 2, 128, 16, 0, 0, 0, {37, 300}, {1, 1}, {0}, 0},                 /* decode, split-K */
+    {3, 1, 32, 8, 128, 128, 0, 0, 1, {200, 5, 1000}, {1, 1, 1}, {0}, 0},       /* decode kernel: llama-3-8b heads */
+    {3, 1, 32, 8, 128, 16, 0, 0, 2, {200, 0, 700}, {1, 1, 1}, {0}, 0},         /* ... over bf16 pages */
+    {2, 3, 16, 2, 128, 16, 0, 0, 2, {100, 250}, {3, 2}, {0}, 0},               /* g = 8, a padded query */
+    {1, 1, 4, 4, 64, 8, 48, 0, 0, {200}, {1}, {0}, 0},                         /* sliding window (split-K) */
+    {1, 1, 4, 4, 64, 16, 16, 0, 1, {200}, {1}, {0}, 0},                        /* hd 64, g = 1, window */
+    {2, 1, 8, 2, 128, 32, 64, 4, 1, {300, 500}, {1, 1}, {250, 440}, 0},        /* ring: keep 4 sinks, run0 > keep */
+    {2, 2, 8, 2, 64, 4, 40, 4, 0, {300, 90}, {2, 2}, {270, 60}, 0},            /* ... split-K, page 4 */
+    {2, 2, 12, 4, 64, 32, 0, 0, 2, {0, 300}, {2, 1}, {0}, 0},                  /* g = 3 */
+    {1, 1, 8, 2, 128, 16, 0, 0, 1, {15}, {1}, {0}, 0},                         /* fewer keys than a slice */
+    {1, 1, 8, 2, 128, 256, 0, 0, 1, {4500}, {1}, {0}, 0},                      /* slices of several pieces */
+    {2, 1, 8, 8, 64, 64, 1000, 4, 2, {4100, 3000}, {1, 1}, {3200, 2100}, 0},   /* ... with a window and sinks */
+    {1, 1, 4, 2, 64, 128, 0, 0, 0, {5000}, {1}, {0}, 0},                       /* split-K beyond SPLIT_MAX keys */
+    {2, 3, 8, 4, 8, 2, 0, 0, 1, {5, 0}, {3, 2}, {0}, 0},                       /* tiny head_dim, page 2 */
+    {2, 20, 6, 3, 32, 8, 0, 0, 0, {0, 7}, {20, 11}, {0}, 0},                   /* split-K with many queries */
+    {2, 70, 8, 2, 64, 16, 0, 0, 1, {0, 5}, {70, 33}, {0}, 0},                  /* prefill, flash */
+    {2, 70, 8, 2, 128, 64, 0, 0, 2, {0, 100}, {70, 70}, {0}, 0},               /* ... bf16 pages */
+    {1, 200, 4, 1, 128, 32, 48, 0, 0, {0}, {200}, {0}, 0},                     /* ... sliding window, f32 */
+    {1, 40, 8, 2, 64, 16, 64, 4, 1, {300}, {40}, {250}, 0},                    /* ... sinks and a gap before the run */
+    {1, 70, 8, 2, 128, 128, 100, 4, 1, {20}, {70}, {4}, 0},                    /* ... run0 == keep: one range */
+    {1, 16, 4, 2, 64, 1, 0, 0, 1, {400}, {16}, {0}, 0},                        /* chunked prefill, page size 1 */
+    /* Gemma 2's attention softcap (split-K on CUDA), Gemma's head_dim 256 */
+    {2, 1, 8, 4, 256, 16, 16, 0, 2, {40, 9}, {1, 1}, {0}, 50.0f},           /* decode, sliding window */
+    {2, 40, 8, 4, 128, 16, 16, 0, 0, {0, 30}, {40, 25}, {0}, 50.0f},        /* prefill, sliding window */
+    {1, 70, 4, 2, 64, 32, 0, 0, 1, {0}, {70}, {0}, 30.0f},                  /* prefill, global */
+    {1, 40, 8, 4, 256, 16, 24, 0, 1, {0}, {40}, {0}, 0},                       /* head_dim 256 (Gemma 3): split-K, f16 pages */
+    {2, 70, 8, 4, 256, 128, 0, 0, 2, {0, 100}, {70, 70}, {0}, 0},              /* ... bf16 pages, two rows */
+    {1, 80, 8, 4, 256, 32, 32, 0, 0, {20}, {80}, {0}, 0},                      /* ... f32 pages, window, chunked */
+    {2, 1, 8, 4, 256, 16, 0, 0, 1, {90, 7}, {1, 1}, {0}, 0},                   /* ... decode: split-K */
 };
 
 static void test_attention(void) {

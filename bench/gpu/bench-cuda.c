@@ -30,7 +30,9 @@
  * model in a second context) against two such forwards (score_bench).
  *
  * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
- *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and JSON lines.
+ *   SHAPE: llama-3.2-1b | llama-3-8b | gemma-3-4b.  Prints a table and JSON lines.
+ *   BENCH_LONG also prints the KV bytes held after the context against a cache
+ *   keeping every layer whole (gemma-3-4b: its sliding layers hold their window).
  *   BENCH_AB=VAR (environment): also compares the decode step with the
  *   backend knob VAR at 0 and 1, or at 0 and $BENCH_AB_ON (ab_compare). BENCH_PROFILE: one decode
  *   step for a profiler (profile_step).
@@ -49,11 +51,20 @@
 #include "backend/cuda/cuda-api.h"
 #include "util.h"
 
-typedef struct shape { const char *name; int hidden, layers, heads, kv, ffn, vocab, tied; double theta; float rope_factor; } shape;
+/* hd 0: hidden / heads; window > 0: a gemma3_text shape (every 6th layer global, the rest
+ * sliding over `window` keys; local RoPE base 10000, global theta with linear scaling) */
+typedef struct shape {
+    const char *name;
+    int hidden, layers, heads, kv, ffn, vocab, tied;
+    double theta;
+    float rope_factor;
+    int hd, window;
+} shape;
 static const shape SHAPES[] = {
-    {"prose-13m", 256, 6, 4, 2, 768, 32000, 1, 10000.0, 8.0f},
-    {"llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, 1, 500000.0, 32.0f},
-    {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f},
+    {"prose-13m", 256, 6, 4, 2, 768, 32000, 1, 10000.0, 8.0f, 0, 0},
+    {"llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, 1, 500000.0, 32.0f, 0, 0},
+    {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f, 0, 0},
+    {"gemma-3-4b", 2560, 34, 8, 4, 10240, 262208, 1, 1000000.0, 8.0f, 256, 1024},   /* google/gemma-3-4b-it's text config */
 };
 
 static int write_model(const shape *s, const char *dir) {
@@ -62,7 +73,18 @@ static int write_model(const shape *s, const char *dir) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f) return 1;
-    int hd = s->hidden / s->heads;
+    int hd = s->hd ? s->hd : s->hidden / s->heads;
+    if (s->window)
+        fprintf(f, "{\"architectures\":[\"Gemma3ForCausalLM\"],\"model_type\":\"gemma3_text\",\"hidden_size\":%d,"
+                   "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+                   "\"head_dim\":%d,\"vocab_size\":%d,\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-6,\"rope_theta\":%.1f,"
+                   "\"rope_local_base_freq\":10000.0,\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":%.1f},"
+                   "\"sliding_window\":%d,\"sliding_window_pattern\":6,\"query_pre_attn_scalar\":256,"
+                   "\"hidden_activation\":\"gelu_pytorch_tanh\",\"tie_word_embeddings\":%s,\"bos_token_id\":2,"
+                   "\"eos_token_id\":[1,106],\"pad_token_id\":0,\"torch_dtype\":\"bfloat16\"}\n",
+                s->hidden, s->ffn, s->layers, s->heads, s->kv, hd, s->vocab, s->theta, (double)s->rope_factor, s->window,
+                s->tied ? "true" : "false");
+    else
     fprintf(f, "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":%d,\"intermediate_size\":%d,"
                "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,"
                "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,\"rope_theta\":%.1f,\"hidden_act\":\"silu\","
@@ -96,6 +118,12 @@ static int write_model(const shape *s, const char *dir) {
         L("self_attn.v_proj.weight", kv, s->hidden);
         L("self_attn.o_proj.weight", s->hidden, q);
         L("post_attention_layernorm.weight", 1, s->hidden);
+        if (s->window) {
+            L("pre_feedforward_layernorm.weight", 1, s->hidden);
+            L("post_feedforward_layernorm.weight", 1, s->hidden);
+            L("self_attn.q_norm.weight", 1, hd);
+            L("self_attn.k_norm.weight", 1, hd);
+        }
         L("mlp.gate_proj.weight", s->ffn, s->hidden);
         L("mlp.up_proj.weight", s->ffn, s->hidden);
         L("mlp.down_proj.weight", s->hidden, s->ffn);
@@ -544,7 +572,17 @@ static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs
         if (bad) { fprintf(stderr, "long decode P=%d: %s\n", P, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
         long caps = 0, reps = 0;
         cuda_graph_stats(ctx->bc, &caps, &reps);
-        double kv = (double)kv_bytes_per_pos(c) * (P + 3 + G / 2.0), step = t / G, gbs = (step_bytes + kv) / step / 1e9;
+        /* KV the cache holds (a sliding layer only its window's pages) against a cache keeping
+         * every layer whole (f16, every position of every layer); a step reads about what is held */
+        cinfer_kv_info ki;
+        cinfer_ctx_kv_info(ctx, &ki);
+        double whole = (double)kv_bytes_per_pos(c) * (P + 3 + G), kv = (double)kv_bytes_per_pos(c) * (P + 3 + G / 2.0);
+        if ((double)ki.bytes_held < kv) kv = (double)ki.bytes_held;
+        printf("KV at %d tokens of context: %.3f GB held (pool %.3f GB) vs %.3f GB for a cache keeping every layer whole (%.1f%%)\n",
+               P + 3 + G, ki.bytes_held / 1e9, ki.bytes_pool / 1e9, whole / 1e9, 100.0 * ki.bytes_held / whole);
+        printf("{\"engine\":\"cinfer\",\"mode\":\"kv_bytes\",\"context\":%d,\"kv_held\":%zu,\"kv_pool\":%zu,\"kv_whole\":%.0f}\n",
+               P + 3 + G, ki.bytes_held, ki.bytes_pool, whole);
+        double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
         printf("long-context decode after %d tokens (prefilled in %.1f s, %.0f tok/s): %.3f ms/token, %.1f tok/s; reads %.2f GB weights + "
                "%.2f GB KV per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld\n", P, tp, P / tp, step * 1e3,
                1 / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps, reps);
@@ -613,7 +651,13 @@ int main(int argc, char **argv) {
     ctx = NULL;
     if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
     /* FLOPs: projections and MLP 2*P*params, lm_head for one row, attention QK^T and PV over the causal half */
-    double attn = 4.0 * c->n_layer * c->n_head * (double)c->head_dim * ((double)P * (P + 1) / 2);
+    /* (a sliding layer's query sees at most its window's keys) */
+    double keys = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        double w = arch_layer_window(m->arch, c, l);
+        keys += w > 0 && w < P ? w * (w + 1) / 2 + (P - w) * w : (double)P * (P + 1) / 2;
+    }
+    double attn = 4.0 * c->n_head * (double)c->head_dim * keys;
     double flops = 2.0 * P * layer_params + 2.0 * V * c->hidden + attn;
     /* decode: 128-token prompt, then G greedy steps, timed as a whole; median of 3. First the
      * library's greedy path (argmax on the device, as cinfer generate --temp 0 runs), then the

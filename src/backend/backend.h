@@ -16,6 +16,7 @@
 #ifndef CINFER_BACKEND_H
 #define CINFER_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -96,7 +97,21 @@ typedef struct be_attn {
     const int *pos;          /* [B*L] position of each query token (host) */
     const float *inv_freq;   /* [rot_dims/2] */
     int rot_dims, neox;
+    /* 0: none; else each score s (after the scale) becomes softcap * tanh(s / softcap)
+     * before the mask and the softmax (Gemma 2's attn_logit_softcapping) */
+    float softcap;
 } be_attn;
+
+/* the activation of a gated MLP (norm_matmul's glu, the glu op): y = act(gate) * up */
+enum { BE_ACT_SILU = 1, BE_ACT_GELU_TANH = 2 };
+/* silu(g) = g / (1 + e^-g); gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))),
+ * transformers' gelu_pytorch_tanh, in float32 as PyTorch computes it */
+static inline BE_HD float be_act(int act, float g) {
+    if (act == BE_ACT_GELU_TANH) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return g / (1.0f + expf(-g));
+}
+/* score or logit softcapping: cap * tanh(x / cap) (cap > 0), in transformers' order of operations */
+static inline BE_HD float be_softcap(float x, float cap) { return tanhf(x / cap) * cap; }
 
 /* The one mask rule: a query at position p of a row whose kept run starts at
  * run0 sees the sinks [*s_lo, *s_hi) and the run [*r_lo, p] (either may be
@@ -179,8 +194,12 @@ typedef struct be_ops {
      * neox=0 interleaved pairs (2i, 2i+1). Padded tokens may carry any position. */
     void (*rope)(be_ctx *c, float *x, int n, int heads, int hd, int rot_dims, const int *pos,
                  const float *inv_freq, int neox);
-    /* out[i] = silu(gate[i]) * up[i] */
-    void (*swiglu)(be_ctx *c, const float *gate, const float *up, float *out, size_t n);
+    /* out[i] = act(gate[i]) * up[i], act a BE_ACT_* (be_act) */
+    void (*glu)(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act);
+    /* x[i] = x[i] * s */
+    void (*scale)(be_ctx *c, float *x, size_t n, float s);
+    /* x[i] = be_softcap(x[i], cap) (final-logit softcapping) */
+    void (*softcap)(be_ctx *c, float *x, size_t n, float cap);
     /* y[i] += x[i] */
     void (*add)(be_ctx *c, float *y, const float *x, size_t n);
     /* y[i][:] = x[rows[i]][:] for i < n (gather token rows before the LM head) */
@@ -218,8 +237,8 @@ typedef struct be_ops {
     void (*matmul_multi)(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
                          float *const *y);
     /* the rmsnorm op of x (weights norm, w_add, eps), then matmul_multi of the result by count
-     * matrices; glu (count 2): y[0] = silu(xn . w[0]^T + b[0]) * (xn . w[1]^T + b[1]) and y[1]
-     * is scratch. xn[n][cols] is scratch the op may use. A backend may fold the norm into the
+     * matrices; glu a BE_ACT_* (count 2): y[0] = act(xn . w[0]^T + b[0]) * (xn . w[1]^T + b[1]) and y[1]
+     * is scratch; glu 0: plain products. xn[n][cols] is scratch the op may use. A backend may fold the norm into the
      * matmul and both matrices and the SwiGLU into one pass. */
     void (*norm_matmul)(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                         const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);

@@ -1,7 +1,7 @@
 /*
- * ctx.c — contexts and the forward contract: embed -> decoder blocks (the
- * caches attend and mask) -> gather only the requested positions -> final
- * norm -> LM head in chunks of OUT_CHUNK rows, so [B, L, vocab] is never
+ * ctx.c — contexts and the forward contract: embed (times the arch's scale)
+ * -> decoder blocks (the caches attend and mask) -> gather only the requested
+ * positions -> final norm -> LM head (-> final softcap) in chunks of OUT_CHUNK rows, so [B, L, vocab] is never
  * materialised. Buffers grow to the largest batch seen and are reused; a
  * decode step allocates nothing.
  */
@@ -278,14 +278,16 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     int step = be->step_begin && (T <= 8 || L == 1);
     if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
+    if (cfg->embed_scale > 0) be->scale(c->bc, c->x, T * (size_t)cfg->hidden, cfg->embed_scale);
     block_batch bb = {B, L, pos0, len, c->pos};
     arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
     for (int r0 = 0; r0 < total && (logits || argmax || sr || head); r0 += oc) {
         int nr = total - r0 < oc ? total - r0 : oc;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
-        be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, 0.0f, cfg->eps, c->xo);
+        be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, cfg->norm_add, cfg->eps, c->xo);
         be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
+        if (cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
         if (step) { be->step_end(c->bc); step = 0; }
         if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
         else if (sr) {

@@ -2,7 +2,8 @@
 # Runs the CUDA backend's tests on the GPU machine (binaries built here by
 # tests/gpu/build.sh and carried in build-gpu/): every op vs its scalar reference
 # (test-backend-ops), the cache conformance and many-sequence tests on CUDA
-# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda),
+# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda), Gemma 2/3 against transformers'
+# fixtures (test-gemma: logits, decode, batches, greedy, sliding-window KV),
 # whole models vs the CPU backend and transformers' fixtures, stories260k
 # greedy text vs the CPU, the CLI end to end with --device cuda (generate,
 # logits, perplexity; and issue 18's scoring on the device: perplexity, every
@@ -52,6 +53,7 @@ run $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq
+run $B/test-gemma
 # CLI end to end: the same greedy text on both devices
 for d in cpu cuda; do
   $B/cinfer generate -m "$MODELS/stories260k" -p "Once upon a time" -n 60 --temp 0 --device $d >$T/gen-$d.txt 2>$T/gen-$d.err

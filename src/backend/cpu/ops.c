@@ -116,15 +116,26 @@ static void cpu_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, con
     }
 }
 
+enum { EW_ADD, EW_GLU, EW_SCALE, EW_SOFTCAP };
 typedef struct ew_job {
+    int op;
     float *y;
-    const float *a, *b;   /* swiglu: y = silu(a) * b; add (b NULL): y += a */
+    const float *a, *b;   /* glu: y = act(a) * b; add: y += a; scale: y *= v; softcap: y = cap(y, v) */
     size_t n;
+    int act;
+    float v;
 } ew_job;
 
 static void ew_range(const ew_job *j, size_t i0, size_t i1) {
-    if (j->b) for (size_t i = i0; i < i1; i++) j->y[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
-    else for (size_t i = i0; i < i1; i++) j->y[i] += j->a[i];
+    switch (j->op) {
+    case EW_GLU:
+        if (j->act == BE_ACT_SILU) for (size_t i = i0; i < i1; i++) j->y[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
+        else for (size_t i = i0; i < i1; i++) j->y[i] = be_act(j->act, j->a[i]) * j->b[i];
+        break;
+    case EW_ADD: for (size_t i = i0; i < i1; i++) j->y[i] += j->a[i]; break;
+    case EW_SCALE: for (size_t i = i0; i < i1; i++) j->y[i] *= j->v; break;
+    default: for (size_t i = i0; i < i1; i++) j->y[i] = be_softcap(j->y[i], j->v); break;
+    }
 }
 
 static void ew_task(void *arg, int ith, int nth) {
@@ -138,13 +149,23 @@ static void ew_run(be_ctx *c, ew_job *j) {
     else ew_range(j, 0, j->n);
 }
 
-static void cpu_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n) {
-    ew_job j = { out, gate, up, n };
+static void cpu_glu(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act) {
+    ew_job j = { EW_GLU, out, gate, up, n, act, 0.0f };
     ew_run(c, &j);
 }
 
 static void cpu_add(be_ctx *c, float *y, const float *x, size_t n) {
-    ew_job j = { y, x, NULL, n };
+    ew_job j = { EW_ADD, y, x, NULL, n, 0, 0.0f };
+    ew_run(c, &j);
+}
+
+static void cpu_scale(be_ctx *c, float *x, size_t n, float s) {
+    ew_job j = { EW_SCALE, x, NULL, NULL, n, 0, s };
+    ew_run(c, &j);
+}
+
+static void cpu_softcap(be_ctx *c, float *x, size_t n, float cap) {
+    ew_job j = { EW_SOFTCAP, x, NULL, NULL, n, 0, cap };
     ew_run(c, &j);
 }
 
@@ -197,6 +218,7 @@ static void att_task(void *arg, int ith, int nth) {
             for (int t = r[g]; t < r[g + 1]; t++, n++) {
                 size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, h / grp, t, el) / el;
                 s[n] = kv_dot(j->k, j->dt, off, qq, hd) * a->scale;
+                if (a->softcap > 0) s[n] = be_softcap(s[n], a->softcap);
                 if (s[n] > mx) mx = s[n];
             }
         for (int t = 0; t < n; t++) sum += (s[t] = expf(s[t] - mx));
@@ -287,8 +309,10 @@ static const be_ops cpu_ops = {
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
-    .swiglu = cpu_swiglu,
+    .glu = cpu_glu,
     .add = cpu_add,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .gather = cpu_gather,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -42,8 +42,17 @@ void be_ref_rope(float *x, int n, int heads, int hd, int rot, const int *pos, co
         }
 }
 
-void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n) {
-    for (size_t i = 0; i < n; i++) out[i] = (float)(gate[i] / (1.0 + exp(-(double)gate[i])) * up[i]);
+void be_ref_glu(const float *gate, const float *up, float *out, size_t n, int act) {
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i];
+        double a = act == BE_ACT_GELU_TANH ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)))
+                                           : g / (1.0 + exp(-g));
+        out[i] = (float)(a * up[i]);
+    }
+}
+
+void be_ref_softcap(float *x, size_t n, float cap) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(cap * tanh((double)x[i] / cap));
 }
 
 void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype dt) {
@@ -82,6 +91,7 @@ void be_ref_attention(const be_attn *a, const float *q, const void *k, const voi
                             double dot = 0;
                             for (int e = 0; e < hd; e++) dot += qq[e] * (double)be_kv_get(k, dt, off + e);
                             dot *= a->scale;
+                            if (a->softcap > 0) dot = a->softcap * tanh(dot / a->softcap);
                             if (!pass) { if (dot > mx) mx = dot; continue; }
                             double w = exp(dot - mx);
                             sum += w;

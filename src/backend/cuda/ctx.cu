@@ -426,7 +426,9 @@ static be_ops make_ops(void) {
     o.matmul = cu_op_matmul;
     o.rmsnorm = cu_op_rmsnorm;
     o.rope = cu_op_rope;
-    o.swiglu = cu_op_swiglu;
+    o.glu = cu_op_glu;
+    o.scale = cu_op_scale;
+    o.softcap = cu_op_softcap;
     o.add = cu_op_add;
     o.gather = cu_op_gather;
     o.kv_write = cu_op_kv_write;
