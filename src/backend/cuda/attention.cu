@@ -16,7 +16,7 @@
  *   depends only on the bucketed span bound (cu_span_bucket), never on the
  *   position, so a captured decode graph stays valid while positions move
  *   (they arrive in device memory). Exact f32; any head_dim.
- * - flash (prefill, head_dim 64 or 128, L >= 16): FlashAttention-2 style, 64
+ * - flash (prefill, head_dim 64, 128 or 256, L >= 16, no softcap): FlashAttention-2 style, 64
  *   queries per block (16 per warp), key/value tiles of 64 positions in
  *   shared memory as f16 (bf16 and f32 pools converted on load), S = QK^T and
  *   O += PV on the tensor cores (mma.sync m16n8k16, f32 accumulate), online
@@ -449,7 +449,8 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     } while (0)
 #define FL_DT(HD) do { if (dt == BE_F16) FL(HD, __half); else if (dt == BE_BF16) FL(HD, __nv_bfloat16); else FL(HD, float); } while (0)
         if (hd == 64) FL_DT(64);
-        else FL_DT(128);
+        else if (hd == 128) FL_DT(128);
+        else FL_DT(256);   /* Gemma 3 */
 #undef FL_DT
 #undef FL
         CU_LAUNCHED(c, "flash attention");
@@ -476,7 +477,8 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     /* flash rounds q and p to f16: not in batch-invariant mode, where a row must not depend on
      * whether its batch's padded length reaches 16 */
     /* softcapped scores (Gemma 2): the split-K kernel only */
-    int flash = (a->head_dim == 64 || a->head_dim == 128) && a->L >= 16 && !c->batch_inv && !(a->softcap > 0);
+    int flash = (a->head_dim == 64 || a->head_dim == 128 || a->head_dim == 256) && a->L >= 16 && !c->batch_inv &&
+                !(a->softcap > 0);
     /* split-K geometry from the shape and the bucketed span only (never the position): slices of
      * at least 32 keys, at most ~2048 blocks, at most SPLIT_MAX keys per slice (shared memory) */
     int span = cu_span_bucket(a->max_span), rows = a->B * a->L * a->n_head;
