@@ -168,7 +168,10 @@ static int try_entry(cinfer_tier *t, cinfer_ctx *c, int seq, const cand *cd, con
     if (strcmp(e.config, cfg) || e.n_tokens != cd->n || memcmp(e.tokens, ids, sizeof *ids * (size_t)cd->n)) {
         tlog(t, "cache entry %s does not hold what its name says; removed", p);
         unlink(p);
-    } else if ((st = cinfer_seq_restore(c, seq, &e.snap)) || cinfer_seq_len(c, seq) != cd->n) {
+    } else if ((st = cinfer_seq_restore(c, seq, &e.snap)) == CINFER_ENOMEM) {
+        tlog(t, "cache entry %s does not fit the memory left (%s); kept, the prefix is recomputed", p, cinfer_ctx_error(c));
+        cinfer_seq_free(c, seq);
+    } else if (st || cinfer_seq_len(c, seq) != cd->n) {
         tlog(t, "cache entry %s does not fit this context (%s); removed", p, st ? cinfer_ctx_error(c) : "token count");
         cinfer_seq_free(c, seq);
         unlink(p);
