@@ -501,88 +501,59 @@ static void t_openai(const char *build_dir) {
 }
 
 /* --cache-dir: the prefix cache's second level on disk. A first server computes a prompt and its writer
- * thread stores it (drained by SIGTERM); a second server, with nothing in memory, takes that prefix from the
+ * thread stores it (drained by SIGTERM); a fresh server, with nothing in memory, takes that prefix from the
  * directory for the same prompt and for a longer one that starts with it, and answers what `cinfer generate`
  * prints; a corrupt entry is reported, removed and recomputed with the same answer */
-static int usage_cached(json_t *j, int *ptoks) {
-    json_t *u = json_object_get(j, "usage");
-    *ptoks = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
-    return (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+typedef struct tier_run { int ok, cached, ptoks, logged_corrupt; char *text; } tier_run;
+
+/* one greedy completion of prompt on a fresh server over dir, then SIGTERM */
+static tier_run tier_once(const char *dir, const char *prompt) {
+    const char *args[] = {"-m", model, "-t", "1", "--api-key", "sk-test", "-q", "--cache-dir", dir, NULL};
+    tier_run r = {0, -1, 0, 0, NULL};
+    server sv;
+    if (start_server(&sv, bin, args)) return r;
+    port = sv.port;
+    char body[512], line[1024];
+    int st;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12}", prompt);
+    json_t *j = post("/v1/completions", body, &st), *u = json_object_get(j, "usage");
+    r.ptoks = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    r.cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    r.text = t ? strdup(t) : NULL;
+    json_decref(j);
+    r.ok = st == 200 && stop_server(&sv) == 0;
+    FILE *f = fopen(sv.log, "r");
+    while (f && fgets(line, sizeof line, f)) r.logged_corrupt |= strstr(line, "corrupt") != NULL;
+    if (f) fclose(f);
+    unlink(sv.log);
+    return r;
 }
 
 static void t_tier(void) {
     char dir[64] = "/tmp/cinfer-serve-tier-XXXXXX", cmd[256];
     if (!mkdtemp(dir)) { CHECK(0, "a temporary directory"); return; }
-    const char *args[] = {"-m", model, "-t", "1", "--api-key", "sk-test", "-q", "--cache-dir", dir, NULL};
     const char *p1 = "Lily and Tom went to the park. They saw a big dog and a small cat",
                *p2 = "Lily and Tom went to the park. They saw a big dog and a small cat. The dog";
-    char body[512], *want1 = generate_cli(p1, 12), *want2 = generate_cli(p2, 12);
-    server a, b;
-    int st, n1 = 0, n2 = 0, c0 = -1, c1 = -1, c2 = -1, ok = 0;
-    if (!start_server(&a, bin, args)) {
-        port = a.port;
-        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12}", p1);
-        json_t *j = post("/v1/completions", body, &st);
-        c0 = usage_cached(j, &n1);
-        json_decref(j);
-        ok = stop_server(&a) == 0;
-        unlink(a.log);
-    }
+    char *want1 = generate_cli(p1, 12), *want2 = generate_cli(p2, 12);
+    tier_run a = tier_once(dir, p1);
     snprintf(cmd, sizeof cmd, "test $(ls %s/*.ckv | wc -l) -ge 1", dir);
-    CHECK(ok && c0 == 0 && system(cmd) == 0, "serve --cache-dir: the first server computes the prompt and stores it "
-          "(cached %d; an entry on disk after SIGTERM)", c0);
-    char *t1 = NULL, *t2 = NULL;
-    if (!start_server(&b, bin, args)) {
-        port = b.port;
-        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12}", p2);
-        json_t *j = post("/v1/completions", body, &st);   /* memory is empty, the tier holds p1's prefix */
-        c2 = usage_cached(j, &n2);
-        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
-        t2 = t ? strdup(t) : NULL;
-        json_decref(j);
-        stop_server(&b);
-        unlink(b.log);
-    }
-    /* a fresh server again: the same prompt restores from disk, reported in usage */
-    if (!start_server(&b, bin, args)) {
-        port = b.port;
-        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12}", p1);
-        json_t *j = post("/v1/completions", body, &st);
-        c1 = usage_cached(j, &n1);
-        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
-        t1 = t ? strdup(t) : NULL;
-        json_decref(j);
-        stop_server(&b);
-        unlink(b.log);
-    }
-    CHECK(want1 && t1 && !strcmp(want1, t1) && c1 == n1 - 1 && n1 > 10,
-          "a new server takes the whole prompt but its last token from disk (%d of %d) and answers what generate prints", c1, n1);
-    CHECK(want2 && t2 && !strcmp(want2, t2) && c2 == n1 - 1 && n2 > n1, "a longer prompt starting with a stored one "
-          "restores it (%d of %d tokens) and answers what generate prints: '%s'", c2, n2, t2 ? t2 : "(null)");
-    c2 = -1;
+    CHECK(a.ok && a.cached == 0 && system(cmd) == 0, "serve --cache-dir: the first server computes the prompt and stores it "
+          "(cached %d; an entry on disk after SIGTERM)", a.cached);
+    tier_run b = tier_once(dir, p2), c = tier_once(dir, p1);
+    CHECK(c.ok && want1 && c.text && !strcmp(want1, c.text) && c.cached == c.ptoks - 1 && c.ptoks > 10,
+          "a new server takes the whole prompt but its last token from disk (%d of %d) and answers what generate prints",
+          c.cached, c.ptoks);
+    CHECK(b.ok && want2 && b.text && !strcmp(want2, b.text) && b.cached == c.ptoks - 1 && b.ptoks > c.ptoks,
+          "a longer prompt starting with a stored one restores it (%d of %d tokens) and answers what generate prints: '%s'",
+          b.cached, b.ptoks, b.text ? b.text : "(null)");
     /* corrupt every entry: reported, removed, recomputed (cached 0), the same answer */
     snprintf(cmd, sizeof cmd, "for f in %s/*.ckv; do printf 'XXXX' | dd of=$f bs=1 seek=100 conv=notrunc 2>/dev/null; done", dir);
-    int corrupted = system(cmd) == 0, logged = 0;
-    char *t3 = NULL;
-    if (corrupted && !start_server(&b, bin, args)) {
-        port = b.port;
-        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12}", p1);
-        json_t *j = post("/v1/completions", body, &st);
-        c2 = usage_cached(j, &n2);
-        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
-        t3 = t ? strdup(t) : NULL;
-        json_decref(j);
-        stop_server(&b);
-        FILE *f = fopen(b.log, "r");
-        char line[1024];
-        while (f && fgets(line, sizeof line, f)) logged |= strstr(line, "corrupt") != NULL;
-        if (f) fclose(f);
-        unlink(b.log);
-    }
-    CHECK(corrupted && c2 == 0 && logged && want1 && t3 && !strcmp(want1, t3),
-          "a corrupt entry: reported on stderr, recomputed (cached %d), the same answer", c2);
-    (void)n2;
-    free(want1); free(want2); free(t1); free(t2); free(t3);
+    int corrupted = system(cmd) == 0;
+    tier_run d = tier_once(dir, p1);
+    CHECK(corrupted && d.ok && d.cached == 0 && d.logged_corrupt && want1 && d.text && !strcmp(want1, d.text),
+          "a corrupt entry: reported on stderr, recomputed (cached %d), the same answer", d.cached);
+    free(want1); free(want2); free(a.text); free(b.text); free(c.text); free(d.text);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) printf("# could not remove %s\n", dir);
 }
