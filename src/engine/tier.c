@@ -99,7 +99,8 @@ cinfer_status cinfer_tier_open(const char *dir, const cinfer_model *m, const cin
         cinfer_tier_free(t);
         return s;
     }
-    if (cinfer_model_fingerprint(m, t->model_fp) || cinfer_tokenizer_fingerprint(m, t->tok_fp)) {
+    int memo_hit;
+    if (tier_fingerprints(m, dir, t->model_fp, t->tok_fp, &memo_hit)) {
         cinfer_tier_free(t);
         return cf_err(err, err_len, CINFER_EIO, "%s: cannot fingerprint the model", dir);
     }
