@@ -7,6 +7,7 @@
  * O_DIRECT on the entry itself, so the page cache does not answer).
  *
  * usage: bench-ttft MODEL_DIR [--prefix N] [--suffix N] [--threads N] [--kv-dtype D] [--dir DIR]
+ *        [--fp-only 1] [--device cpu|cuda]
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -59,9 +60,9 @@ static double direct_read(const char *path, size_t *bytes) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: bench-ttft MODEL_DIR [--prefix N] [--suffix N] [--threads N] [--kv-dtype D] [--dir DIR] [--fp-only 1]\n"); return 2; }
+    if (argc < 2) { fprintf(stderr, "usage: bench-ttft MODEL_DIR [--prefix N] [--suffix N] [--threads N] [--kv-dtype D] [--dir DIR] [--fp-only 1] [--device cpu|cuda]\n"); return 2; }
     int np = 4000, ns = 16, threads = 0, fp_only = 0;
-    const char *kvdt = "f16", *dir = "/tmp/cinfer-bench-ttft";
+    const char *kvdt = "f16", *dir = "/tmp/cinfer-bench-ttft", *device = NULL;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--prefix")) np = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--suffix")) ns = atoi(argv[i + 1]);
@@ -69,11 +70,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--kv-dtype")) kvdt = argv[i + 1];
         else if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
         else if (!strcmp(argv[i], "--fp-only")) fp_only = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     char err[512], cmd[1200], fp[33];
     cinfer_load_opts lo = {0};
     lo.n_threads = threads;
+    lo.device = device;
     cinfer_model *m = NULL;
     double t0 = now();
     if (cinfer_model_load(argv[1], &lo, &m, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
