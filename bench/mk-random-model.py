@@ -30,6 +30,8 @@ SHAPES = {
                                        "low_freq_factor": 1.0,
                                        "original_max_position_embeddings": 8192,
                                        "rope_type": "llama3"}),
+    "llama-3-8b": dict(model_type="llama", hidden=4096, layers=32, heads=32, kv=8, ffn=14336,
+                       vocab=128256, tied=False, theta=500000.0, max_pos=8192, bos=128000, eos=128001),
     "qwen2.5-0.5b": dict(model_type="qwen2", hidden=896, layers=24, heads=14, kv=2, ffn=4864,
                          vocab=151936, tied=True, theta=1000000.0, max_pos=32768, bos=151643,
                          eos=151645, qkv_bias=True),

@@ -237,8 +237,26 @@ const char *cinfer_tier_error(const cinfer_tier *t);
  * max_len tokens; *n_cached = its length (0: a miss, seq cleared). */
 cinfer_status cinfer_tier_lookup(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int max_len,
                                  int *n_cached);
-/* Stores seq's state; ids[0..n) are its tokens (n = its length). */
+/* As cinfer_tier_lookup, restoring only a prefix longer than min_len tokens
+ * (a caller that already holds min_len of them elsewhere reads nothing it
+ * would throw away). */
+cinfer_status cinfer_tier_lookup_longer(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n,
+                                        int min_len, int max_len, int *n_cached);
+/* Stores seq's state; ids[0..n) are its tokens (n = its length). Equal to
+ * cinfer_tier_capture then cinfer_tier_commit. */
 cinfer_status cinfer_tier_store(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n);
+/* A store in two halves, so the slow half (encode, checksum, write, fsync,
+ * evict) can run on another thread while the context goes on. capture, on
+ * the context's thread: copies seq's state and ids into *out (the caller
+ * owns it; NULL when the entry is already stored: only its recency was
+ * touched). commit, on any thread through a tier handle of that thread
+ * (cinfer_tier_open on the same directory and model): writes the entry and
+ * frees p (always, also on failure). */
+typedef struct cinfer_tier_pending cinfer_tier_pending;
+cinfer_status cinfer_tier_capture(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n,
+                                  cinfer_tier_pending **out);
+cinfer_status cinfer_tier_commit(cinfer_tier *t, cinfer_tier_pending *p);
+void cinfer_tier_pending_free(cinfer_tier_pending *p);   /* NULL is fine */
 /* For a prompt about to be generated from: restores the longest stored
  * prefix of ids[0..n-1), feeds the rest of those n-1 tokens (in
  * prefill_step_size steps) and stores the state at n-1 tokens and at the last
@@ -547,6 +565,15 @@ typedef struct cinfer_lp_seq {
 cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs, int n, int batch_size,
                                        double *sum, float *per_token, cinfer_progress_cb cb, void *user,
                                        char *err, size_t err_len);
+/* The same with a prefix tier (NULL: none): each prompt but its last token is
+ * restored from the tier's longest stored prefix, the rest fed one row at a
+ * time and stored (cinfer_tier_prefill), so prompts repeated across pairs
+ * (DPO's chosen/rejected) and across runs are computed once. The scores are
+ * those without a tier. *cached_tokens (may be NULL): prompt tokens taken
+ * from disk. The context needs a sequence per row of a batch. */
+cinfer_status cinfer_response_logprobs_tier(cinfer_ctx *c, cinfer_tier *tier, const cinfer_lp_seq *seqs, int n,
+                                            int batch_size, double *sum, float *per_token, cinfer_progress_cb cb,
+                                            void *user, int64_t *cached_tokens, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

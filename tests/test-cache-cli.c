@@ -133,6 +133,12 @@ int main(int argc, char **argv) {
     snprintf(args, sizeof args, "ls %s/chatdir/*.ckv >/dev/null", tmp);
     CHECK(rc == 0 && r3 == 0 && system(args) == 0, "chat --cache-dir runs twice and leaves an entry (rc %d %d)", rc, r3);
 
+    /* mlx_lm.chat has no --prompt-cache-file (its cache is in memory only): refused, naming --cache-dir */
+    snprintf(args, sizeof args, "chat -m %s/chat --prompt-cache-file %s/chat.safetensors -n 6 < %s/chat-input", tmp, tmp, tmp);
+    rc = run(args, out, er, sizeof out);
+    CHECK(rc == 2 && strstr(er, "mlx_lm.chat has no such flag") && strstr(er, "--cache-dir"),
+          "chat --prompt-cache-file: usage error naming --cache-dir (rc %d): %.200s", rc, er);
+
     snprintf(args, sizeof args, "rm -rf %s", tmp);
     if (system(args)) printf("# could not remove %s\n", tmp);
     return CHECK_DONE();

@@ -75,6 +75,74 @@ static int same_snap(cinfer_ctx *a, int sa, cinfer_ctx *b, int sb) {
 
 static float bf16f(const uint16_t *p, size_t i) { uint32_t u = (uint32_t)p[i] << 16; float f; memcpy(&f, &u, 4); return f; }
 
+static uint16_t f2bf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
+
+/* log-prob of the greedy token after the 3-id suffix, with seq 0 restored from s */
+static double first_lp(cinfer_ctx *c, const cinfer_snapshot *s, int V, int32_t want) {
+    float *lg = malloc(sizeof(float) * V), mg, lp;
+    int32_t suffix[3] = {278, 2217, 1058};
+    int ok = !cinfer_seq_restore(c, 0, s) && !cinfer_eval(c, suffix, 3, 0, lg);
+    argmax(lg, V, &mg, &lp);
+    double z = 0, mx = lg[0];
+    for (int i = 1; i < V; i++) mx = lg[i] > mx ? lg[i] : mx;
+    for (int i = 0; i < V; i++) z += exp((double)lg[i] - mx);
+    double r = ok ? lg[want] - mx - log(z) : NAN;
+    free(lg);
+    return r;
+}
+
+/* The floor of the interop comparison. MLX computed the file's K/V with bf16 activations; cinfer's forward
+ * is f32. Their difference (rms 0.45% of the values: ~2 bf16 ulps) moves the first log-prob after the cache
+ * by ~1e-2. Gaussian noise of that rms per tensor, added to cinfer's own bf16 K/V, moves it as much: the
+ * file's deviation must lie within that spread (a loader that misplaced heads or positions would be far out). */
+static void test_noise_floor(cinfer_model *m, const char *path, int V) {
+    cinfer_ctx *c = new_ctx(m, "bf16", 0);
+    cinfer_snapshot *own = NULL, *file = NULL, *var = NULL;
+    int ok = c && !cinfer_eval(c, IDS, 32, 0, NULL) && !cinfer_seq_snapshot(c, 0, &own) &&
+             !cinfer_prompt_cache_load(c, 0, path, NULL, NULL) && !cinfer_seq_snapshot(c, 0, &file) && !cinfer_seq_snapshot(c, 0, &var);
+    int32_t suffix[3] = {278, 2217, 1058}, full[35], tok = 0;
+    memcpy(full, IDS, sizeof IDS);
+    memcpy(full + 32, suffix, sizeof suffix);
+    float *lg = malloc(sizeof(float) * V), mg, lp;
+    if (ok) { cinfer_ctx_reset(c); ok = !cinfer_eval(c, full, 35, 0, lg); tok = argmax(lg, V, &mg, &lp); }
+    free(lg);
+    double base = ok ? first_lp(c, own, V, tok) : NAN, dfile = ok ? fabs(first_lp(c, file, V, tok) - base) : NAN;
+    enum { DRAWS = 20 };
+    double d[DRAWS], sd = 0, so = 0;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (int r = 0; ok && r < DRAWS; r++) {
+        for (int i = 0; i < own->n_tensors; i++) {
+            const uint16_t *a = own->tensors[i].data, *b = file->tensors[i].data;
+            uint16_t *o = var->tensors[i].data;
+            size_t n = own->tensors[i].bytes / 2;
+            double s2 = 0;
+            for (size_t j = 0; j < n; j++) {
+                double x = bf16f(b, j) - bf16f(a, j);
+                s2 += x * x;
+                if (!r) sd += x * x, so += (double)bf16f(a, j) * bf16f(a, j);
+            }
+            double rms = sqrt(s2 / (double)n);
+            for (size_t j = 0; j < n; j++) {   /* Box-Muller on a xorshift stream */
+                double u[2];
+                for (int k = 0; k < 2; k++) {
+                    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+                    u[k] = ((rng >> 11) + 0.5) / 9007199254740992.0;
+                }
+                o[j] = f2bf((float)(bf16f(a, j) + rms * sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1])));
+            }
+        }
+        d[r] = fabs(first_lp(c, var, V, tok) - base);
+    }
+    double mx = 0, mean = 0;
+    for (int r = 0; ok && r < DRAWS; r++) { mx = d[r] > mx ? d[r] : mx; mean += d[r] / DRAWS; }
+    CHECK(ok && dfile <= mx, "the file's first-token log-prob deviation %.4f lies within what bf16-level noise of the same "
+          "rms (%.2f%% of the K/V) gives cinfer's own K/V: mean %.4f, max %.4f over %d draws", dfile, 100 * sqrt(sd / so), mean, mx, DRAWS);
+    cinfer_snapshot_free(own);
+    cinfer_snapshot_free(file);
+    cinfer_snapshot_free(var);
+    cinfer_ctx_free(c);
+}
+
 static void test_reference(cinfer_model *m, const char *ref) {
     cinfer_model_info mi;
     cinfer_model_get_info(m, &mi);
@@ -134,9 +202,12 @@ static void test_reference(cinfer_model *m, const char *ref) {
           same < STEPS ? " (then a top-two tie within bf16 rounding)" : "");
     /* MLX computed the file's K/V with bf16 activations, which moves them by ~1% of their range against
      * cinfer's f32 forward (the K/V check above): the first token after the cache sees that whole
-     * difference; measured 1.08e-2 there, <= 7.5e-3 at every later step */
+     * difference; measured 1.08e-2 there, <= 7.5e-3 at every later step. Both sides hold bf16 K/V here
+     * (dt), so storage rounding is common to both; what is left is MLX's bf16 activations, which cinfer
+     * does not emulate. test_noise_floor shows 1.08e-2 is what K/V noise of that size does. */
     CHECK(ok && same && sum / same < 1e-2 && dlp < 2e-2, "chosen-token log-probs: mean |diff| %.3g (< 1e-2), max %.3g (< 2e-2)",
           same ? sum / same : 0.0, dlp);
+    if (!strcmp(dt, "bf16")) test_noise_floor(m, path, mi.n_vocab);
     /* the quantized file: a clear refusal naming why */
     snprintf(path, sizeof path, "%s/kv_q8g64.safetensors", ref);
     st = cinfer_prompt_cache_load(c, 0, path, NULL, NULL);

@@ -222,6 +222,30 @@ int main(int argc, char **argv) {
           "logprobs --json: response logprob and tokens; DPO pair margin = chosen - rejected (%.3f)", mg);
     json_decref(l1);
     json_decref(l2);
+    /* --cache-dir: the same lines, the second run restoring every prompt (the DPO pair shares one already in the
+     * first); the scores as without it within the batch tolerance of test-score, and equal between the two runs */
+    static char o1[1 << 14], o2[1 << 14];
+    char cd[64];
+    snprintf(cd, sizeof cd, "/tmp/cinfer-cli-%d.tier", (int)getpid());
+    snprintf(args, sizeof args, "logprobs -m %s --data %s --json --cache-dir %s", s260, pj, cd);
+    int r1 = run(args, o1, er, sizeof o1);
+    int hit1 = !!strstr(er, "restored");
+    int r2 = run(args, o2, er, sizeof o2);
+    char *e2 = strstr(er, "--cache-dir: ");
+    long got = -1, of = -1;
+    if (e2) sscanf(e2, "--cache-dir: %ld of %ld", &got, &of);
+    json_t *t1 = json_loads(o1, JSON_DISABLE_EOF_CHECK, NULL), *t0 = json_loads(out, 0, NULL);   /* out: line 1 without it */
+    double dt = t1 && t0 ? fabs(json_number_value(json_object_get(t1, "logprob")) - json_number_value(json_object_get(t0, "logprob"))) : 1;
+    json_decref(t1);
+    json_decref(t0);
+    CHECK(r1 == 0 && r2 == 0 && hit1 && !strcmp(o1, o2) && got > 0 && got == of && dt <= 1e-5 * 20,
+          "logprobs --cache-dir: the second run restores %ld of %ld prompt tokens, prints what the first printed, and "
+          "the first line's logprob is the one without --cache-dir (|diff| %.1e)", got, of, dt);
+    snprintf(args, sizeof args, "rm -rf %s", cd);
+    if (system(args)) printf("# could not remove %s\n", cd);
+    snprintf(args, sizeof args, "perplexity -m %s --data %s --cache-dir %s", s260, pj, cd);
+    rc = run(args, o1, er, sizeof o1);
+    CHECK(rc == 2 && strstr(er, "every position"), "perplexity --cache-dir: refused, saying why (%.100s)", er);
 
     /* bad input: exit 1 or 2 with a message, never a crash */
     write_file(pj, "");

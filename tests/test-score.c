@@ -336,6 +336,41 @@ static void test_kl(json_t *ref) {
 
 /* ------------------------------------------------------------- logprobs */
 
+/* logprobs through a prefix tier (--cache-dir): a cold run (prompts fed alone and stored) and a warm run
+ * (every prompt restored from disk) score as PyTorch does, as the run without a tier does (within the
+ * batch tolerance: the prompts are fed in other forwards), and the warm run equals the cold one bit for bit */
+static void tier_logprobs(const char *name, cinfer_model *m, cinfer_ctx *x, const cinfer_lp_seq *s, int n, int tot,
+                          json_t *cases, const double *sb, const float *pb) {
+    char dir[64] = "/tmp/cinfer-score-tier-XXXXXX", err[512] = "", cmd[128];
+    cinfer_tier *t = NULL;
+    if (!mkdtemp(dir) || cinfer_tier_open(dir, m, NULL, &t, err, sizeof err)) { CHECK(0, "%s: open a tier (%s)", name, err); return; }
+    double *sc = malloc(sizeof(double) * 2 * n), *sw = sc + n;
+    float *pc = malloc(sizeof(float) * 2 * (size_t)tot), *pw = pc + tot;
+    int64_t cc = -1, cw = -1, want = 0;
+    for (int i = 0; i < n; i++) want += s[i].n_prompt - 1;
+    int ok = !cinfer_response_logprobs_tier(x, t, s, n, n, sc, pc, NULL, NULL, &cc, err, sizeof err) &&
+             !cinfer_response_logprobs_tier(x, t, s, n, n, sw, pw, NULL, NULL, &cw, err, sizeof err);
+    double e = 0, d = 0;
+    for (int i = 0, k = 0; ok && i < n; i++) {
+        d = fmax(d, fabs(sc[i] - sb[i]) / fmax(1, fabs(sb[i])));
+        for (int j = 0; j < s[i].n_response; j++, k++) {
+            double b = json_number_value(json_array_get(json_object_get(json_array_get(cases, i), "per_token"), j));
+            e = fmax(e, fabs(pc[k] - b) / fmax(1, fabs(b)));
+            d = fmax(d, fabs(pc[k] - pb[k]) / fmax(1, fabs(pb[k])));
+        }
+    }
+    CHECK(ok && e <= NLL_TOL && d <= LP_BATCH_TOL, "%s%s: logprobs with a prefix tier == PyTorch (max rel %.1e, tol %.1e) and "
+          "== without it (%.1e, tol %.0e) (%s)", name, mode, e, NLL_TOL, d, LP_BATCH_TOL, err);
+    CHECK(ok && cw == want && !memcmp(sc, sw, sizeof(double) * n) && !memcmp(pc, pw, sizeof(float) * tot),
+          "%s%s: the warm run takes all %lld prompt tokens from the tier (cold took %lld) and equals the cold run bit for bit",
+          name, mode, (long long)cw, (long long)cc);
+    free(sc);
+    free(pc);
+    cinfer_tier_free(t);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) printf("# could not remove %s\n", dir);
+}
+
 static void test_logprobs(json_t *ref) {
     json_t *c;
     size_t k;
@@ -384,6 +419,7 @@ static void test_logprobs(json_t *ref) {
             /* achieved (relative): per token 2.9e-6 (stories260k), 6.8e-7 (qwen2-f32); sums <= 2.9e-7 */
             CHECK(d <= LP_BATCH_TOL && ds <= LP_BATCH_TOL, "%s%s: a padded batch of %d gives each row its own log-probs "
                   "(max rel diff per token %.1e, sums %.1e; tolerance %.0e)", name, mode, n, d, ds, LP_BATCH_TOL);
+            tier_logprobs(name, m, x, s, n, tot, cases, sb, pb);
         }
         for (int i = 0; i < 2 * n; i++) free(bufs[i]);
         free(bufs);

@@ -12,7 +12,8 @@
  * of connections) answered with the right status while the server keeps
  * serving; 429 on a full queue; 400 for chat without a template; the
  * official `openai` npm client (tests/serve/openai-client.cjs); SIGTERM
- * exits 0.
+ * exits 0; --cache-dir (prefixes stored by one server, restored by the next,
+ * corrupt entries recomputed).
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -499,6 +500,64 @@ static void t_openai(const char *build_dir) {
     CHECK(rc == 0 && pass >= 8 && fail == 0, "the openai npm client: %d checks passed, %d failed", pass, fail);
 }
 
+/* --cache-dir: the prefix cache's second level on disk. A first server computes a prompt and its writer
+ * thread stores it (drained by SIGTERM); a fresh server, with nothing in memory, takes that prefix from the
+ * directory for the same prompt and for a longer one that starts with it, and answers what `cinfer generate`
+ * prints; a corrupt entry is reported, removed and recomputed with the same answer */
+typedef struct tier_run { int ok, cached, ptoks, logged_corrupt; char *text; } tier_run;
+
+/* one greedy completion of prompt on a fresh server over dir, then SIGTERM */
+static tier_run tier_once(const char *dir, const char *prompt) {
+    const char *args[] = {"-m", model, "-t", "1", "--api-key", "sk-test", "-q", "--cache-dir", dir, NULL};
+    tier_run r = {0, -1, 0, 0, NULL};
+    server sv;
+    if (start_server(&sv, bin, args)) return r;
+    port = sv.port;
+    char body[512], line[1024];
+    int st;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":12}", prompt);
+    json_t *j = post("/v1/completions", body, &st), *u = json_object_get(j, "usage");
+    r.ptoks = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    r.cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    r.text = t ? strdup(t) : NULL;
+    json_decref(j);
+    r.ok = st == 200 && stop_server(&sv) == 0;
+    FILE *f = fopen(sv.log, "r");
+    while (f && fgets(line, sizeof line, f)) r.logged_corrupt |= strstr(line, "corrupt") != NULL;
+    if (f) fclose(f);
+    unlink(sv.log);
+    return r;
+}
+
+static void t_tier(void) {
+    char dir[64] = "/tmp/cinfer-serve-tier-XXXXXX", cmd[256];
+    if (!mkdtemp(dir)) { CHECK(0, "a temporary directory"); return; }
+    const char *p1 = "Lily and Tom went to the park. They saw a big dog and a small cat",
+               *p2 = "Lily and Tom went to the park. They saw a big dog and a small cat. The dog";
+    char *want1 = generate_cli(p1, 12), *want2 = generate_cli(p2, 12);
+    tier_run a = tier_once(dir, p1);
+    snprintf(cmd, sizeof cmd, "test $(ls %s/*.ckv | wc -l) -ge 1", dir);
+    CHECK(a.ok && a.cached == 0 && system(cmd) == 0, "serve --cache-dir: the first server computes the prompt and stores it "
+          "(cached %d; an entry on disk after SIGTERM)", a.cached);
+    tier_run b = tier_once(dir, p2), c = tier_once(dir, p1);
+    CHECK(c.ok && want1 && c.text && !strcmp(want1, c.text) && c.cached == c.ptoks - 1 && c.ptoks > 10,
+          "a new server takes the whole prompt but its last token from disk (%d of %d) and answers what generate prints",
+          c.cached, c.ptoks);
+    CHECK(b.ok && want2 && b.text && !strcmp(want2, b.text) && b.cached == c.ptoks - 1 && b.ptoks > c.ptoks,
+          "a longer prompt starting with a stored one restores it (%d of %d tokens) and answers what generate prints: '%s'",
+          b.cached, b.ptoks, b.text ? b.text : "(null)");
+    /* corrupt every entry: reported, removed, recomputed (cached 0), the same answer */
+    snprintf(cmd, sizeof cmd, "for f in %s/*.ckv; do printf 'XXXX' | dd of=$f bs=1 seek=100 conv=notrunc 2>/dev/null; done", dir);
+    int corrupted = system(cmd) == 0;
+    tier_run d = tier_once(dir, p1);
+    CHECK(corrupted && d.ok && d.cached == 0 && d.logged_corrupt && want1 && d.text && !strcmp(want1, d.text),
+          "a corrupt entry: reported on stderr, recomputed (cached %d), the same answer", d.cached);
+    free(want1); free(want2); free(a.text); free(b.text); free(c.text); free(d.text);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) printf("# could not remove %s\n", dir);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     signal(SIGPIPE, SIG_IGN);
@@ -529,5 +588,6 @@ int main(int argc, char **argv) {
     unlink(s.log);
     t_small_server();
     t_kv_pressure();
+    t_tier();
     return CHECK_DONE();
 }

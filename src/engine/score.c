@@ -77,24 +77,32 @@ cinfer_status score_plan_init(score_plan *p, const int32_t *ids, int B, int L, c
     return CINFER_OK;
 }
 
+void score_plan_skip(score_plan *p, const int *start) {
+    p->start = start;
+    p->s0 = p->max_n;
+    for (int b = 0; b < p->B; b++) p->s0 = start[b] < p->s0 ? start[b] : p->s0;
+}
+
 int score_plan_next(score_plan *p) {
-    p->s += p->W;
+    p->s = p->s < 0 ? p->s0 : p->s + p->W;
     if (p->s >= p->max_n) return 0;
     p->w = p->max_n - p->s < p->W ? p->max_n - p->s : p->W;
     p->n_out = 0;
     for (int b = 0; b < p->B; b++) {
-        int n = p->n_in[b] - p->s;
-        n = n < 0 ? 0 : n > p->w ? p->w : n;
+        int a = p->start && p->start[b] > p->s ? p->start[b] : p->s;   /* the row's first position fed in this chunk */
+        if (a > p->n_in[b]) a = p->n_in[b];
+        int n = (p->s + p->w < p->n_in[b] ? p->s + p->w : p->n_in[b]) - a;
+        n = n < 0 ? 0 : n;
         p->lens_c[b] = n;
-        p->pos0[b] = p->s < p->n_in[b] ? p->s : p->n_in[b];
-        for (int i = 0; i < p->w; i++) p->ids_c[(size_t)b * p->w + i] = i < n ? p->ids[(size_t)b * p->L + p->s + i] : 0;
+        p->pos0[b] = a;
+        for (int i = 0; i < p->w; i++) p->ids_c[(size_t)b * p->w + i] = i < n ? p->ids[(size_t)b * p->L + a + i] : 0;
         for (int i = 0; i < n; i++) {
-            if (p->s + i < p->lo[b]) continue;
+            if (a + i < p->lo[b]) continue;
             p->pairs[2 * p->n_out] = b;
             p->pairs[2 * p->n_out + 1] = i;
             p->out_b[p->n_out] = b;
-            p->out_p[p->n_out] = p->s + i;
-            p->tgt[p->n_out] = p->ids[(size_t)b * p->L + p->s + i + 1];
+            p->out_p[p->n_out] = a + i;
+            p->tgt[p->n_out] = p->ids[(size_t)b * p->L + a + i + 1];
             p->n_out++;
         }
     }
@@ -107,7 +115,7 @@ cinfer_status score_plan_forward(cinfer_ctx *c, const score_plan *p, const be_sc
     if (p->max_n > ctx_len)   /* positions past the model's context score garbage: refuse */
         return cf_err(err, en, CINFER_EINVAL, "a row feeds %d positions but the model's context holds %d "
                       "(max_position_embeddings): use shorter rows (--sequence-length <= %d)", p->max_n, ctx_len, ctx_len + 1);
-    if (p->s == 0) cinfer_ctx_reset(c);
+    if (p->s == 0 && !p->start) cinfer_ctx_reset(c);
     ctx_score_req sr = {p->tgt, base, codes, code_stride, out};
     cinfer_status st = ctx_forward_score(c, p->ids_c, p->B, p->w, p->lens_c, p->pos0, p->pairs, p->n_out, &sr);
     if (st) return cf_err(err, en, st, "%s", cinfer_ctx_error(c));
@@ -179,6 +187,28 @@ cinfer_status cinfer_perplexity(cinfer_ctx *c, const int32_t *rows, int n_rows, 
 
 cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs, int n, int batch, double *sum,
                                        float *per_token, cinfer_progress_cb cb, void *user, char *err, size_t en) {
+    return cinfer_response_logprobs_tier(c, NULL, seqs, n, batch, sum, per_token, cb, user, NULL, err, en);
+}
+
+/* with a tier: each row's prompt but its last token comes through cinfer_tier_prefill (restored, or fed and
+ * stored), so the plan feeds only the prompt's last token and the response */
+static cinfer_status tier_rows(cinfer_ctx *c, cinfer_tier *t, const cinfer_lp_seq *q, int B, int *start, int64_t *cached,
+                               char *err, size_t en) {
+    cinfer_ctx_reset(c);
+    for (int b = 0; b < B; b++) {
+        int k = 0;
+        if (cinfer_tier_prefill(t, c, b, q[b].prompt, q[b].n_prompt, &k))
+            return cf_err(err, en, CINFER_EIO, "--cache-dir: %s", cinfer_tier_error(t));
+        start[b] = q[b].n_prompt - 1;
+        if (cached) *cached += k;
+    }
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_response_logprobs_tier(cinfer_ctx *c, cinfer_tier *tier, const cinfer_lp_seq *seqs, int n, int batch,
+                                            double *sum, float *per_token, cinfer_progress_cb cb, void *user,
+                                            int64_t *cached, char *err, size_t en) {
+    if (cached) *cached = 0;
     if (!c || n < 0 || (n > 0 && (!seqs || !sum)) || batch < 1) return cf_err(err, en, CINFER_EINVAL, "logprobs: bad arguments");
     int V = c->m->cfg.n_vocab;
     int64_t total = 0;
@@ -195,7 +225,7 @@ cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs,
     }
     int B0 = batch < n ? batch : (n ? n : 1);
     int64_t *off = malloc(sizeof *off * (size_t)(n + 1));
-    int *n_in = malloc(sizeof(int) * 2 * (size_t)B0);
+    int *n_in = malloc(sizeof(int) * 3 * (size_t)B0);
     if (!off || !n_in) { free(off); free(n_in); return cf_err(err, en, CINFER_ENOMEM, "out of memory"); }
     off[0] = 0;
     for (int k = 0; k < n; k++) off[k + 1] = off[k] + seqs[k].n_response;
@@ -217,6 +247,7 @@ cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs,
         be_score_row *res = malloc(sizeof *res * (size_t)B * W);
         score_plan p = {0};
         if (!ids || !res || score_plan_init(&p, ids, B, L, n_in, lo, W)) st = cf_err(err, en, CINFER_ENOMEM, "out of memory");
+        if (!st && tier && !(st = tier_rows(c, tier, seqs + k0, B, lo + B0, cached, err, en))) score_plan_skip(&p, lo + B0);
         for (int b = 0; !st && b < B; b++) {
             const cinfer_lp_seq *q = &seqs[k0 + b];
             memcpy(ids + (size_t)b * L, q->prompt, sizeof *ids * q->n_prompt);

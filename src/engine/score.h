@@ -23,7 +23,10 @@ typedef struct score_plan {
     const int32_t *ids;   /* [B][L] */
     const int *n_in;      /* [B] tokens fed per row (positions 0..n_in-1) */
     const int *lo;        /* [B] first position whose logits are wanted */
+    const int *start;     /* [B] positions already in each row's sequence (NULL: none; the caller
+                           * reset the context and restored them, e.g. from a prefix tier) */
     int W;                /* chunk width in positions */
+    int s0;               /* the first chunk's start: the smallest start */
     int s, w, max_n;      /* current chunk [s, s+w); longest row */
     int32_t *ids_c;       /* [B][W] */
     int *lens_c, *pos0;   /* [B] */
@@ -40,6 +43,8 @@ typedef struct score_plan {
 cinfer_status score_chunk_width(cinfer_ctx *c, int B, int cap, size_t extra, int *W, char *err, size_t en);
 cinfer_status score_plan_init(score_plan *p, const int32_t *ids, int B, int L, const int *n_in, const int *lo, int W);
 void score_plan_free(score_plan *p);
+/* rows whose sequences already hold positions [0, start[b]) (start[b] <= lo[b]): those are not fed */
+void score_plan_skip(score_plan *p, const int *start);
 /* advances to the next chunk; 0 when the rows are done */
 int score_plan_next(score_plan *p);
 /* runs the current chunk (resetting the context at the first), its logits reduced on the

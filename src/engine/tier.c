@@ -99,7 +99,8 @@ cinfer_status cinfer_tier_open(const char *dir, const cinfer_model *m, const cin
         cinfer_tier_free(t);
         return s;
     }
-    if (cinfer_model_fingerprint(m, t->model_fp) || cinfer_tokenizer_fingerprint(m, t->tok_fp)) {
+    int memo_hit;
+    if (tier_fingerprints(m, dir, t->model_fp, t->tok_fp, &memo_hit)) {
         cinfer_tier_free(t);
         return cf_err(err, err_len, CINFER_EIO, "%s: cannot fingerprint the model", dir);
     }
@@ -168,7 +169,10 @@ static int try_entry(cinfer_tier *t, cinfer_ctx *c, int seq, const cand *cd, con
     if (strcmp(e.config, cfg) || e.n_tokens != cd->n || memcmp(e.tokens, ids, sizeof *ids * (size_t)cd->n)) {
         tlog(t, "cache entry %s does not hold what its name says; removed", p);
         unlink(p);
-    } else if ((st = cinfer_seq_restore(c, seq, &e.snap)) || cinfer_seq_len(c, seq) != cd->n) {
+    } else if ((st = cinfer_seq_restore(c, seq, &e.snap)) == CINFER_ENOMEM) {
+        tlog(t, "cache entry %s does not fit the memory left (%s); kept, the prefix is recomputed", p, cinfer_ctx_error(c));
+        cinfer_seq_free(c, seq);
+    } else if (st || cinfer_seq_len(c, seq) != cd->n) {
         tlog(t, "cache entry %s does not fit this context (%s); removed", p, st ? cinfer_ctx_error(c) : "token count");
         cinfer_seq_free(c, seq);
         unlink(p);
@@ -186,6 +190,11 @@ out:
 
 cinfer_status cinfer_tier_lookup(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int max_len,
                                  int *n_cached) {
+    return cinfer_tier_lookup_longer(t, c, seq, ids, n, 0, max_len, n_cached);
+}
+
+cinfer_status cinfer_tier_lookup_longer(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int min_len,
+                                        int max_len, int *n_cached) {
     *n_cached = 0;
     if (seq < 0 || seq >= c->n_seq || n < 0 || (n && !ids)) return tfail(t, CINFER_EINVAL, "lookup: bad sequence or prompt");
     cinfer_seq_free(c, seq);
@@ -203,7 +212,8 @@ cinfer_status cinfer_tier_lookup(cinfer_tier *t, cinfer_ctx *c, int seq, const i
         unsigned nt;
         size_t nl = strlen(de->d_name);
         if (strncmp(de->d_name, pre, 17) || nl != 17 + 8 + 1 + 16 + 4 || strcmp(de->d_name + nl - 4, ".ckv") ||
-            sscanf(de->d_name + 17, "%8x-%16llx", &nt, &h) != 2 || nt == 0 || nt > (unsigned)max_len)
+            sscanf(de->d_name + 17, "%8x-%16llx", &nt, &h) != 2 || nt == 0 || nt > (unsigned)max_len ||
+            (int)nt <= min_len)
             continue;
         if (nc == cap) {
             cand *ncs = realloc(cs, sizeof *cs * (size_t)(cap = cap ? cap * 2 : 16));
@@ -269,40 +279,72 @@ static void evict(cinfer_tier *t, const char *keep) {
     free(es);
 }
 
-cinfer_status cinfer_tier_store(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n) {
+struct cinfer_tier_pending {
+    char cfg[8192], name[64];
+    int32_t *ids;
+    int n;
+    cinfer_snapshot *snap;
+};
+
+void cinfer_tier_pending_free(cinfer_tier_pending *p) {
+    if (!p) return;
+    cinfer_snapshot_free(p->snap);
+    free(p->ids);
+    free(p);
+}
+
+cinfer_status cinfer_tier_capture(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, cinfer_tier_pending **out) {
+    *out = NULL;
     if (seq < 0 || seq >= c->n_seq || n < 1 || !ids || cinfer_seq_len(c, seq) != n)
         return tfail(t, CINFER_EINVAL, "store: sequence %d holds %d tokens, %d ids given", seq, cinfer_seq_len(c, seq), n);
-    char cfg[8192], name[64], err[512];
-    snprintf(name, sizeof name, "%016llx-%08x-%016llx.ckv", (unsigned long long)config_of(t, c, cfg, sizeof cfg), (unsigned)n,
-             (unsigned long long)XXH3_64bits(ids, sizeof *ids * (size_t)n));
-    char *path = cf_path(t->dir, name);
-    if (!path) return tfail(t, CINFER_ENOMEM, "out of memory");
-    if (cf_file_exists(path)) {   /* already stored: only its recency changes */
-        utimensat(AT_FDCWD, path, NULL, 0);
-        free(path);
-        return CINFER_OK;
+    cinfer_tier_pending *p = calloc(1, sizeof *p);
+    if (!p || !(p->ids = malloc(sizeof *ids * (size_t)n))) { free(p); return tfail(t, CINFER_ENOMEM, "out of memory"); }
+    snprintf(p->name, sizeof p->name, "%016llx-%08x-%016llx.ckv", (unsigned long long)config_of(t, c, p->cfg, sizeof p->cfg),
+             (unsigned)n, (unsigned long long)XXH3_64bits(ids, sizeof *ids * (size_t)n));
+    memcpy(p->ids, ids, sizeof *ids * (size_t)n);
+    p->n = n;
+    char *path = cf_path(t->dir, p->name);
+    int have = path && cf_file_exists(path);
+    if (have) utimensat(AT_FDCWD, path, NULL, 0);   /* already stored: only its recency changes */
+    free(path);
+    if (have) { cinfer_tier_pending_free(p); return CINFER_OK; }
+    cinfer_status st = cinfer_seq_snapshot(c, seq, &p->snap);
+    if (st) { cinfer_tier_pending_free(p); return tfail(t, st, "store: %s", cinfer_ctx_error(c)); }
+    *out = p;
+    return CINFER_OK;
+}
+
+cinfer_status cinfer_tier_commit(cinfer_tier *t, cinfer_tier_pending *p) {
+    if (!p) return CINFER_OK;
+    char err[512], cfg[8192];
+    snprintf(cfg, sizeof cfg, "model=%s;tokenizer=%s;", t->model_fp, t->tok_fp);
+    if (strncmp(p->cfg, cfg, strlen(cfg))) {   /* captured through a tier of another model */
+        cinfer_tier_pending_free(p);
+        return tfail(t, CINFER_EINVAL, "store: the entry was captured for another model");
     }
-    cinfer_snapshot *s = NULL;
     void *buf = NULL;
     size_t len = 0;
-    cinfer_status st = cinfer_seq_snapshot(c, seq, &s);
-    if (st) st = tfail(t, st, "store: %s", cinfer_ctx_error(c));
-    else if ((st = tier_entry_encode(s, cfg, ids, n, &buf, &len, err, sizeof err))) tfail(t, st, "store: %s", err);
-    cinfer_snapshot_free(s);
-    if (!st && t->max_bytes && len > t->max_bytes) {   /* could never fit: not stored */
-        free(buf);
-        free(path);
-        return CINFER_OK;
+    char *path = cf_path(t->dir, p->name);
+    cinfer_status st = path ? tier_entry_encode(p->snap, p->cfg, p->ids, p->n, &buf, &len, err, sizeof err) : CINFER_ENOMEM;
+    if (st) tfail(t, st, "store: %s", path ? err : "out of memory");
+    else if (!(t->max_bytes && len > t->max_bytes)) {   /* an entry that could never fit is not stored */
+        if ((st = cf_write_atomic(path, buf, len, err, sizeof err))) tfail(t, st, "store: %s", err);
+        else {
+            lock(t, LOCK_EX);
+            evict(t, p->name);
+            lock(t, LOCK_UN);
+        }
     }
-    if (!st && (st = cf_write_atomic(path, buf, len, err, sizeof err))) tfail(t, st, "store: %s", err);
     free(buf);
-    if (!st) {
-        lock(t, LOCK_EX);
-        evict(t, name);
-        lock(t, LOCK_UN);
-    }
     free(path);
+    cinfer_tier_pending_free(p);
     return st;
+}
+
+cinfer_status cinfer_tier_store(cinfer_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n) {
+    cinfer_tier_pending *p;
+    cinfer_status st = cinfer_tier_capture(t, c, seq, ids, n, &p);
+    return st ? st : cinfer_tier_commit(t, p);
 }
 
 /* feeds ids[from..to) into seq in prefill_step steps */

@@ -37,4 +37,8 @@ cinfer_status tier_entry_encode(const cinfer_snapshot *s, const char *config, co
  * JSON shape, per-tensor hashes). e points into buf afterwards. */
 cinfer_status tier_entry_decode(const void *buf, size_t len, tier_entry *e, char *err, size_t n_err);
 void tier_entry_clear(tier_entry *e);
+/* The model and tokenizer fingerprints through the memo in a tier directory
+ * (fingerprint.c): *hit = 1 when the memo answered (a stat per file), else they
+ * were computed and the memo written. */
+cinfer_status tier_fingerprints(const cinfer_model *m, const char *dir, char model_fp[33], char tok_fp[33], int *hit);
 #endif

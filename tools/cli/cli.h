@@ -99,5 +99,10 @@ int cli_cache_flag(const char *cmd, int code, const char *v, cli_cache *cc);
  * template does not show the text */
 char *cli_cache_cut(const char *cmd, const char *full, const char *test, int prefix);
 int cli_cache_begin(const char *cmd, cli_cache *cc, cinfer_model *m, cinfer_ctx *c, const int32_t *ids, int n, int *skip);
+/* opens cc->tier on cc->dir (once; its messages go to stderr as "cinfer CMD: ..."); 1 on failure (printed) */
+int cli_tier_open(const char *cmd, cli_cache *cc, cinfer_model *m);
+/* the tier flags alone, for commands with no prompt-cache file (logprobs); perplexity and kl take
+ * them only to refuse them (score_cli_no_tier) */
+#define CLI_TIER_LONGOPTS {"cache-dir", 1, 0, CACHE_DIR}, {"cache-dir-max-gb", 1, 0, CACHE_MAX_GB}
 void cli_cache_end(cli_cache *cc, cinfer_gen_stats *s);
 #endif

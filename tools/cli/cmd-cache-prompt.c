@@ -99,6 +99,16 @@ static int prefix_ids(cinfer_model *m, const char *text, const char *tokens, int
 
 static void tier_log(const char *msg, void *user) { fprintf(stderr, "cinfer %s: %s\n", (const char *)user, msg); }
 
+int cli_tier_open(const char *cmd, cli_cache *cc, cinfer_model *m) {
+    char err[512];
+    cinfer_tier_opts to = {cc->max_bytes, tier_log, (void *)cmd};
+    if (!cc->tier && cinfer_tier_open(cc->dir, m, &to, &cc->tier, err, sizeof err)) {   /* chat: open once */
+        fprintf(stderr, "cinfer %s: --cache-dir: %s\n", cmd, err);
+        return 1;
+    }
+    return 0;
+}
+
 int cli_cache_begin(const char *cmd, cli_cache *cc, cinfer_model *m, cinfer_ctx *c, const int32_t *ids, int n, int *skip) {
     *skip = 0;
     cc->cached = 0;
@@ -114,12 +124,7 @@ int cli_cache_begin(const char *cmd, cli_cache *cc, cinfer_model *m, cinfer_ctx 
                          "this model\n", cmd, cc->file);
         cc->cached = cinfer_seq_len(c, 0);
     } else if (cc->dir) {
-        char err[512];
-        cinfer_tier_opts to = {cc->max_bytes, tier_log, (void *)cmd};
-        if (!cc->tier && cinfer_tier_open(cc->dir, m, &to, &cc->tier, err, sizeof err)) {   /* chat: open once */
-            fprintf(stderr, "cinfer %s: --cache-dir: %s\n", cmd, err);
-            return 1;
-        }
+        if (cli_tier_open(cmd, cc, m)) return 1;
         if (cinfer_tier_prefill(cc->tier, c, 0, ids, n, &cc->cached)) {
             fprintf(stderr, "cinfer %s: %s\n", cmd, cinfer_tier_error(cc->tier));
             return 1;

@@ -118,7 +118,7 @@ int cmd_kl(int argc, char **argv) {
         {"num-samples", 1, 0, DF_NUM}, {"seed", 1, 0, DF_SEED}, {"shuffle", 1, 0, DF_SHUF}, {"batch-size", 1, 0, 3},
         {"save-base", 1, 0, 4}, {"base-logprobs", 1, 0, 5}, {"per-token", 1, 0, 6}, {"json", 0, 0, 7},
         {"progress", 0, 0, 8}, {"no-progress", 0, 0, 9}, {"threads", 1, 0, 't'}, {"device", 1, 0, 10},
-        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_TIER_LONGOPTS, {0, 0, 0, 0}};
     const char *base = NULL, *model = NULL, *data = NULL, *save = NULL, *blp = NULL, *ptf = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();

@@ -31,6 +31,10 @@ static void lp_help(FILE *f) {
         "      --json           one JSON object per line on stdout\n"
         "      --progress / --no-progress\n"
         "  -t, --threads N, --device cpu|cuda\n"
+        "      --cache-dir DIR  take each prompt's K/V from DIR's longest stored prefix and store\n"
+        "                       new ones (prompts repeated across lines and runs are computed once;\n"
+        "                       the scores are unchanged)\n"
+        "      --cache-dir-max-gb G  evict least recently used entries past G GB\n"
         CLI_KV_HELP
         "  -h, --help\n");
 }
@@ -71,13 +75,15 @@ typedef struct { int line, pair; } lp_item;
 int cmd_logprobs(int argc, char **argv) {
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"data", 1, 0, 1}, {"batch-size", 1, 0, 2},
                                        {"json", 0, 0, 3}, {"progress", 0, 0, 4}, {"no-progress", 0, 0, 5},
-                                       {"threads", 1, 0, 't'}, {"device", 1, 0, 6}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
+                                       {"threads", 1, 0, 't'}, {"device", 1, 0, 6}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_TIER_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_ctx_opts co = {0};
+    cli_cache cc = {0};
     if (!cli_getopt_begin("logprobs", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag("logprobs", c, optarg, &co);
+        if (!kv) kv = cli_cache_flag("logprobs", c, optarg, &cc);
         if (kv < 0) return 2;
         if (kv) continue;
         switch (c) {
@@ -173,10 +179,17 @@ int cmd_logprobs(int argc, char **argv) {
     if (!rc && cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "cinfer logprobs: %s\n", err); rc = 1; }
     score_progress pg;
     score_cli_progress_init(&pg, prog, "logprobs");
-    if (!rc && cinfer_response_logprobs(ctx, seqs, n, batch, sum, NULL, score_cli_progress, &pg, err, sizeof err)) {
+    int64_t cached = 0, prompt_tokens = 0;
+    if (!rc && cc.dir && cli_tier_open("logprobs", &cc, m)) rc = 1;
+    if (!rc && cinfer_response_logprobs_tier(ctx, cc.tier, seqs, n, batch, sum, NULL, score_cli_progress, &pg, &cached, err,
+                                             sizeof err)) {
         fprintf(stderr, "cinfer logprobs: %s\n", err);
         rc = 1;
     }
+    for (int k = 0; k < n; k++) prompt_tokens += seqs[k].n_prompt - 1;
+    if (!rc && cc.dir)
+        fprintf(stderr, "cinfer logprobs: --cache-dir: %lld of %lld prompt tokens restored from %s\n", (long long)cached,
+                (long long)prompt_tokens, cc.dir);
     for (int k = 0; !rc && k < n; k++) {
         if (items[k].pair == 0) {
             if (json) cli_json_printf("{\"line\": %d, \"logprob\": %.10g, \"tokens\": %d}\n", items[k].line, sum[k], seqs[k].n_response);
@@ -200,6 +213,7 @@ int cmd_logprobs(int argc, char **argv) {
     free(items);
     free(sum);
     free(buf);
+    cli_cache_end(&cc, NULL);
     cinfer_ctx_free(ctx);
     cinfer_model_free(m);
     return rc;

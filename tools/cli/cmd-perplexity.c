@@ -53,6 +53,11 @@ int score_cli_data_flag(const char *cmd, int code, const char *v, cinfer_data_op
         o->seed = (uint32_t)s;
         return 1;
     }
+    case CACHE_DIR: case CACHE_MAX_GB:   /* the persistent prefix tier serves logprobs, not these */
+        fprintf(stderr, "cinfer %s: --cache-dir does not apply: %s scores every position of every row, and a stored\n"
+                "prefix holds K/V, not the logits those positions need, so it could not save any computation\n"
+                "(logprobs takes --cache-dir: its prompts are not scored)\n", cmd, cmd);
+        return -1;
     case DF_SHUF:
         if (!strcmp(v, "numpy")) o->shuffle = CINFER_SHUFFLE_NUMPY;
         else if (!strcmp(v, "mulberry32")) o->shuffle = CINFER_SHUFFLE_MULBERRY32;
@@ -105,7 +110,7 @@ int cmd_perplexity(int argc, char **argv) {
         {"model", 1, 0, 'm'}, {"data", 1, 0, 1}, {"data-path", 1, 0, 1}, {"sequence-length", 1, 0, DF_SEQ}, {"num-samples", 1, 0, DF_NUM},
         {"seed", 1, 0, DF_SEED}, {"shuffle", 1, 0, DF_SHUF}, {"batch-size", 1, 0, 2}, {"json", 0, 0, 3},
         {"progress", 0, 0, 4}, {"no-progress", 0, 0, 5}, {"threads", 1, 0, 't'}, {"device", 1, 0, 6},
-        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_TIER_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();

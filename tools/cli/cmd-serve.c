@@ -34,6 +34,9 @@ static void serve_help(FILE *f) {
         "      --timeout S            seconds a request may take (default 600)\n"
         "      --step-tokens N        tokens per engine step: decode rows + prompt chunks (default 512)\n"
         "      --prompt-cache-size N  cached prompt prefixes (default 16)\n"
+        "      --cache-dir DIR        a second level of the prefix cache on disk: a prompt missing in\n"
+        "                             memory is looked up there; prompts are stored by a writer thread\n"
+        "      --cache-dir-max-gb G   evict least recently used entries past G GB\n"
         "      --batch-invariant      results independent of the batch (CUDA; the CPU always is)\n"
         "  -t, --threads N            CPU threads (default: all cores)\n"
         "      --device cpu|cuda      backend (default cpu)\n"
@@ -53,7 +56,7 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
         {"max-queue", 1, 0, O_QUEUE}, {"max-body", 1, 0, O_BODY}, {"max-connections", 1, 0, O_CONN},
         {"timeout", 1, 0, O_TIMEOUT}, {"step-tokens", 1, 0, O_STEP}, {"prompt-cache-size", 1, 0, O_PCACHE},
         {"batch-invariant", 0, 0, O_BINV}, {"threads", 1, 0, 't'}, {"device", 1, 0, O_DEV}, {"log-level", 1, 0, O_LOG},
-        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, {0, 0, 0, 0}};
+        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_TIER_LONGOPTS, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
     o->origins = "*";
@@ -71,7 +74,12 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
     int c;
     const char *cmd = "serve";
     while ((c = getopt_long(argc, argv, "m:t:qh", lo, NULL)) != -1) {
+        cli_cache cc = {0};
         int kv = cli_kv_flag(cmd, c, optarg, &o->co);
+        if (!kv && (kv = cli_cache_flag(cmd, c, optarg, &cc)) > 0) {
+            if (cc.dir) o->cache_dir = cc.dir;
+            else o->cache_max = cc.max_bytes;
+        }
         if (kv < 0) return 2;
         if (kv) continue;
         switch (c) {

@@ -139,7 +139,8 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
         return 2;
     }
     if (o->cache.file && (chat || !inputs)) {
-        fprintf(stderr, "cinfer %s: --prompt-cache-file %s\n", cmd, chat ? "is for generate (chat takes --cache-dir)"
+        fprintf(stderr, "cinfer %s: --prompt-cache-file %s\n", cmd, chat ? "is for generate: mlx_lm.chat has no such flag (its cache lives only in memory); "
+                                                                                "for a chat that reuses its prefixes across runs give --cache-dir DIR"
                                                                          : "needs the prompt that follows the cached one (-p, -f or --tokens)");
         return 2;
     }

@@ -56,6 +56,7 @@ struct srv_engine {
     int n_slot;
     slot *sl;               /* [n_slot] */
     srv_prefix *pfx;
+    srv_tier *tier;         /* --cache-dir: the prefix cache's second level on disk (NULL: none) */
     srv_req **wait;         /* [max_queue] FIFO, taken from the server queue */
     int n_wait;
     float *logits;          /* [n_slot][V] */
@@ -299,6 +300,7 @@ static void start_decode(srv *s, srv_req *r) {
     for (int i = 0; i < e->n_slot; i++)
         if (e->sl[i].r == r && e->sl[i].choice == 0) first = i;
     if (r->n_prompt > 1) pfx_insert(e->pfx, e->ctx, first, r->prompt, r->n_prompt - 1);
+    if (r->n_prompt > 1 && r->cached_tokens < r->n_prompt - 1) stier_store(e->tier, e->ctx, first, r->prompt, r->n_prompt - 1);
     for (int i = 0; i < e->n_slot; i++) {
         slot *q = &e->sl[i];
         if (q->r != r) continue;
@@ -339,9 +341,12 @@ static void admit(srv *s) {
         }
         if (!ok) { req_fail(s, r, 500, "out of memory"); continue; }
         /* reuse the longest cached prefix, leaving at least the last token to feed (not when
-         * the prompt's own log-probs are wanted: they come from its forward) */
+         * the prompt's own log-probs are wanted: they come from its forward): from memory, or
+         * from disk when the tier holds a longer one */
         int src = -1, m = r->pev ? 0 : pfx_lookup(e->pfx, r->prompt, r->n_prompt - 1, &src);
-        if (m > 0 && !cinfer_seq_fork(e->ctx, src, first) && !cinfer_seq_trim(e->ctx, first, m)) e->sl[first].fed = m;
+        int md = r->pev ? 0 : stier_lookup(e->tier, e->ctx, first, r->prompt, r->n_prompt, m, r->n_prompt - 1);
+        if (md > 0) e->sl[first].fed = m = md;
+        else if (m > 0 && !cinfer_seq_fork(e->ctx, src, first) && !cinfer_seq_trim(e->ctx, first, m)) e->sl[first].fed = m;
         else { cinfer_seq_free(e->ctx, first); m = 0; }
         pthread_mutex_lock(&r->mu);
         r->prompt_tokens = r->n_prompt;
@@ -559,6 +564,7 @@ static int engine_load(srv *s) {
     e->pfx = pfx_new(s->o.prompt_cache, e->n_slot, kvi.page);
     s->m = m;
     if (!e->logits || !e->lp || !e->plogits || !e->pfx) return -1;
+    if (s->o.cache_dir && !(e->tier = stier_open(s->o.cache_dir, s->o.cache_max, m, s->o.quiet))) return -1;
     return 0;
 }
 
@@ -661,6 +667,7 @@ void srv_engine_free(srv *s) {
     if (!e) return;
     srv_engine_stop(s);
     pfx_free(e->pfx);
+    stier_close(e->tier);   /* drains the writes queued before the engine stopped */
     cinfer_ctx_free(e->ctx);
     cinfer_model_free(s->m);
     s->m = NULL;

@@ -20,4 +20,15 @@ int pfx_lookup(srv_prefix *p, const int32_t *ids, int n, int *seq);
 void pfx_insert(srv_prefix *p, cinfer_ctx *c, int src_seq, const int32_t *ids, int n);
 /* frees the least recently used entry; 0 when there was none */
 int pfx_evict_lru(srv_prefix *p, cinfer_ctx *c);
+
+/* The prefix cache's second level on disk (serve-tier.c, --cache-dir): the
+ * persistent tier, read by the engine thread, written by a writer thread of
+ * its own so that storing never blocks the running sequences. */
+typedef struct srv_tier srv_tier;
+srv_tier *stier_open(const char *dir, size_t max_bytes, const cinfer_model *m, int quiet);   /* NULL: failed (printed) */
+void stier_close(srv_tier *t);   /* drains the writer's queue; NULL is fine */
+/* restores into seq a stored prefix of ids[n] longer than min_len and at most max_len; its length (0: none, seq cleared) */
+int stier_lookup(srv_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n, int min_len, int max_len);
+/* copies seq's state (n tokens, ids) and queues its write; dropped when the writer is behind */
+void stier_store(srv_tier *t, cinfer_ctx *c, int seq, const int32_t *ids, int n);
 #endif

@@ -31,6 +31,8 @@ typedef struct srv_opts {
     int port, max_batch, max_tokens, max_queue, step_tokens, prompt_cache, threads, timeout_s, max_conn;
     int quiet;
     size_t max_body;
+    const char *cache_dir;  /* --cache-dir: the prefix cache's on-disk second level (NULL: none) */
+    size_t cache_max;       /* --cache-dir-max-gb in bytes (0: no limit) */
     cinfer_ctx_opts co;
 } srv_opts;
 
