@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "engine/engine.h"
+#include "io/quant-config.h"
 #include "util.h"
 
 void cinfer_model_free(cinfer_model *m) {
@@ -16,6 +17,7 @@ void cinfer_model_free(cinfer_model *m) {
         m->be->ctx_free(m->bc);
     }
     weights_free(&m->w);
+    qc_free(m->cfg.quant);
     st_close(&m->st);
     cinfer_tokenizer_free(m->tok);
     free(m->dir);
@@ -59,6 +61,9 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
     if (!st) {
         m->arch = arch_find(m->cfg.model_type);
         m->arch->adjust(&m->cfg);
+        st = qc_load(dir, &m->cfg.quant, err, n);
+    }
+    if (!st) {
         st = st_open_dir(dir, &m->st, err, n);
     }
     if (!st) st = arch_bind(m->arch, &m->cfg, &m->st, dir, &m->w, err, n);

@@ -28,6 +28,8 @@ typedef struct model_config {
     int sliding_window;       /* 0 = none (mistral may set one) */
     int max_window_layers;    /* qwen2: layers from this index on use the window (-1: not given) */
     int bos;                  /* -1 unknown */
+    struct quant_config *quant; /* config.json's quantization block (io/quant-config.h), NULL: none;
+                                   owned by the model, set after config_load */
     int n_eos;
     int eos[8];
 } model_config;

@@ -1,0 +1,203 @@
+/*
+ * gemv-affine.c — CPU kernels for MLX affine-quantized weights (BE_Q2..BE_Q8,
+ * src/quant/affine.h), one per bit width, in the sets of gemv.h:
+ *   gemv: y[t][r] = sum over groups g of  s[r][g] * sum_i x[t][i] q[r][i]
+ *                                       + b[r][g] * sum_i x[t][i]
+ *         (MLX's quantized_matmul association; f32 accumulation, activations
+ *         stay f32), the group sums of x computed once per call;
+ *   rows: s*q + b in f32, what the prefill path feeds sgemm (matmul.c).
+ * The AVX2 decoder turns 8 codes (always `bits` whole bytes: 8 codes of any
+ * width fill bits bytes) into 8 lanes with one byte shuffle, one variable shift
+ * and a mask: lane j holds bytes (j*bits)/8 and the next, shifted right by
+ * (j*bits)%8. An 8-byte load past the last code of the whole matrix is
+ * avoided by copying that block.
+ * Reference: aq_dot_row / be_ref_matmul (tests/test-quant.c).
+ */
+#include <string.h>
+#include "backend/cpu/gemv.h"
+#include "quant/affine.h"
+
+#define XS_MAX 4096            /* group sums of x kept on the stack: tokens x groups */
+
+static inline float sc(const be_mat *w, int64_t i) { return be_kv_get(w->scales, w->sdt, (size_t)i); }
+static inline float bi(const be_mat *w, int64_t i) { return be_kv_get(w->biases, w->sdt, (size_t)i); }
+
+static void gemv_affine_scalar(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y,
+                               int64_t ldy, int bits) {
+    int64_t k = w->cols, ng = k / w->group;
+    size_t rb = aq_row_bytes(k, bits);
+    float q[128];
+    for (int t0 = 0; t0 < n; t0 += 8) {
+        int nt = n - t0 < 8 ? n - t0 : 8;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+            float acc[8] = {0};
+            for (int64_t g = 0; g < ng; g++) {
+                int64_t c0 = g * w->group;
+                for (int i = 0; i < w->group; i++) q[i] = (float)aq_code(row, c0 + i, bits);
+                float s = sc(w, r * ng + g), b = bi(w, r * ng + g);
+                for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (int64_t)(t0 + t) * k + c0;
+                    float sq = 0, sx = 0;
+                    for (int i = 0; i < w->group; i++) { sq += xt[i] * q[i]; sx += xt[i]; }
+                    acc[t] += s * sq + b * sx;
+                }
+            }
+            for (int t = 0; t < nt; t++) y[(int64_t)(t0 + t) * ldy + r] = acc[t];
+        }
+    }
+}
+
+static void rows_affine(const be_mat *w, int64_t r0, int64_t r1, float *dst, int bits) {
+    int64_t k = w->cols, ng = k / w->group;
+    size_t rb = aq_row_bytes(k, bits);
+    for (int64_t r = r0; r < r1; r++, dst += k)
+        aq_dequant_row((const uint8_t *)w->data + (size_t)r * rb, (const char *)w->scales + (size_t)(r * ng) * be_dtype_size(w->sdt),
+                       (const char *)w->biases + (size_t)(r * ng) * be_dtype_size(w->sdt), w->sdt, bits, w->group, 0, k, dst);
+}
+
+#define SCALAR(b)                                                                                              \
+    void gemv_q##b##_scalar(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y, int64_t ldy) { \
+        gemv_affine_scalar(x, n, w, r0, r1, y, ldy, b);                                                        \
+    }                                                                                                          \
+    void rows_q##b##_scalar(const be_mat *w, int64_t r0, int64_t r1, float *dst) { rows_affine(w, r0, r1, dst, b); }
+SCALAR(2)
+SCALAR(3)
+SCALAR(4)
+SCALAR(5)
+SCALAR(6)
+SCALAR(8)
+
+#ifdef GEMV_X86
+#include <immintrin.h>
+#define TGT "avx2,fma,f16c"
+#define INL static inline __attribute__((always_inline, target(TGT)))
+
+typedef struct dec8 { __m256i shuf, shift, mask; } dec8;
+
+INL dec8 dec_init(int bits) {
+    uint8_t sh[32];
+    uint32_t s[8];
+    for (int half = 0; half < 2; half++)
+        for (int j = 0; j < 4; j++) {
+            int lane = half * 4 + j, o = lane * bits / 8;
+            uint8_t *d = sh + half * 16 + j * 4;
+            d[0] = (uint8_t)o; d[1] = (uint8_t)(o + 1); d[2] = 0x80; d[3] = 0x80;
+        }
+    for (int j = 0; j < 8; j++) s[j] = (uint32_t)(j * bits % 8);
+    dec8 d;
+    d.shuf = _mm256_loadu_si256((const __m256i *)sh);
+    d.shift = _mm256_loadu_si256((const __m256i *)s);
+    d.mask = _mm256_set1_epi32((1 << bits) - 1);
+    return d;
+}
+
+/* 8 codes starting at p (bits bytes) as floats; safe: p may not be followed by 8 readable bytes */
+INL __m256 dec(const dec8 *d, const uint8_t *p, int bits, int safe) {
+    __m128i raw;
+    if (safe) {
+        uint64_t v = 0;
+        memcpy(&v, p, (size_t)bits);
+        raw = _mm_cvtsi64_si128((long long)v);
+    } else {
+        raw = _mm_loadl_epi64((const __m128i *)p);
+    }
+    __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(raw), d->shuf);
+    v = _mm256_and_si256(_mm256_srlv_epi32(v, d->shift), d->mask);
+    return _mm256_cvtepi32_ps(v);
+}
+
+INL float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* NT tokens (1..4) against rows [r0, r1); xs[t][g] = group sums of x */
+INL void affine_rows_avx2(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r0, int64_t r1, float *y,
+                          int64_t ldy, const int bits, const int NT) {
+    int64_t k = w->cols;
+    const int G = w->group;
+    size_t rb = aq_row_bytes(k, bits);
+    const uint8_t *end = (const uint8_t *)w->data + (size_t)w->rows * rb;
+    dec8 d = dec_init(bits);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        __m256 acc[4];
+        float bsum[4] = {0, 0, 0, 0};
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            __m256 aq[4];
+            for (int t = 0; t < NT; t++) aq[t] = _mm256_setzero_ps();
+            const uint8_t *p = row + (size_t)(g * G) * (size_t)bits / 8;
+            for (int i = 0; i < G; i += 8, p += bits) {
+                __m256 q = dec(&d, p, bits, p + 8 > end);
+                for (int t = 0; t < NT; t++)
+                    aq[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(x + (int64_t)t * k + g * G + i), aq[t]);
+            }
+            float s = sc(w, r * ng + g), b = bi(w, r * ng + g);
+            __m256 sv = _mm256_set1_ps(s);
+            for (int t = 0; t < NT; t++) {
+                acc[t] = _mm256_fmadd_ps(aq[t], sv, acc[t]);
+                bsum[t] += b * xs[t * ng + g];
+            }
+        }
+        for (int t = 0; t < NT; t++) y[(int64_t)t * ldy + r] = hsum(acc[t]) + bsum[t];
+    }
+}
+
+INL void gemv_affine_avx2(const float *x, int n, const be_mat *w, int64_t r0,
+                                                         int64_t r1, float *y, int64_t ldy, int bits) {
+    int64_t k = w->cols, ng = k / w->group;
+    if (ng * 4 > XS_MAX) { gemv_affine_scalar(x, n, w, r0, r1, y, ldy, bits); return; }
+    float xs[XS_MAX];
+    for (int t0 = 0; t0 < n; t0 += 4) {
+        int nt = n - t0 < 4 ? n - t0 : 4;
+        const float *xt = x + (int64_t)t0 * k;
+        for (int t = 0; t < nt; t++)
+            for (int64_t g = 0; g < ng; g++) {
+                __m256 a = _mm256_setzero_ps();
+                for (int i = 0; i < w->group; i += 8) a = _mm256_add_ps(a, _mm256_loadu_ps(xt + t * k + g * w->group + i));
+                xs[t * ng + g] = hsum(a);
+            }
+        float *yt = y + (int64_t)t0 * ldy;
+        switch (nt) {
+        case 1: affine_rows_avx2(xt, xs, ng, w, r0, r1, yt, ldy, bits, 1); break;
+        case 2: affine_rows_avx2(xt, xs, ng, w, r0, r1, yt, ldy, bits, 2); break;
+        case 3: affine_rows_avx2(xt, xs, ng, w, r0, r1, yt, ldy, bits, 3); break;
+        default: affine_rows_avx2(xt, xs, ng, w, r0, r1, yt, ldy, bits, 4); break;
+        }
+    }
+}
+
+INL void rows_affine_avx2(const be_mat *w, int64_t r0, int64_t r1, float *dst, int bits) {
+    int64_t k = w->cols, ng = k / w->group;
+    size_t rb = aq_row_bytes(k, bits);
+    const uint8_t *end = (const uint8_t *)w->data + (size_t)w->rows * rb;
+    dec8 d = dec_init(bits);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + (size_t)r * rb;
+        for (int64_t g = 0; g < ng; g++) {
+            __m256 s = _mm256_set1_ps(sc(w, r * ng + g)), b = _mm256_set1_ps(bi(w, r * ng + g));
+            for (int i = 0; i < w->group; i += 8, p += bits, dst += 8)
+                _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_mul_ps(dec(&d, p, bits, p + 8 > end), s), b));   /* s*q + b, two roundings as the reference */
+        }
+    }
+}
+
+#define AVX2(b)                                                                                                \
+    __attribute__((target(TGT))) void gemv_q##b##_avx2(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, \
+                                                       float *y, int64_t ldy) {                                \
+        gemv_affine_avx2(x, n, w, r0, r1, y, ldy, b);                                                          \
+    }                                                                                                          \
+    __attribute__((target(TGT))) void rows_q##b##_avx2(const be_mat *w, int64_t r0, int64_t r1, float *dst) {  \
+        rows_affine_avx2(w, r0, r1, dst, b);                                                                   \
+    }
+AVX2(2)
+AVX2(3)
+AVX2(4)
+AVX2(5)
+AVX2(6)
+AVX2(8)
+#endif
