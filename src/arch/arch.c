@@ -47,12 +47,14 @@ static void shape_str(const st_tensor *t, char *got, size_t n) {
 }
 
 /* the scales or biases of an affine module: dtype F32/F16/BF16, shape [rows][cols/group] */
-static const st_tensor *bind_side(binder *b, const char *path, const char *what, int64_t rows, int64_t ng, be_dtype *dt) {
+static const st_tensor *bind_side(binder *b, const char *wfile, const char *path, const char *what, int64_t rows, int64_t ng,
+                                  be_dtype *dt) {
     char nm[200], got[96];
     snprintf(nm, sizeof nm, "%s.%s", path, what);
     const st_tensor *t = st_find(b->st, nm);
     if (!t) {
-        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: quantized module '%s' has no tensor '%s'", b->dir, path, nm);
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: quantized module '%s' (packed '%s.weight' here) has no tensor '%s'",
+                           wfile, path, path, nm);
         return NULL;
     }
     const char *file = b->st->paths[t->file];
@@ -94,7 +96,8 @@ static void bind_affine(binder *b, be_mat *m, const char *name, const char *path
         return;
     }
     be_dtype sdt, bdt;
-    if (!(s = bind_side(b, path, "scales", rows, cols / group, &sdt)) || !(bs = bind_side(b, path, "biases", rows, cols / group, &bdt)))
+    if (!(s = bind_side(b, file, path, "scales", rows, cols / group, &sdt)) ||
+        !(bs = bind_side(b, file, path, "biases", rows, cols / group, &bdt)))
         return;
     if (sdt != bdt) {
         b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: '%s.scales' is %s but '%s.biases' is %s", file, path, s->dtype, path, bs->dtype);
