@@ -69,6 +69,18 @@ static void test_mlx_mixed(void) {
     c1 = json_load_file(p1, 0, NULL);
     c2 = json_load_file(p2, 0, NULL);
     CHECK(c1 && c2 && json_equal(c1, c2), "index (total_size, total_parameters, weight_map) equals mlx-lm's");
+    {   /* model info: parameters as mlx-lm counts them (the index's total_parameters), stored types, bits per weight */
+        json_t *md = json_object_get(c2, "metadata");
+        json_int_t tp = json_integer_value(json_object_get(md, "total_parameters")), ts = json_integer_value(json_object_get(md, "total_size"));
+        cinfer_model *m = golden_load(mixed, NULL, 1);
+        cinfer_model_info mi;
+        if (m) cinfer_model_get_info(m, &mi);
+        CHECK(m && mi.n_params == tp && !strcmp(mi.weight_types, "q3+q6 (affine g64, bf16 scales)") &&
+                  fabs(mi.bits_per_weight - 8.0 * (double)ts / (double)tp) < 1e-9 && !strcmp(mi.weight_dtype, "q3"),
+              "model info: %lld parameters (index: %lld), types '%s', %.3f bits per weight", m ? (long long)mi.n_params : -1LL,
+              (long long)tp, m ? mi.weight_types : "", m ? mi.bits_per_weight : 0.0);
+        cinfer_model_free(m);
+    }
     json_decref(c1);
     json_decref(c2);
     snprintf(p1, sizeof p1, "%s/tokenizer.json", o.dst);
