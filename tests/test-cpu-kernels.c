@@ -42,7 +42,7 @@ static tmat make_mat(be_dtype dt, int64_t rows, int64_t cols, float scale) {
         else if (dt == BE_F16) ((uint16_t *)t.buf)[i] = be_f32_to_f16(v);
         else ((uint16_t *)t.buf)[i] = be_f32_to_bf16(v);
     }
-    t.m = (be_mat){ t.buf, NULL, dt, rows, cols };
+    t.m = (be_mat){ .data = t.buf, .dt = dt, .rows = rows, .cols = cols };
     return t;
 }
 
