@@ -9,6 +9,9 @@
 #        NO_PEER=1 skips llama.cpp, PP/TG change 512/128, ROUNDS (default 2) alternations of cinfer and
 #        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a bf16 row with CINFER_BF16_ACT=1
 #        (prefill on bf16-rounded activations, AVX-512 BF16).
+#   DTYPES may name MLX affine types as qBgG (e.g. q4g64, q8g64): the bf16 model converted by `cinfer convert -q
+#   --q-bits B --q-group-size G`, next to llama.cpp's QB_0 (q4g64 and Q4_0 are both 4.5 bits per weight, q8g64
+#   and Q8_0 both 8.5).
 # Steps: builds build/bench/*, runs build/bench/ceilings (read bandwidth, sgemm; twice at the start, once more
 # before each row, the best so far kept; printed at the start and at the end), writes each model with
 # bench/mk-random-model.py (once), runs build/bench/bench-model (best of REPS after a warm-up) and
@@ -50,7 +53,15 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for shape in $SHAPES; do
   for dt in $DTYPES; do
     dir=$WORK/$shape-$dt
-    /usr/bin/python3 bench/mk-random-model.py "$shape" "$dt" "$dir" >/dev/null
+    peer=$dt
+    case $dt in
+    q*g*)   # MLX affine: converted from the bf16 model; the peer is llama.cpp's Q<bits>_0
+      bits=${dt#q}; bits=${bits%g*}; grp=${dt#*g}; peer=q${bits}_0
+      /usr/bin/python3 bench/mk-random-model.py "$shape" bf16 "$WORK/$shape-bf16" >/dev/null
+      [ -s "$dir/model.safetensors" ] || { rm -rf "$dir"; ./build/cinfer convert --hf-path "$WORK/$shape-bf16" --mlx-path "$dir" -q \
+          --q-bits "$bits" --q-group-size "$grp" --quiet; } ;;
+    *) /usr/bin/python3 bench/mk-random-model.py "$shape" "$dt" "$dir" >/dev/null ;;
+    esac
     for t in $THREADS; do
       f=$OUT/$shape-$dt-t$t.txt
       ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null   # again per row: bandwidth drifts
@@ -63,7 +74,7 @@ for shape in $SHAPES; do
           CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"
         fi
         if [ -z "$NO_PEER" ]; then
-          sh bench/peer-llama-cpp.sh "$shape" "$dt" "$t" "$REPS" "$PP" "$TG" >>"$f.peer" 2>/dev/null || true
+          sh bench/peer-llama-cpp.sh "$shape" "$peer" "$t" "$REPS" "$PP" "$TG" >>"$f.peer" 2>/dev/null || true
         fi
         r=$((r + 1))
       done

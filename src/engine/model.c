@@ -45,7 +45,10 @@ static cinfer_status prepare(cinfer_model *m, char *err, size_t n) {
     int bad = 0;
     for (int i = 0; i < w->n_mats && !bad; i++) bad |= m->be->mat_prepare(m->bc, w->mats[i]);
     if (w->lm_head.data == w->tok_embd.data) w->lm_head = w->tok_embd;   /* tied: the prepared handle */
-    return bad ? cf_err(err, n, CINFER_EBACKEND, "%s: could not prepare the weights on the %s backend", m->dir, m->be->name)
+    char why[256] = "";
+    if (bad && m->be->status) m->be->status(m->bc, why, sizeof why);
+    return bad ? cf_err(err, n, CINFER_EBACKEND, "%s: could not prepare the weights on the %s backend%s%s", m->dir, m->be->name,
+                        why[0] ? ": " : "", why)
                : CINFER_OK;
 }
 
