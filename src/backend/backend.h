@@ -5,8 +5,10 @@
  * allocated (host memory on the CPU, device memory on CUDA); it never touches
  * an activation buffer's bytes itself and never branches on the backend.
  * Activations are float32, row-major, outermost dim first. Weights are
- * be_mat: a [rows][cols] matrix in its stored dtype (f32/f16/bf16), read in
- * place from the mmap on the CPU, uploaded once by mat_prepare on CUDA.
+ * be_mat: a [rows][cols] matrix in its stored dtype (f32/f16/bf16, or MLX
+ * affine-quantized codes with per-group scales and biases), read in place
+ * from the mmap on the CPU, uploaded once by mat_prepare on CUDA (which has
+ * no affine kernels yet and refuses those).
  * Integer arrays (ids, positions, lengths) are always host arrays; a device
  * backend copies what it needs.
  *

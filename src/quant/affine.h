@@ -48,8 +48,8 @@ void aq_put_code(uint8_t *row, int64_t k, int bits, uint32_t q);
  * scales/biases[cols/group] of dtype sdt. */
 void aq_quantize_row(const float *w, int64_t cols, int bits, int group, aq_rounding r, be_dtype sdt, uint8_t *packed,
                      void *scales, void *biases);
-/* dst[cnt] = values c0 .. c0+cnt-1 of a packed row, s*q + b in f32 (c0 and
- * cnt multiples of 8, or anything when exact scalar code is acceptable) */
+/* dst[cnt] = values c0 .. c0+cnt-1 of a packed row, s*q + b in f32 (the
+ * definition the kernels are tested against; scales/biases of the whole row) */
 void aq_dequant_row(const uint8_t *packed, const void *scales, const void *biases, be_dtype sdt, int bits, int group,
                     int64_t c0, int64_t cnt, float *dst);
 /* MLX's mx.dequantize: the same, computed in the scale dtype (bf16/f16: rounded after each op) */

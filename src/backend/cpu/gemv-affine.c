@@ -7,10 +7,12 @@
  *         stay f32), the group sums of x computed once per call;
  *   rows: s*q + b in f32, what the prefill path feeds sgemm (matmul.c).
  * The AVX2 decoder turns 8 codes (always `bits` whole bytes: 8 codes of any
- * width fill bits bytes) into 8 lanes with one byte shuffle, one variable shift
- * and a mask: lane j holds bytes (j*bits)/8 and the next, shifted right by
- * (j*bits)%8. An 8-byte load past the last code of the whole matrix is
- * avoided by copying that block.
+ * width fill bits bytes) into 8 f32 lanes: 8 bits by zero extension, 2 and 4
+ * bits by broadcasting the word and shifting lane j by j*bits, 3/5/6 bits with
+ * one byte shuffle (lane j takes bytes (j*bits)/8 and the next) and a shift by
+ * (j*bits)%8; an 8-byte load past the end of the matrix is avoided by copying
+ * that block. Decode runs 4 weight rows per pass (4 independent FMA chains,
+ * one x load shared), more tokens 2 rows x 2 tokens.
  * Reference: aq_dot_row / be_ref_matmul (tests/test-quant.c).
  */
 #include <string.h>
