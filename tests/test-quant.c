@@ -226,6 +226,57 @@ static void test_kernels(void) {
     }
 }
 
+/* CINFER_INT8_ACT's kernels: against the same sum with x rounded as their prep did
+ * (s * sum(q * d*xi) over each group + b * sum(x) with the exact x) */
+static void test_int8_act(void) {
+    const gemv_kernels *base = gemv_isa("avx2");
+    if (!base) { printf("# avx2: not on this CPU, int8-activation kernels skipped\n"); return; }
+    const gemv_kernels *g = gemv_int8_act(base);
+    CHECK(g != base && g->prep_x[BE_Q4] && g->prep_x[BE_Q8] && !g->prep_x[BE_Q3] && g->gemv[BE_BF16] == base->gemv[BE_BF16],
+          "int8-activation set replaces exactly the q4 and q8 entries (%s)", g->isa);
+    static const int bitsv[] = {4, 8}, groups[] = {32, 64, 128};
+    for (int bi = 0; bi < 2; bi++) {
+        double worst = 0;
+        int guards = 1;
+        for (int gi = 0; gi < 3; gi++)
+            for (int64_t m = 1; m <= 9; m += 4) {
+                int64_t k = groups[gi] * 3;
+                qmat q = make_q(m, k, bitsv[bi], groups[gi], BE_BF16, NULL);
+                float *x = malloc(sizeof(float) * 3 * (size_t)k), *xp = malloc(sizeof(float) * 3 * (size_t)k);
+                float *yb = malloc(sizeof(float) * (3 * (size_t)m + 2 * GUARD)), *y = yb + GUARD;
+                for (int64_t i = 0; i < 3 * k; i++) x[i] = frand() * (i % 5 ? 1.0f : 3.0f);
+                for (int n = 1; n <= 3; n++) {
+                    for (int i = 0; i < 3 * (int)m + 2 * GUARD; i++) yb[i] = -7777.0f;
+                    g->prep_x[q.m.dt](x, n, k, xp);
+                    g->gemv[q.m.dt](xp, n, &q.m, 0, m / 2, y, m);
+                    g->gemv[q.m.dt](xp, n, &q.m, m / 2, m, y, m);
+                    for (int i = 0; i < GUARD; i++) guards &= yb[i] == -7777.0f && y[n * m + i] == -7777.0f;
+                    for (int t = 0; t < n; t++) {
+                        const int8_t *xq = (const int8_t *)(xp + (int64_t)t * k);
+                        const float *d = (const float *)(xq + k);
+                        for (int64_t r = 0; r < m; r++) {
+                            double ref = 0, mag = 0;
+                            for (int64_t i = 0; i < k; i++) {
+                                int64_t b = i / 32, j = i % 32, pos = bitsv[bi] == 4 ? (j % 2 ? 16 + j / 2 : j / 2) : j;
+                                double xr = (double)d[b] * xq[b * 32 + pos];
+                                int64_t gi2 = r * (k / groups[gi]) + i / groups[gi];
+                                double sv = be_kv_get(q.s, BE_BF16, (size_t)gi2), bv = be_kv_get(q.b, BE_BF16, (size_t)gi2);
+                                double qc = aq_code(q.q + r * aq_row_bytes(k, bitsv[bi]), i, bitsv[bi]);
+                                ref += sv * qc * xr + bv * x[t * k + i];
+                                mag += fabs(sv * qc * xr) + fabs(bv * x[t * k + i]);
+                            }
+                            double e = fabs(y[t * m + r] - ref) / (1e-5 * mag + 1e-6);
+                            if (!(e <= worst)) worst = e;
+                        }
+                    }
+                }
+                free(x); free(xp); free(yb); free_q(&q);
+            }
+        CHECK(worst <= 1.0 && guards, "int8-activation gemv q%d (g32/64/128, n=1..3) vs the sum on the rounded x: worst %.3g of bound, "
+              "guards %s", bitsv[bi], worst, guards ? "intact" : "OVERWRITTEN");
+    }
+}
+
 /* the backend table: GEMV (few tokens) and dequantized tiles into sgemm (many), multi, bias */
 static void test_backend(void) {
     const be_ops *be = be_cpu();
@@ -275,6 +326,7 @@ int main(void) {
     test_packing();
     test_mlx_reference();
     test_kernels();
+    test_int8_act();
     test_backend();
     return CHECK_DONE();
 }

@@ -71,9 +71,10 @@ const gemv_kernels *gemv_pick(void) {
     int start = 0;
     if (cap && !strcmp(cap, "avx2")) start = 1;
     if (cap && !strcmp(cap, "scalar")) start = 2;
+    const char *i8 = getenv("CINFER_INT8_ACT");
     for (int i = start; i < 3; i++) {
         const gemv_kernels *g = gemv_isa(order[i]);
-        if (g) return g;
+        if (g) return i8 && !strcmp(i8, "1") ? gemv_int8_act(g) : g;
     }
     return &gemv_scalar_kernels;
 }

@@ -36,12 +36,15 @@ typedef struct gemv_kernels {
     prep_x_fn prep_x[BE_N_DTYPES];
 } gemv_kernels;
 
-/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice) */
+/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice; CINFER_INT8_ACT=1
+ * swaps in gemv-affine-i8.c's int8-activation kernels for 4- and 8-bit affine weights) */
 const gemv_kernels *gemv_pick(void);
 /* one specific set, NULL if this CPU (or build) lacks it: for tests */
 const gemv_kernels *gemv_isa(const char *isa);
 
 extern const gemv_kernels gemv_scalar_kernels;
+/* base with the int8-activation kernels for BE_Q4 / BE_Q8 (gemv-affine-i8.c); base itself when it has none */
+const gemv_kernels *gemv_int8_act(const gemv_kernels *base);
 
 /* gemv-affine.c: the affine-quantized kernels (one per bit width), which the
  * sets' tables list through these initializers */
