@@ -11,7 +11,8 @@
 #        (prefill on bf16-rounded activations, AVX-512 BF16).
 #   DTYPES may name MLX affine types as qBgG (e.g. q4g64, q8g64): the bf16 model converted by `cinfer convert -q
 #   --q-bits B --q-group-size G`, next to llama.cpp's QB_0 (q4g64 and Q4_0 are both 4.5 bits per weight, q8g64
-#   and Q8_0 both 8.5).
+#   and Q8_0 both 8.5). INT8_ACT=1 adds, for those, a decode row with CINFER_INT8_ACT=1 (the opt-in int8-activation
+#   kernels; their KL is in BENCHMARKS.md).
 # Steps: builds build/bench/*, runs build/bench/ceilings (read bandwidth, sgemm; twice at the start, once more
 # before each row, the best so far kept; printed at the start and at the end), writes each model with
 # bench/mk-random-model.py (once), runs build/bench/bench-model (best of REPS after a warm-up) and
@@ -65,7 +66,7 @@ for shape in $SHAPES; do
     for t in $THREADS; do
       f=$OUT/$shape-$dt-t$t.txt
       ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null   # again per row: bandwidth drifts
-      : >"$f"; : >"$f.peer"; : >"$f.act"
+      : >"$f"; : >"$f.peer"; : >"$f.act"; : >"$f.i8"
       # alternate cinfer and llama.cpp ROUNDS times (the machine's load and memory bandwidth drift)
       r=0
       while [ $r -lt "$ROUNDS" ]; do
@@ -73,6 +74,8 @@ for shape in $SHAPES; do
         if [ "$dt" = bf16 ] && [ -n "$BF16_ACT" ]; then
           CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"
         fi
+        case $dt in q*g*) if [ -n "$INT8_ACT" ]; then
+          CINFER_INT8_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p 0 -n "$TG" -r "$REPS" >>"$f.i8"; fi ;; esac
         if [ -z "$NO_PEER" ]; then
           sh bench/peer-llama-cpp.sh "$shape" "$peer" "$t" "$REPS" "$PP" "$TG" >>"$f.peer" 2>/dev/null || true
         fi
@@ -89,6 +92,10 @@ for shape in $SHAPES; do
       if [ -s "$f.act" ]; then
         row "$shape" "bf16, bf16 activations" "$t" "$(val "pp${PP}_tok_s" "$f.act")" "$lpp" \
             "$(val "pp${PP}_GFLOP_s" "$f.act")" "$sg" "" "" "" "$bw"
+      fi
+      if [ -s "$f.i8" ]; then
+        row "$shape" "$dt, int8 activations (decode)" "$t" "$pp" "$lpp" "$gf" "$sg" "$(val "tg${TG}_tok_s" "$f.i8")" "$ltg" \
+            "$(val "tg${TG}_GB_s" "$f.i8")" "$bw"
       fi
     done
   done
