@@ -170,9 +170,9 @@ static void test_packing(void) {
         for (int k = 0; k < 256; k++) ok &= aq_code(row + 1, k, b) == codes[k];
         ok &= row[0] == 0xA5 && row[1 + aq_row_bytes(256, b)] == 0xA5;
         /* MLX's layout: 2/4/8 bits = first code in the low bits of each uint32; 3 bits = 8 codes in 3 bytes */
-        if (b == 4) ok &= (row[1] & 15) == codes[0] && (row[1] >> 4) == codes[1];
-        if (b == 3) ok &= ((row[1] >> 6) | ((row[2] & 1) << 2)) == codes[2];
-        if (b == 6) ok &= ((row[1] >> 6) | ((row[2] & 15) << 2)) == codes[1];
+        if (b == 4) ok &= (uint32_t)(row[1] & 15) == codes[0] && (uint32_t)(row[1] >> 4) == codes[1];
+        if (b == 3) ok &= (uint32_t)((row[1] >> 6) | ((row[2] & 1) << 2)) == codes[2];
+        if (b == 6) ok &= (uint32_t)((row[1] >> 6) | ((row[2] & 15) << 2)) == codes[1];
         CHECK(ok, "%d-bit codes pack LSB-first and read back, neighbours untouched", b);
     }
 }

@@ -60,7 +60,7 @@ INL float ld_sb(const void *p, be_dtype dt, int64_t i) {
 }
 
 /* R rows from r, one token; bits 4 or 8 */
-INL void i8_blk(const float *xpt, const be_mat *w, int64_t r, float *y, const int bits, const int R) {
+INL void i8_blk(const float *xpt, const be_mat *w, int64_t r, float *y, const int bits, const int R, int pf) {
     int64_t k = w->cols, ng = k / w->group, nb = w->group / 32;
     size_t rb = aq_row_bytes(k, bits);
     const int8_t *xq = (const int8_t *)xpt;
@@ -79,6 +79,9 @@ INL void i8_blk(const float *xpt, const be_mat *w, int64_t r, float *y, const in
             __m256 dv = _mm256_set1_ps(d[blk]);
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + blk * 32));
             xs += sums[blk];
+            if (pf && ((blk * 4 * bits) & 63) == 0)   /* the next 4 rows, a cache line ahead of use */
+                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
+                    _mm_prefetch((const char *)row + (size_t)(R + a) * rb + (size_t)blk * 4 * bits, _MM_HINT_T0);
             if (bits == 4) {
                 _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) {
                     __m128i v = _mm_loadu_si128((const __m128i *)(row + (size_t)a * rb + (size_t)blk * 16));
@@ -110,9 +113,9 @@ INL void gemv_i8(const float *xp, int n, const be_mat *w, int64_t r0, int64_t r1
     int64_t k = w->cols;
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4)
-        for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 4);
+        for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 4, t == 0 && r + 8 <= r1);
     for (; r < r1; r++)
-        for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 1);
+        for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 1, 0);
 }
 KERNEL void gemv_q4_i8(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y, int64_t ldy) {
     gemv_i8(x, n, w, r0, r1, y, ldy, 4);

@@ -137,7 +137,7 @@ INL float ld_sb(const void *p, be_dtype dt, int64_t i) {
 
 /* R rows from r x NT tokens: per group, R*NT accumulators of sum(x*q), then scale and bias */
 INL void affine_blk(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r, float *y, int64_t ldy,
-                    const int bits, const int R, const int NT, const dec8 *d, const uint8_t *end) {
+                    const int bits, const int R, const int NT, const dec8 *d, const uint8_t *end, int pf) {
     int64_t k = w->cols;
     const int G = w->group;
     size_t rb = aq_row_bytes(k, bits);
@@ -154,6 +154,8 @@ INL void affine_blk(const float *x, const float *xs, int64_t ng, const be_mat *w
         const float *xg = x + g * G;
         for (int i = 0; i < G; i += 8, p += bits) {
             __m256 q[4];
+            if (pf && (((size_t)(g * G + i) * (size_t)bits / 8) & 63) == 0)   /* the next R rows, ahead of use */
+                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)(R + a) * rb, _MM_HINT_T0);
             _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) q[a] = dec(d, p + (size_t)a * rb, bits, end);
             _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
                 __m256 xv = _mm256_loadu_ps(xg + (int64_t)t * k + i);
@@ -181,10 +183,10 @@ INL void affine_rows_avx2(const float *x, const float *xs, int64_t ng, const be_
     dec8 d = dec_init(bits);
     int64_t r = r0;
     if (NT == 1)
-        for (; r + 4 <= r1; r += 4) affine_blk(x, xs, ng, w, r, y, ldy, bits, 4, 1, &d, end);
+        for (; r + 4 <= r1; r += 4) affine_blk(x, xs, ng, w, r, y, ldy, bits, 4, 1, &d, end, r + 8 <= r1);
     else
-        for (; r + 2 <= r1; r += 2) affine_blk(x, xs, ng, w, r, y, ldy, bits, 2, NT, &d, end);
-    for (; r < r1; r++) affine_blk(x, xs, ng, w, r, y, ldy, bits, 1, NT, &d, end);
+        for (; r + 2 <= r1; r += 2) affine_blk(x, xs, ng, w, r, y, ldy, bits, 2, NT, &d, end, r + 4 <= r1);
+    for (; r < r1; r++) affine_blk(x, xs, ng, w, r, y, ldy, bits, 1, NT, &d, end, 0);
 }
 
 INL void gemv_affine_avx2(const float *x, int n, const be_mat *w, int64_t r0,
