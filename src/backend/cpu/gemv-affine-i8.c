@@ -81,7 +81,7 @@ INL void i8_blk(const float *xpt, const be_mat *w, int64_t r, float *y, const in
             xs += sums[blk];
             if (pf && ((blk * 4 * bits) & 63) == 0)   /* the next 4 rows, a cache line ahead of use */
                 _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
-                    _mm_prefetch((const char *)row + (size_t)(R + a) * rb + (size_t)blk * 4 * bits, _MM_HINT_T0);
+                    _mm_prefetch((const char *)row + (size_t)(2 * R + a) * rb + (size_t)blk * 4 * bits, _MM_HINT_T0);
             if (bits == 4) {
                 _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) {
                     __m128i v = _mm_loadu_si128((const __m128i *)(row + (size_t)a * rb + (size_t)blk * 16));
@@ -113,7 +113,7 @@ INL void gemv_i8(const float *xp, int n, const be_mat *w, int64_t r0, int64_t r1
     int64_t k = w->cols;
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4)
-        for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 4, t == 0 && r + 8 <= r1);
+        for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 4, t == 0 && r + 12 <= r1);
     for (; r < r1; r++)
         for (int t = 0; t < n; t++) i8_blk(xp + (int64_t)t * k, w, r, y + (int64_t)t * ldy, bits, 1, 0);
 }
