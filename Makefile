@@ -84,6 +84,7 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libcinfer.a $(wildcard tests/*.h include/*.
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)
 # the server's parser is compiled into its test from tools/cli
 $(BUILD)/tests/test-serve-parse: $(wildcard tools/cli/serve-*.c tools/cli/serve*.h)
+$(BUILD)/tests/test-serve-prefix: tools/cli/serve-prefix.c tools/cli/serve-prefix.h
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libcinfer.a $(wildcard include/*.h src/*/*.h src/*/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcinfer.a $(LDLIBS)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "cinfer.h"
+#include "io/npy.h"
 
 /* dev NULL = cpu; no_tok skips tokenizer files */
 static inline cinfer_model *golden_load(const char *dir, const char *dev, int no_tok) {
@@ -22,6 +23,21 @@ static inline cinfer_model *golden_load(const char *dir, const char *dev, int no
     cinfer_model *m = NULL;
     if (cinfer_model_load(dir, &o, &m, err, sizeof err)) printf("# load %s on %s: %s\n", dir, dev ? dev : "cpu", err);
     return m;
+}
+
+/* DIR/FILE as float32 [n][V], NULL (and a # line) when absent or of another shape */
+static inline float *golden_read_npy(const char *dir, const char *file, int n, int V) {
+    char path[512], err[256] = "";
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    float *ref = NULL;
+    int nd = 0;
+    int64_t sh[4];
+    if (npy_read_f32(path, &ref, &nd, sh, err, sizeof err) || nd != 2 || sh[0] != n || sh[1] != V) {
+        printf("# %s: %s\n", path, err[0] ? err : "unexpected shape");
+        free(ref);
+        return NULL;
+    }
+    return ref;
 }
 
 static inline int golden_ids(json_t *a, int32_t *out, int cap) {

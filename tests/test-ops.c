@@ -26,11 +26,14 @@ static double maxdiff(const float *a, const float *b, size_t n) {
  * before pos0 is random, the new keys come through kv_write; the fast op
  * (scalar loop or sgemm) against be_ref_attention, and kv_write against
  * be_ref_kv_write byte for byte */
+/* softcap (Gemma 2's attention): the cases with a window use one, on scores scaled x8 so
+ * that it bites */
 static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, int nkv, int hd, int window, int keep,
                            int page, be_dtype dt) {
     int pos0[4] = {0, 5, 2, 9}, len[4] = {L, L - 2 > 0 ? L - 2 : 1, 1, L};
+    float cap = window && !keep ? 5.0f : 0.0f;
     be_attn a = {.B = B, .L = L, .n_head = nh, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len,
-                 .scale = 1.0f / sqrtf((float)hd)};
+                 .scale = (cap > 0 ? 8.0f : 1.0f) / sqrtf((float)hd), .softcap = cap};
     paged_layout pl;
     uint64_t seed = 99 + (uint64_t)L * 7 + page;
     paged_run0(&pl, &a, window, keep);
@@ -56,8 +59,8 @@ static void test_attention(const be_ops *be, be_ctx *c, int B, int L, int nh, in
     be->attention(c, &a, q, k, v, dt, o1);
     be_ref_attention(&a, q, k, v, dt, o2);
     double d = maxdiff(o1, o2, qn);
-    CHECK(d < 1e-5, "attention B=%d L=%d heads %d/%d hd %d window %d keep %d page %d %s: max diff %.2e", B, L, nh, nkv,
-          hd, window, keep, page, be_dtype_name(dt), d);
+    CHECK(d < 1e-5, "attention B=%d L=%d heads %d/%d hd %d window %d keep %d softcap %g page %d %s: max diff %.2e", B, L, nh,
+          nkv, hd, window, keep, cap, page, be_dtype_name(dt), d);
     free(k); free(v); free(k2); free(v2); free(q); free(kk); free(vv); free(o1); free(o2);
     paged_free(&pl);
 }
@@ -107,11 +110,21 @@ int main(void) {
             be_ref_rmsnorm(lx, n, LD, &wl, 0.5f, 1e-6f, l2);
             CHECK(maxdiff(l1, l2, (size_t)n * LD) < 1e-5, "rmsnorm f16 weights, %d rows of %d", n, LD);
         }
-        /* swiglu and add over the pool (large), odd length */
+        /* glu (both activations), scale, softcap and add over the pool (large), odd length */
         size_t big = (size_t)LN * LD - 3;
-        be->swiglu(c, lx, lx + 1, l1, big);
-        be_ref_swiglu(lx, lx + 1, l2, big);
-        CHECK(maxdiff(l1, l2, big) < 1e-5, "swiglu of %zu elements", big);
+        for (int act = BE_ACT_SILU; act <= BE_ACT_GELU_TANH; act++) {
+            be->glu(c, lx, lx + 1, l1, big, act);
+            be_ref_glu(lx, lx + 1, l2, big, act);
+            CHECK(maxdiff(l1, l2, big) < 1e-5, "glu act %d of %zu elements", act, big);
+        }
+        memcpy(l1, lx, sizeof(float) * big);
+        be->scale(c, l1, big, 50.596443f);
+        for (size_t i = 0; i < big; i++) l2[i] = lx[i] * 50.596443f;
+        CHECK(maxdiff(l1, l2, big) == 0, "scale of %zu elements", big);
+        for (size_t i = 0; i < big; i++) l1[i] = l2[i] = lx[i] * 40.0f;   /* around the cap: tanh's whole range */
+        be->softcap(c, l1, big, 30.0f);
+        be_ref_softcap(l2, big, 30.0f);
+        CHECK(maxdiff(l1, l2, big) < 1e-5, "softcap of %zu elements", big);
         for (size_t i = 0; i < big; i++) l2[i] = l1[i] + lx[i];
         be->add(c, l1, lx, big);
         CHECK(maxdiff(l1, l2, big) == 0, "add of %zu elements", big);
@@ -131,9 +144,9 @@ int main(void) {
             double d = maxdiff(y1, y2, N * D);
             CHECK(d < 2e-3, "rope neox=%d rot=%d: max diff %.2e (float32 angles at position 30000)", neox, rot, d);
         }
-    be->swiglu(c, x, x + D, y1, (N - 1) * D);
-    be_ref_swiglu(x, x + D, y2, (N - 1) * D);
-    CHECK(maxdiff(y1, y2, (N - 1) * D) < 1e-5, "swiglu");
+    be->glu(c, x, x + D, y1, (N - 1) * D, BE_ACT_SILU);
+    be_ref_glu(x, x + D, y2, (N - 1) * D, BE_ACT_SILU);
+    CHECK(maxdiff(y1, y2, (N - 1) * D) < 1e-5, "glu silu");
 
     test_attention(be, c, 1, 1, 4, 2, 16, 0, 0, 16, BE_F32);
     test_attention(be, c, 1, 9, 8, 2, 32, 0, 0, 4, BE_F32);

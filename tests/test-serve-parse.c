@@ -118,14 +118,106 @@ static void t_response(void) {
     json_decref(j);
     free(js);
     char *buf = NULL;
-    size_t len = 0, cap = 0, off[SRV_MAX_N] = {0};
-    int first = 0;
-    srv_sse_events(&S, r, 0, r->n_ev, &first, off, &buf, &len, &cap);
+    size_t len = 0, cap = 0;
+    srv_sse_state ss = {0};
+    srv_sse_events(&S, r, 0, r->n_ev, &ss, &buf, &len, &cap);
     srv_sse_tail(&S, r, &buf, &len, &cap);
-    CHECK(buf && strstr(buf, "\"role\":\"assistant\"") && strstr(buf, "\"finish_reason\":\"stop\"") && strstr(buf, "data: [DONE]\n\n"),
-          "SSE chunks: a role chunk, content, finish, [DONE]");
+    CHECK(buf && strstr(buf, "\"role\":\"assistant\"") && strstr(buf, "\"finish_reason\":\"tool_calls\"") &&
+              strstr(buf, "\"tool_calls\":[{") && !strstr(buf, "\"delta\":{\"content\":\"<tool_call>") && strstr(buf, "data: [DONE]\n\n"),
+          "SSE chunks: a role chunk, the tool call as a tool_calls delta (no tag in the content), finish tool_calls, [DONE]");
+    srv_sse_state_free(&ss);
     free(buf);
     srv_req_unref(r);
+}
+
+/* a streamed reply cut into the same calls and content as the whole reply (srv_tool_calls), whatever
+ * the token boundaries: every split of the text into 1..3 pieces at every position */
+static char *stream_pieces(const char **pieces, int n, json_t **calls_out, const char **finish) {
+    srv_req *r = NULL;
+    char param[64];
+    parse(SRV_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,\"tools\":[{\"type\":\"function\","
+          "\"function\":{\"name\":\"f\"}}]}", &r, param);
+    for (int i = 0; i < n; i++) {
+        srv_event ev = {.choice = 0, .token = 5 + i, .text = strdup(pieces[i]), .tok_text = strdup(pieces[i])};
+        srv_req_push(r, &ev);
+    }
+    srv_event fin = {.choice = 0, .token = -1, .text = strdup(""), .finish = "stop"};
+    srv_req_push(r, &fin);
+    r->done = 1;
+    char *buf = NULL, *content = NULL;
+    size_t len = 0, cap = 0, cl = 0, cc = 0;
+    srv_sse_state ss = {0};
+    for (int i = 0; i < r->n_ev; i++) srv_sse_events(&S, r, i, i + 1, &ss, &buf, &len, &cap);   /* one event at a time */
+    srv_sse_state_free(&ss);
+    *calls_out = json_array();
+    *finish = NULL;
+    srv_buf_put(&content, &cl, &cc, "", 0);
+    for (char *p = buf; p && (p = strstr(p, "data: ")); p += 6) {   /* the client's side: join the deltas */
+        json_t *j = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        json_t *c0 = json_array_get(json_object_get(j, "choices"), 0), *d = json_object_get(c0, "delta");
+        const char *t = json_string_value(json_object_get(d, "content"));
+        if (t) srv_buf_put(&content, &cl, &cc, t, strlen(t));
+        json_t *tc = json_object_get(d, "tool_calls");
+        for (size_t i = 0; i < json_array_size(tc); i++) json_array_append(*calls_out, json_array_get(tc, i));
+        if (json_is_string(json_object_get(c0, "finish_reason")))
+            *finish = json_string_value(json_object_get(c0, "finish_reason"))[0] == 't' ? "tool_calls" : "stop";
+        json_decref(j);
+    }
+    free(buf);
+    srv_req_unref(r);
+    return content;
+}
+
+static void t_stream_tools(void) {
+    const char *texts[] = {
+        "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call> and <tool_call>{\"name\":\"b\",\"arguments\":{\"x\":1}}</tool_call>",
+        "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+        " {\"name\": \"f\", \"parameters\": {}}",
+        "a < b and <tool a cat",
+        "<tool_call>{not json</tool_call> tail",
+        "<tool_call> never closed",
+        "{ not a call",
+    };
+    int bad = 0, runs = 0;
+    for (size_t ti = 0; ti < sizeof texts / sizeof *texts; ti++) {
+        const char *t = texts[ti];
+        size_t n = strlen(t);
+        char *want_content = NULL;
+        json_t *want = srv_tool_calls(t, &want_content);
+        char *want_text = want ? want_content : strdup(t);
+        if (!want) free(want_content);
+        for (size_t a = 0; a <= n; a += 1)
+            for (size_t b = a; b <= n; b += 3) {
+                char *p0 = strndup(t, a), *p1 = strndup(t + a, b - a), *p2 = strdup(t + b);
+                const char *pieces[3] = {p0, p1, p2};
+                json_t *got = NULL;
+                const char *finish = NULL;
+                char *content = stream_pieces(pieces, 3, &got, &finish);
+                /* the whole reply's content is trimmed of white space around calls; the stream's is not */
+                char *cs = content, *ce = content + strlen(content);
+                while (want && (*cs == ' ' || *cs == '\n')) cs++;
+                while (want && ce > cs && (ce[-1] == ' ' || ce[-1] == '\n')) ce--;
+                *ce = 0;
+                int same = !strcmp(cs, want_text) && json_array_size(got) == (want ? json_array_size(want) : 0) && finish &&
+                           !strcmp(finish, want ? "tool_calls" : "stop");
+                for (size_t i = 0; same && want && i < json_array_size(want); i++) {
+                    json_t *g = json_object_get(json_array_get(got, i), "function"), *w = json_object_get(json_array_get(want, i), "function");
+                    same = json_equal(json_object_get(g, "name"), json_object_get(w, "name")) &&
+                           json_equal(json_object_get(g, "arguments"), json_object_get(w, "arguments")) &&
+                           json_integer_value(json_object_get(json_array_get(got, i), "index")) == (json_int_t)i;
+                }
+                if (!same && bad++ < 3)
+                    printf("# split %zu/%zu of text %zu: content '%s' (want '%s'), %zu calls (want %zu), finish %s\n", a, b, ti, cs,
+                           want_text, json_array_size(got), want ? json_array_size(want) : 0, finish ? finish : "none");
+                runs++;
+                json_decref(got);
+                free(content); free(p0); free(p1); free(p2);
+            }
+        json_decref(want);
+        free(want_text);
+    }
+    CHECK(!bad, "streamed tool calls: %d splits of 8 replies into 3 pieces each give srv_tool_calls' calls and content (%d differ)", runs, bad);
 }
 
 /* ------------------------------------------------------------ fuzz */
@@ -226,6 +318,7 @@ int main(void) {
     t_fields();
     t_tools();
     t_response();
+    t_stream_tools();
     t_fuzz();
     free(S.chat_template);
     cinfer_tokenizer_free(t);

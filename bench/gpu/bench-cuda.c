@@ -22,10 +22,17 @@
  * KV bytes a step reads against copy bandwidth (agg_decode); BENCH_LONG="4096
  * 32768 131000" — one sequence decoding after a context of that many tokens
  * (prefilled in chunks of 4096), same measures (long_decode). BENCH_ONLY=1
- * skips the prefill/decode/breakdown part.
+ * skips the prefill/decode/breakdown part. With it, BENCH_SCORE="512 2048" (issue 18):
+ * cinfer_perplexity's scored positions/s at those tokens per row against the
+ * same forward with logits at every position left on the device (LM head
+ * included, nothing reduced: the same plan and chunks through
+ * ctx_forward_score without a request), and cinfer_kl (a live base: the same
+ * model in a second context) against two such forwards (score_bench).
  *
  * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
- *   SHAPE: llama-3.2-1b | llama-3-8b.  Prints a table and JSON lines.
+ *   SHAPE: llama-3.2-1b | llama-3-8b | gemma-3-4b.  Prints a table and JSON lines.
+ *   BENCH_LONG also prints the KV bytes held after the context against a cache
+ *   keeping every layer whole (gemma-3-4b: its sliding layers hold their window).
  *   BENCH_AB=VAR (environment): also compares the decode step with the
  *   backend knob VAR at 0 and 1, or at 0 and $BENCH_AB_ON (ab_compare). BENCH_PROFILE: one decode
  *   step for a profiler (profile_step).
@@ -40,13 +47,24 @@
 #include <unistd.h>
 #include "cinfer.h"
 #include "engine/engine.h"
+#include "engine/score.h"
 #include "backend/cuda/cuda-api.h"
 #include "util.h"
 
-typedef struct shape { const char *name; int hidden, layers, heads, kv, ffn, vocab, tied; double theta; float rope_factor; } shape;
+/* hd 0: hidden / heads; window > 0: a gemma3_text shape (every 6th layer global, the rest
+ * sliding over `window` keys; local RoPE base 10000, global theta with linear scaling) */
+typedef struct shape {
+    const char *name;
+    int hidden, layers, heads, kv, ffn, vocab, tied;
+    double theta;
+    float rope_factor;
+    int hd, window;
+} shape;
 static const shape SHAPES[] = {
-    {"llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, 1, 500000.0, 32.0f},
-    {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f},
+    {"prose-13m", 256, 6, 4, 2, 768, 32000, 1, 10000.0, 8.0f, 0, 0},
+    {"llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, 1, 500000.0, 32.0f, 0, 0},
+    {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f, 0, 0},
+    {"gemma-3-4b", 2560, 34, 8, 4, 10240, 262208, 1, 1000000.0, 8.0f, 256, 1024},   /* google/gemma-3-4b-it's text config */
 };
 
 static int write_model(const shape *s, const char *dir) {
@@ -55,7 +73,18 @@ static int write_model(const shape *s, const char *dir) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f) return 1;
-    int hd = s->hidden / s->heads;
+    int hd = s->hd ? s->hd : s->hidden / s->heads;
+    if (s->window)
+        fprintf(f, "{\"architectures\":[\"Gemma3ForCausalLM\"],\"model_type\":\"gemma3_text\",\"hidden_size\":%d,"
+                   "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+                   "\"head_dim\":%d,\"vocab_size\":%d,\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-6,\"rope_theta\":%.1f,"
+                   "\"rope_local_base_freq\":10000.0,\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":%.1f},"
+                   "\"sliding_window\":%d,\"sliding_window_pattern\":6,\"query_pre_attn_scalar\":256,"
+                   "\"hidden_activation\":\"gelu_pytorch_tanh\",\"tie_word_embeddings\":%s,\"bos_token_id\":2,"
+                   "\"eos_token_id\":[1,106],\"pad_token_id\":0,\"torch_dtype\":\"bfloat16\"}\n",
+                s->hidden, s->ffn, s->layers, s->heads, s->kv, hd, s->vocab, s->theta, (double)s->rope_factor, s->window,
+                s->tied ? "true" : "false");
+    else
     fprintf(f, "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":%d,\"intermediate_size\":%d,"
                "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,"
                "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,\"rope_theta\":%.1f,\"hidden_act\":\"silu\","
@@ -89,6 +118,12 @@ static int write_model(const shape *s, const char *dir) {
         L("self_attn.v_proj.weight", kv, s->hidden);
         L("self_attn.o_proj.weight", s->hidden, q);
         L("post_attention_layernorm.weight", 1, s->hidden);
+        if (s->window) {
+            L("pre_feedforward_layernorm.weight", 1, s->hidden);
+            L("post_feedforward_layernorm.weight", 1, s->hidden);
+            L("self_attn.q_norm.weight", 1, hd);
+            L("self_attn.k_norm.weight", 1, hd);
+        }
         L("mlp.gate_proj.weight", s->ffn, s->hidden);
         L("mlp.up_proj.weight", s->ffn, s->hidden);
         L("mlp.down_proj.weight", s->hidden, s->ffn);
@@ -352,6 +387,88 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
 }
 
 /* the next integer of a space-separated list; 0 at its end */
+static int next_int(const char **p, int *v);
+
+/* the forwards of cinfer_perplexity's plan with logits at every position, left on the device */
+static int head_only(cinfer_ctx *ctx, const int32_t *rows, int n_rows, int L, int B0) {
+    int W = 0, *n_in = calloc(2 * (size_t)B0, sizeof(int));
+    char err[256];
+    if (!n_in || score_chunk_width(ctx, B0, L - 1, 0, &W, err, sizeof err)) { free(n_in); return 1; }
+    int bad = 0;
+    for (int r0 = 0; r0 < n_rows && !bad; r0 += B0) {
+        int B = n_rows - r0 < B0 ? n_rows - r0 : B0;
+        for (int b = 0; b < B; b++) n_in[b] = L - 1;
+        score_plan p;
+        if (score_plan_init(&p, rows + (size_t)r0 * L, B, L, n_in, n_in + B0, W)) { bad = 1; break; }
+        while (!bad && score_plan_next(&p)) {
+            if (p.s == 0) cinfer_ctx_reset(ctx);
+            bad = ctx_forward_score(ctx, p.ids_c, p.B, p.w, p.lens_c, p.pos0, p.pairs, p.n_out, NULL);
+        }
+        score_plan_free(&p);
+    }
+    free(n_in);
+    return bad || cudaDeviceSynchronize() != cudaSuccess;
+}
+
+static int score_bench(cinfer_model *m, const char *shape_name, const char *list, double layer_params, double copy_gbs,
+                       double gemm_tf) {
+    const model_config *c = &m->cfg;
+    int L, bad = 0;
+    /* tokens scored per measurement: ~0.5-1 s of the forward (BENCH_SCORE_TOKENS overrides) */
+    int64_t budget = c->hidden <= 256 ? 262144 : c->hidden <= 2048 ? 65536 : 16384;
+    if (getenv("BENCH_SCORE_TOKENS")) budget = atoll(getenv("BENCH_SCORE_TOKENS"));
+    printf("## scoring, %s: ceilings: device copy %.0f GB/s, cuBLAS bf16 GEMM %.0f TFLOP/s\n", shape_name, copy_gbs, gemm_tf);
+    for (const char *q = list; !bad && next_int(&q, &L);) {
+        int B = 8192 / L > 0 ? 8192 / L : 1, n_rows = (int)(budget / L);
+        if (n_rows < B) n_rows = B;
+        cinfer_ctx_opts co = {0};
+        co.max_seqs = B > 64 ? B : 0;
+        cinfer_ctx *ctx = NULL, *cb = NULL;
+        char err[512];
+        if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err) || cinfer_ctx_new(m, &co, &cb, err, sizeof err)) {
+            fprintf(stderr, "ctx: %s\n", err);
+            return 1;
+        }
+        int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_rows * L);
+        uint64_t x = 777 + L;
+        for (size_t i = 0; i < (size_t)n_rows * L; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; rows[i] = (int32_t)((x >> 33) % c->n_vocab); }
+        int64_t N = (int64_t)n_rows * (L - 1);
+        cinfer_ppl_result r;
+        double th[2], tp[2], tk[2];
+        cinfer_kl_stats ks;
+        for (int rep = 0; rep < 3 && !bad; rep++) {   /* one warm-up, then the mean of 2 of each, interleaved */
+            double a = cf_now();
+            bad |= head_only(ctx, rows, n_rows, L, B);
+            double t_h = cf_now() - a;
+            a = cf_now();
+            bad |= cinfer_perplexity(ctx, rows, n_rows, L, B, NULL, NULL, NULL, &r, err, sizeof err) != CINFER_OK;
+            double t_p = cf_now() - a;
+            a = cf_now();
+            bad |= cinfer_kl(ctx, cb, NULL, rows, n_rows, L, B, NULL, NULL, NULL, &ks, err, sizeof err) != CINFER_OK;
+            double t_k = cf_now() - a;
+            if (rep) { th[rep - 1] = t_h; tp[rep - 1] = t_p; tk[rep - 1] = t_k; }
+        }
+        if (bad) { fprintf(stderr, "score bench L=%d: %s / %s\n", L, err, cinfer_ctx_error(ctx)); break; }
+        double h = N / median(th, 2), pp = N / median(tp, 2), kl = N / median(tk, 2);
+        /* the GEMM-bound rate: layers, LM head and causal attention FLOPs per position at the GEMM peak */
+        double fl = 2.0 * layer_params + 2.0 * c->hidden * (double)c->n_vocab + 4.0 * c->n_layer * c->n_head * (double)c->head_dim * (L / 2.0);
+        printf("score %s L=%d: compute ceiling (every FLOP at the GEMM peak) %.0f pos/s\n", shape_name, L, gemm_tf * 1e12 / fl);
+        int W = 0;
+        score_chunk_width(ctx, B, L - 1, 0, &W, err, sizeof err);
+        printf("score %s L=%d: %d rows x %d positions, %d rows per forward, %d positions per chunk: forward+LM head (logits at every "
+               "position, kept on the device) %.0f pos/s; perplexity %.0f pos/s (%.1f%% of it; ppl %.2f); kl (live base, two forwards) "
+               "%.0f tok/s (%.1f%% of half that rate; mean KLD %.2g, same top %.4f)\n",
+               shape_name, L, n_rows, L - 1, B, W, h, pp, 100.0 * pp / h, r.perplexity, kl, 200.0 * kl / h, ks.mean_kld, ks.same_top);
+        printf("{\"engine\":\"cinfer\",\"bench\":\"score\",\"shape\":\"%s\",\"L\":%d,\"rows\":%d,\"batch\":%d,\"chunk\":%d,"
+               "\"forward_logits_pos_s\":%.1f,\"perplexity_pos_s\":%.1f,\"kl_tok_s\":%.1f,\"ppl_ratio\":%.4f,\"kl_ratio\":%.4f}\n",
+               shape_name, L, n_rows, B, W, h, pp, kl, pp / h, 2 * kl / h);
+        free(rows);
+        cinfer_ctx_free(cb);
+        cinfer_ctx_free(ctx);
+    }
+    return bad;
+}
+
 static int next_int(const char **p, int *v) {
     char *e;
     *v = (int)strtol(*p, &e, 10);
@@ -455,7 +572,17 @@ static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs
         if (bad) { fprintf(stderr, "long decode P=%d: %s\n", P, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
         long caps = 0, reps = 0;
         cuda_graph_stats(ctx->bc, &caps, &reps);
-        double kv = (double)kv_bytes_per_pos(c) * (P + 3 + G / 2.0), step = t / G, gbs = (step_bytes + kv) / step / 1e9;
+        /* KV the cache holds (a sliding layer only its window's pages) against a cache keeping
+         * every layer whole (f16, every position of every layer); a step reads about what is held */
+        cinfer_kv_info ki;
+        cinfer_ctx_kv_info(ctx, &ki);
+        double whole = (double)kv_bytes_per_pos(c) * (P + 3 + G), kv = (double)kv_bytes_per_pos(c) * (P + 3 + G / 2.0);
+        if ((double)ki.bytes_held < kv) kv = (double)ki.bytes_held;
+        printf("KV at %d tokens of context: %.3f GB held (pool %.3f GB) vs %.3f GB for a cache keeping every layer whole (%.1f%%)\n",
+               P + 3 + G, ki.bytes_held / 1e9, ki.bytes_pool / 1e9, whole / 1e9, 100.0 * ki.bytes_held / whole);
+        printf("{\"engine\":\"cinfer\",\"mode\":\"kv_bytes\",\"context\":%d,\"kv_held\":%zu,\"kv_pool\":%zu,\"kv_whole\":%.0f}\n",
+               P + 3 + G, ki.bytes_held, ki.bytes_pool, whole);
+        double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
         printf("long-context decode after %d tokens (prefilled in %.1f s, %.0f tok/s): %.3f ms/token, %.1f tok/s; reads %.2f GB weights + "
                "%.2f GB KV per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld\n", P, tp, P / tp, step * 1e3,
                1 / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps, reps);
@@ -495,8 +622,10 @@ int main(int argc, char **argv) {
     int32_t *ids = malloc(sizeof(int32_t) * P);
     if (getenv("BENCH_PROFILE")) return profile_step(ctx, ids, NP, V);
     const char *agg = getenv("BENCH_AGG"), *lng = getenv("BENCH_LONG");
+    const char *sc = getenv("BENCH_SCORE");
     if (getenv("BENCH_ONLY")) {
         int bad = (agg && agg_decode(m, agg, G, copy_gbs, step_bytes)) | (lng && long_decode(m, lng, G, copy_gbs, step_bytes));
+        bad |= sc && score_bench(m, s->name, sc, layer_params, copy_gbs, gemm_tf);
         cinfer_ctx_free(ctx);
         cinfer_model_free(m);
         free(ids);
@@ -522,7 +651,13 @@ int main(int argc, char **argv) {
     ctx = NULL;
     if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
     /* FLOPs: projections and MLP 2*P*params, lm_head for one row, attention QK^T and PV over the causal half */
-    double attn = 4.0 * c->n_layer * c->n_head * (double)c->head_dim * ((double)P * (P + 1) / 2);
+    /* (a sliding layer's query sees at most its window's keys) */
+    double keys = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        double w = arch_layer_window(m->arch, c, l);
+        keys += w > 0 && w < P ? w * (w + 1) / 2 + (P - w) * w : (double)P * (P + 1) / 2;
+    }
+    double attn = 4.0 * c->n_head * (double)c->head_dim * keys;
     double flops = 2.0 * P * layer_params + 2.0 * V * c->hidden + attn;
     /* decode: 128-token prompt, then G greedy steps, timed as a whole; median of 3. First the
      * library's greedy path (argmax on the device, as cinfer generate --temp 0 runs), then the

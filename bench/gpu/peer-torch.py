@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """peer-torch.py — the PyTorch + transformers peer for bench/gpu/bench-cuda.c.
 
-Builds LlamaForCausalLM from the config.json that bench-cuda wrote (same shape, bf16, random
-init directly on the GPU) and measures, as bench-cuda does:
+Builds the model class of the config.json that bench-cuda wrote (LlamaForCausalLM,
+Gemma3ForCausalLM; same shape, bf16, random init directly on the GPU) and measures, as
+bench-cuda does:
   prefill: one forward over P random tokens (use_cache=False, logits_to_keep=1), median of 5
            after a warm-up;
   decode:  generate() greedy, G new tokens after a 128-token prompt (min_new_tokens=G so no
@@ -12,7 +13,10 @@ MODE eager: the default dynamic cache, no compilation. MODE static: cache_implem
 "static" (transformers compiles the decode step itself; the warm-up pays for that and its
 time is printed). Prints one JSON line per measurement.
 
-usage: peer-torch.py MODEL_DIR eager|static [P=2048] [G=128]
+MODE kv: the bytes of transformers' own cache (DynamicCache, which keeps a sliding layer's
+window) after a prefill of P tokens, against every layer kept whole.
+
+usage: peer-torch.py MODEL_DIR eager|static|kv [P=2048] [G=128]
        peer-torch.py table RESULTS.jsonl      (Markdown table of bench-cuda + peer lines)
 """
 import json
@@ -31,14 +35,14 @@ def timed(fn, sync):
 
 def run(model_dir, mode, P, G):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig.from_pretrained(model_dir)
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(model_dir)
     shape = model_dir.rstrip("/").split("/")[-1]
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     t0 = time.perf_counter()
     with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).eval()
+        model = AutoModelForCausalLM.from_config(cfg).eval()
     torch.cuda.synchronize()
     t_init = time.perf_counter() - t0
     sync = torch.cuda.synchronize
@@ -46,6 +50,21 @@ def run(model_dir, mode, P, G):
     ids = torch.randint(0, V, (1, P), device="cuda")
     out = {"engine": f"torch-{mode}", "shape": shape, "torch": torch.__version__, "init_s": round(t_init, 1)}
     with torch.inference_mode():
+        if mode == "kv":
+            out = model(ids, use_cache=True, logits_to_keep=1)
+            cache, held = out.past_key_values, 0
+            for layer in getattr(cache, "layers", []):
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if t is not None:
+                        held += t.numel() * t.element_size()
+            hd = getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+            whole = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * hd * P * 2
+            out = {"engine": "torch-kv", "shape": shape, "context": P, "kv_held": held, "kv_whole": whole,
+                   "torch": torch.__version__}
+            import transformers
+            out["transformers"] = transformers.__version__
+            print(json.dumps(out), flush=True)
+            return
         if mode == "eager":
             f = lambda: model(ids, use_cache=False, logits_to_keep=1)
             f()
@@ -70,8 +89,10 @@ def run(model_dir, mode, P, G):
 def table(path):
     rows = [json.loads(l) for l in open(path) if l.startswith("{")]
     by = {}
+    kv = [r for r in rows if r.get("mode") == "kv_bytes" or r.get("engine") == "torch-kv"]
     for r in rows:
-        by.setdefault(r["shape"], {})[r["engine"]] = r
+        if "shape" in r and "mode" not in r and r.get("engine") != "torch-kv":
+            by.setdefault(r["shape"], {})[r["engine"]] = r
     print("| shape | engine | prefill tok/s (2048) | prefill TFLOP/s (% of cuBLAS) | decode tok/s | decode GB/s (% of copy BW) |")
     print("|---|---|---|---|---|---|")
     for shape, e in by.items():
@@ -95,6 +116,10 @@ def table(path):
         if c:
             print(f"\n{shape}: ceilings measured in the same run: copy {c['copy_gbs']:.0f} GB/s, "
                   f"cuBLAS bf16 GEMM {c['gemm_tflops']:.0f} TFLOP/s; weights per token {c['step_bytes'] / 1e9:.2f} GB")
+    for r in kv:
+        name = "cinfer (f16 pages)" if r["engine"] == "cinfer" else "transformers DynamicCache (bf16)"
+        print(f"KV at {r['context']} tokens, {name}: {r['kv_held'] / 1e9:.3f} GB held vs {r['kv_whole'] / 1e9:.3f} GB "
+              f"with every layer whole ({100 * r['kv_held'] / r['kv_whole']:.1f}%)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.." || exit 1
 B=${B:-build-gpu}
 O=${OUT:-/tmp}
 W=${WORK:-/tmp/cinfer-bench}
-SHAPES=${SHAPES:-"llama-3.2-1b llama-3-8b"}
+SHAPES=${SHAPES-"llama-3.2-1b llama-3-8b"}   # SHAPES="": none of these (e.g. GEMMA alone)
 mkdir -p $W
 if ldd $B/bench-cuda | grep -q 'not found'; then
   lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
@@ -32,6 +32,22 @@ if [ "${PDL_COMPARE:-1}" = 1 ]; then
   s=llama-3-8b
   echo "== bench-cuda $s with CINFER_CUDA_PDL=0 (programmatic dependent launch off, for comparison)" | tee -a $O/bench.log
   CINFER_CUDA_PDL=0 $B/bench-cuda $s $W/$s 2048 128 2>&1 | grep -E '^(prefill|decode)' | tee -a $O/bench.log
+fi
+# the Gemma-3-4B shape (issue 17; GEMMA=0: skip): prefill/decode next to torch eager, and the KV
+# bytes held at 32k tokens of context (sliding layers keep their window) against every layer whole,
+# next to transformers' own DynamicCache at the same context
+if [ "${GEMMA:-1}" = 1 ]; then
+  s=gemma-3-4b
+  echo "== bench-cuda $s BENCH_LONG=32768" | tee -a $O/bench.log
+  BENCH_LONG=32768 $B/bench-cuda $s $W/$s 2048 128 2>&1 | tee -a $O/bench.log | grep '^{' >>$O/results.jsonl
+  for mode in eager kv; do
+    n=2048; [ $mode = kv ] && n=32768
+    echo "== peer torch $mode $s $n" | tee -a $O/bench.log
+    timeout ${PEER_TIMEOUT:-200} python3 bench/gpu/peer-torch.py $W/$s $mode $n 128 >$O/peer.tmp 2>&1
+    echo "rc=$?" >>$O/peer.tmp
+    grep -vE 'Warning|warn\(' $O/peer.tmp | tail -5 | tee -a $O/bench.log
+    grep '^{' $O/peer.tmp >>$O/results.jsonl
+  done
 fi
 for mode in eager static; do
   for s in $SHAPES; do

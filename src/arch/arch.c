@@ -19,8 +19,8 @@
 #include "quant/affine.h"
 #include "util.h"
 
-extern const arch_def arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
-static const arch_def *const registry[] = {&arch_llama, &arch_mistral, &arch_qwen2, &arch_qwen3};
+extern const arch_def arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3;
+static const arch_def *const registry[] = {&arch_llama, &arch_mistral, &arch_qwen2, &arch_qwen3, &arch_gemma2, &arch_gemma3};
 
 const arch_def *arch_find(const char *model_type) {
     for (size_t i = 0; i < sizeof registry / sizeof *registry; i++)
@@ -28,7 +28,7 @@ const arch_def *arch_find(const char *model_type) {
     return NULL;
 }
 
-const char *arch_supported(void) { return "llama, mistral, qwen2, qwen3"; }
+const char *arch_supported(void) { return "llama, mistral, qwen2, qwen3, gemma2, gemma3_text"; }
 
 typedef struct binder {
     const model_config *cfg;
@@ -212,7 +212,13 @@ cinfer_status weights_bind(const model_config *c, const st_set *st, const char *
         L(bv, "self_attn.v_proj.bias", 0, kvd, c->attention_bias);
         L(q_norm, "self_attn.q_norm.weight", 0, hd, c->qk_norm);
         L(k_norm, "self_attn.k_norm.weight", 0, hd, c->qk_norm);
-        L(ffn_norm, "post_attention_layernorm.weight", 0, H, 1);
+        if (c->sandwich_norm) {
+            L(post_attn_norm, "post_attention_layernorm.weight", 0, H, 1);
+            L(ffn_norm, "pre_feedforward_layernorm.weight", 0, H, 1);
+            L(post_ffn_norm, "post_feedforward_layernorm.weight", 0, H, 1);
+        } else {
+            L(ffn_norm, "post_attention_layernorm.weight", 0, H, 1);
+        }
         L(w_gate, "mlp.gate_proj.weight", c->ffn, H, 1);
         L(w_up, "mlp.up_proj.weight", c->ffn, H, 1);
         L(w_down, "mlp.down_proj.weight", H, c->ffn, 1);
@@ -226,7 +232,7 @@ cinfer_status weights_bind(const model_config *c, const st_set *st, const char *
         b.status = cf_err(err, n, CINFER_EFORMAT, "%s: %s has an entry for '%s', which names no module of this %s model", c->quant->file,
                           c->quant->key, un->path, c->model_type);
     if (!b.status) {
-        w->inv_freq = rope_inv_freq(c, &w->rot_dims);
+        w->inv_freq = rope_inv_freq(c, 0.0f, &w->rot_dims);
         if (!w->inv_freq) b.status = cf_err(err, n, CINFER_ENOMEM, "out of memory");
     }
     if (b.status) weights_free(w);
@@ -238,20 +244,24 @@ void weights_free(model_weights *w) {
     free(w->layers);
     free(w->mats);
     free(w->inv_freq);
+    free(w->inv_freq_local);
+    free(w->local);
     memset(w, 0, sizeof *w);
 }
 
-float *rope_inv_freq(const model_config *c, int *rot_dims) {
+float *rope_inv_freq(const model_config *c, float theta, int *rot_dims) {
+    int type = theta > 0 ? ROPE_DEFAULT : c->rope_type;
+    if (!(theta > 0)) theta = c->rope_theta;
     int rd = (int)(c->head_dim * c->partial_rotary);
     rd -= rd % 2;
     *rot_dims = rd;
     float *f = malloc(sizeof(float) * (size_t)(rd / 2 > 0 ? rd / 2 : 1));
     if (!f) return NULL;
     for (int i = 0; i < rd / 2; i++) {
-        float inv = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)rd);
-        if (c->rope_type == ROPE_LINEAR) {
+        float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rd);
+        if (type == ROPE_LINEAR) {
             inv /= c->rope_factor;
-        } else if (c->rope_type == ROPE_LLAMA3) {
+        } else if (type == ROPE_LLAMA3) {
             float old = (float)(c->rope_orig_max_pos ? c->rope_orig_max_pos : 8192);
             float low_wl = old / c->rope_low_freq, high_wl = old / c->rope_high_freq;
             float wl = 2.0f * (float)M_PI / inv;
@@ -272,6 +282,13 @@ int arch_layer_window(const arch_def *a, const model_config *cfg, int l) {
 }
 
 int arch_known(const char *model_type) { return arch_find(model_type) != NULL; }
+
+void arch_adjust(const arch_def *a, model_config *cfg) {
+    if (a->adjust) a->adjust(cfg);
+    if (cfg->tie_embeddings < 0) cfg->tie_embeddings = 0;
+    if (cfg->attn_softcap < 0) cfg->attn_softcap = 0;
+    if (cfg->final_softcap < 0) cfg->final_softcap = 0;
+}
 
 cinfer_status arch_bind(const arch_def *a, const model_config *cfg, const st_set *st, const char *dir,
                         model_weights *w, char *err, size_t n) {

@@ -18,6 +18,7 @@
 #ifndef CINFER_BACKEND_H
 #define CINFER_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -115,7 +116,21 @@ typedef struct be_attn {
     const int *pos;          /* [B*L] position of each query token (host) */
     const float *inv_freq;   /* [rot_dims/2] */
     int rot_dims, neox;
+    /* 0: none; else each score s (after the scale) becomes softcap * tanh(s / softcap)
+     * before the mask and the softmax (Gemma 2's attn_logit_softcapping) */
+    float softcap;
 } be_attn;
+
+/* the activation of a gated MLP (norm_matmul's glu, the glu op): y = act(gate) * up */
+enum { BE_ACT_SILU = 1, BE_ACT_GELU_TANH = 2 };
+/* silu(g) = g / (1 + e^-g); gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))),
+ * transformers' gelu_pytorch_tanh, in float32 as PyTorch computes it */
+static inline BE_HD float be_act(int act, float g) {
+    if (act == BE_ACT_GELU_TANH) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return g / (1.0f + expf(-g));
+}
+/* score or logit softcapping: cap * tanh(x / cap) (cap > 0), in transformers' order of operations */
+static inline BE_HD float be_softcap(float x, float cap) { return tanhf(x / cap) * cap; }
 
 /* The one mask rule: a query at position p of a row whose kept run starts at
  * run0 sees the sinks [*s_lo, *s_hi) and the run [*r_lo, p] (either may be
@@ -137,6 +152,37 @@ static inline BE_HD int64_t be_kv_off(const int32_t *pt_row, int page, int n_kv,
     if (id < 0) return -1;
     return ((((int64_t)id * n_kv + h) * page) + (j % page)) * hd * el;
 }
+
+/* Scoring: the per-position statistics of perplexity, KL and response
+ * log-probs, reduced from a logits row z[V] (be_ops.score; the definition is
+ * be_ref_score_row in cpu/ref.c, which the CPU backend runs):
+ *   lse    = max + (float)log(sum_i expf(z_i - max)), the sum in double
+ *   lp     = z[tgt] - lse (f32): the target's log-prob (nll = -lp)
+ *   argmax = first index of the max
+ *   kld    = with a base, sum over i with lb_i > -16 of exp(lb_i) (lb_i - (z_i - lse)) in double
+ *            (lb_i, z_i - lse rounded to f32 first: a model against itself gives exactly 0)
+ *   code_scale, code_min: the range of the row's own 16-bit log-prob code (llama.cpp's):
+ *            mx = z[argmax] - lse, min = max(min_i z_i - lse, mx - 16), scale = (mx - min) / 65535,
+ *            and with codes: q_i = lp_i > min && scale > 0 ? clamp(lroundf((1 / scale) (lp_i - min))) : 0. */
+typedef struct be_score_row {
+    float lse, lp;
+    int32_t argmax;
+    float code_scale, code_min;
+    double kld;
+} be_score_row;
+
+/* The base log-probs lb of the rows a score op reduces, one of two kinds (both in backend memory):
+ *   z != NULL: base logits, lb_i = z[idx][i] - lse[idx] (f32), lse [rows of z] on the host;
+ *   rec != NULL: records of the base file (score-kl.c), rec_bytes apart, each f32 scale, f32 min,
+ *     8 bytes, then u16 q[V]: lb_i = scale * q_i + min (f32 multiply, then add).
+ * idx[n] (host): the base row / record of each scored row. */
+typedef struct be_score_base {
+    const float *z;
+    const float *lse;
+    const unsigned char *rec;
+    size_t rec_bytes;
+    const int32_t *idx;
+} be_score_base;
 
 typedef struct be_ops {
     const char *name;
@@ -167,8 +213,12 @@ typedef struct be_ops {
      * neox=0 interleaved pairs (2i, 2i+1). Padded tokens may carry any position. */
     void (*rope)(be_ctx *c, float *x, int n, int heads, int hd, int rot_dims, const int *pos,
                  const float *inv_freq, int neox);
-    /* out[i] = silu(gate[i]) * up[i] */
-    void (*swiglu)(be_ctx *c, const float *gate, const float *up, float *out, size_t n);
+    /* out[i] = act(gate[i]) * up[i], act a BE_ACT_* (be_act) */
+    void (*glu)(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act);
+    /* x[i] = x[i] * s */
+    void (*scale)(be_ctx *c, float *x, size_t n, float s);
+    /* x[i] = be_softcap(x[i], cap) (final-logit softcapping) */
+    void (*softcap)(be_ctx *c, float *x, size_t n, float cap);
     /* y[i] += x[i] */
     void (*add)(be_ctx *c, float *y, const float *x, size_t n);
     /* y[i][:] = x[rows[i]][:] for i < n (gather token rows before the LM head) */
@@ -206,8 +256,8 @@ typedef struct be_ops {
     void (*matmul_multi)(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
                          float *const *y);
     /* the rmsnorm op of x (weights norm, w_add, eps), then matmul_multi of the result by count
-     * matrices; glu (count 2): y[0] = silu(xn . w[0]^T + b[0]) * (xn . w[1]^T + b[1]) and y[1]
-     * is scratch. xn[n][cols] is scratch the op may use. A backend may fold the norm into the
+     * matrices; glu a BE_ACT_* (count 2): y[0] = act(xn . w[0]^T + b[0]) * (xn . w[1]^T + b[1]) and y[1]
+     * is scratch; glu 0: plain products. xn[n][cols] is scratch the op may use. A backend may fold the norm into the
      * matmul and both matrices and the SwiGLU into one pass. */
     void (*norm_matmul)(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                         const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);
@@ -217,6 +267,11 @@ typedef struct be_ops {
      * then kv_write of k and v: one pass */
     void (*rope_kv_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                           be_dtype kv_dt);
+    /* out[n] (host) = the scoring statistics above of each row of z[n][V] (backend memory) against
+     * tgt[n] (host); base NULL: kld = 0; codes (backend memory, may be NULL): row i's 16-bit code
+     * written at codes + i * code_stride (u16 elements) */
+    void (*score)(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
+                  uint16_t *codes, size_t code_stride, be_score_row *out);
 } be_ops;
 
 const be_ops *be_cpu(void);

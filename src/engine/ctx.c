@@ -1,7 +1,7 @@
 /*
- * ctx.c — contexts and the forward contract: embed -> decoder blocks (the
- * caches attend and mask) -> gather only the requested positions -> final
- * norm -> LM head in chunks of OUT_CHUNK rows, so [B, L, vocab] is never
+ * ctx.c — contexts and the forward contract: embed (times the arch's scale)
+ * -> decoder blocks (the caches attend and mask) -> gather only the requested
+ * positions -> final norm -> LM head (-> final softcap) in chunks of OUT_CHUNK rows, so [B, L, vocab] is never
  * materialised. Buffers grow to the largest batch seen and are reused; a
  * decode step allocates nothing.
  */
@@ -36,6 +36,7 @@ void cinfer_ctx_free(cinfer_ctx *c) {
         be->free(c->bc, c->scratch);
         be->free(c->bc, c->xo);
         be->free(c->bc, c->lo);
+        free(c->out_idx);
         be->ctx_free(c->bc);
     }
     free(c->pos);
@@ -129,8 +130,8 @@ size_t cinfer_ctx_memory_bytes(const cinfer_ctx *c) {
     if (c->cap_tokens)
         b += c->cap_tokens * (cfg->hidden * sizeof(float) + sizeof *c->pos + sizeof *c->ids) +
              arch_scratch_floats(c->m->arch, cfg, (int)c->cap_tokens) * sizeof(float);
-    if (c->xo) b += (size_t)OUT_CHUNK * cfg->hidden * sizeof(float);
-    if (c->lo) b += (size_t)OUT_CHUNK * cfg->n_vocab * sizeof(float);
+    if (c->xo) b += c->cap_out * cfg->hidden * sizeof(float);
+    if (c->lo) b += c->cap_out * cfg->n_vocab * sizeof(float);
     return b;
 }
 
@@ -151,16 +152,39 @@ static cinfer_status reserve(cinfer_ctx *c, size_t T, int B) {
         c->cap_tokens = (!c->x || !c->scratch || !c->pos || !c->ids) ? 0 : T;
         if (!c->cap_tokens) return ctx_fail(c, CINFER_ENOMEM, "out of memory for a batch of %zu tokens", T);
     }
-    if (!c->xo || !c->lo) {   /* each on its own: one may have failed on an earlier call */
-        if (!c->xo) c->xo = be->alloc(c->bc, (size_t)OUT_CHUNK * cfg->hidden * sizeof(float));
-        if (!c->lo) c->lo = be->alloc(c->bc, (size_t)OUT_CHUNK * cfg->n_vocab * sizeof(float));
-        if (!c->xo || !c->lo) return ctx_fail(c, CINFER_ENOMEM, "out of memory for the logits buffers");
+    if (!c->xo || !c->lo || !c->out_idx) {   /* each on its own: one may have failed on an earlier call */
+        if (c->cap_out < OUT_CHUNK) c->cap_out = OUT_CHUNK;
+        if (!c->xo) c->xo = be->alloc(c->bc, c->cap_out * cfg->hidden * sizeof(float));
+        if (!c->lo) c->lo = be->alloc(c->bc, c->cap_out * cfg->n_vocab * sizeof(float));
+        if (!c->out_idx) c->out_idx = malloc(c->cap_out * sizeof *c->out_idx);
+        if (!c->xo || !c->lo || !c->out_idx) return ctx_fail(c, CINFER_ENOMEM, "out of memory for the logits buffers");
     }
     if (B > c->cap_rows) {
         free(c->rows);
         c->rows = malloc(sizeof(int) * (size_t)B * 3);
         if (!c->rows) { c->cap_rows = 0; return ctx_fail(c, CINFER_ENOMEM, "out of memory"); }
         c->cap_rows = B;
+    }
+    return CINFER_OK;
+}
+
+cinfer_status ctx_reserve_out(cinfer_ctx *c, size_t rows) {
+    if (rows <= c->cap_out && c->xo && c->lo && c->out_idx) return CINFER_OK;
+    const be_ops *be = c->m->be;
+    const model_config *cfg = &c->m->cfg;
+    be->free(c->bc, c->xo);
+    be->free(c->bc, c->lo);
+    free(c->out_idx);
+    c->xo = c->lo = NULL;
+    c->out_idx = NULL;
+    c->cap_out = rows > OUT_CHUNK ? rows : OUT_CHUNK;
+    c->xo = be->alloc(c->bc, c->cap_out * cfg->hidden * sizeof(float));
+    c->lo = be->alloc(c->bc, c->cap_out * cfg->n_vocab * sizeof(float));
+    c->out_idx = malloc(c->cap_out * sizeof *c->out_idx);
+    if (!c->xo || !c->lo || !c->out_idx) {
+        char msg[256];
+        if (be->status) be->status(c->bc, msg, sizeof msg);   /* a failed allocation leaves the backend usable */
+        return ctx_fail(c, CINFER_ENOMEM, "out of memory for logits buffers of %zu rows", rows);
     }
     return CINFER_OK;
 }
@@ -212,7 +236,7 @@ static cinfer_status out_row(cinfer_ctx *c, int mode, int k, int B, int L, const
  * page reserved before the first op runs. */
 static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
                              const int *pos0_in, int mode, const int *out_rows, int n_out, float *logits,
-                             int32_t *argmax) {
+                             int32_t *argmax, const ctx_score_req *sr, int head) {
     cinfer_model *m = c->m;
     const model_config *cfg = &m->cfg;
     const be_ops *be = m->be;
@@ -245,7 +269,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
             c->pos[(size_t)b * L + i] = pos0[b] + i;
         }
     }
-    int total = mode == OUT_LAST ? B : mode == OUT_ALL ? (int)T : n_out, rows[OUT_CHUNK];
+    int total = mode == OUT_LAST ? B : mode == OUT_ALL ? (int)T : n_out, *rows = c->out_idx, oc = (int)c->cap_out;
     for (int k = 0; k < total && mode == OUT_LIST; k++)
         if ((st = out_row(c, mode, k, B, L, len, out_rows, rows))) return st;
     if ((st = prepare_groups(c, B, seq, pos0, len))) return st;
@@ -254,17 +278,25 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     int step = be->step_begin && (T <= 8 || L == 1);
     if (step) be->step_begin(c->bc);
     be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
+    if (cfg->embed_scale > 0) be->scale(c->bc, c->x, T * (size_t)cfg->hidden, cfg->embed_scale);
     block_batch bb = {B, L, pos0, len, c->pos};
     arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
-    for (int r0 = 0; r0 < total && (logits || argmax); r0 += OUT_CHUNK) {
-        int nr = total - r0 < OUT_CHUNK ? total - r0 : OUT_CHUNK;
+    for (int r0 = 0; r0 < total && (logits || argmax || sr || head); r0 += oc) {
+        int nr = total - r0 < oc ? total - r0 : oc;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
-        be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, 0.0f, cfg->eps, c->xo);
+        be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, cfg->norm_add, cfg->eps, c->xo);
         be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
+        if (cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
         if (step) { be->step_end(c->bc); step = 0; }
         if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
-        else be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
+        else if (sr) {
+            be_score_base sb;
+            if (sr->base) { sb = *sr->base; sb.idx += r0; }
+            be->score(c->bc, c->lo, nr, cfg->n_vocab, sr->tgt + r0, sr->base ? &sb : NULL,
+                      sr->codes ? sr->codes + (size_t)r0 * sr->code_stride : NULL, sr->code_stride, sr->out + r0);
+        } else if (logits)
+            be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
     }
     if (step) be->step_end(c->bc);
     st = backend_status(c);
@@ -286,7 +318,7 @@ static cinfer_status finite_logits(cinfer_ctx *c, cinfer_status st, const float 
 
 cinfer_status cinfer_forward_seqs(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
                                   const int *pos0, const int *out_rows, int n_out, float *logits) {
-    cinfer_status st = forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL);
+    cinfer_status st = forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL, NULL, 0);
     return finite_logits(c, st, logits, out_rows ? (size_t)(n_out > 0 ? n_out : 0) : (size_t)B);
 }
 
@@ -296,16 +328,36 @@ cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
 }
 
 cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits) {
-    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL);
+    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL, NULL, 0);
     return finite_logits(c, st, logits, all ? (size_t)n : 1);
+}
+
+cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
+                                const int *out_rows, int n_out, const ctx_score_req *sr) {
+    if (!c->m->be->score) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no score op", c->m->be->name);
+    if (!out_rows && n_out) return ctx_fail(c, CINFER_EINVAL, "forward: %d output positions without a list", n_out);
+    cinfer_status st = forward(c, ids, B, L, NULL, lens, pos0, OUT_LIST, out_rows, n_out, NULL, NULL, sr, 1);
+    for (int i = 0; !st && sr && i < n_out; i++)   /* NaN/Inf logits make a non-finite lse: as finite_logits */
+        if (!isfinite(sr->out[i].lse))
+            st = ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %d hold %s (their log-sum-exp is %g): "
+                          "the model's weights or activations are not finite", i, isnan(sr->out[i].lse) ? "NaN" : "Inf",
+                          (double)sr->out[i].lse);
+    return st;
+}
+
+cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr) {
+    const be_ops *be = c->m->be;
+    if ((size_t)n_out > c->cap_out || !c->lo) return ctx_fail(c, CINFER_EINVAL, "score: %d rows, the logits buffer holds %zu", n_out, c->cap_out);
+    be->score(c->bc, c->lo, n_out, c->m->cfg.n_vocab, sr->tgt, sr->base, sr->codes, sr->code_stride, sr->out);
+    return backend_status(c);
 }
 
 cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok) {
     if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
-    return forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
+    return forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok, NULL, 0);
 }
 
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {
     if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
-    return forward(c, ids, 1, n, NULL, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok);
+    return forward(c, ids, 1, n, NULL, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok, NULL, 0);
 }

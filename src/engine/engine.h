@@ -43,9 +43,10 @@ struct cinfer_ctx {
     size_t cap_tokens;      /* tokens the buffers below hold */
     float *x;               /* [cap_tokens][hidden] */
     float *scratch;         /* [block_scratch_floats(cap_tokens)] */
-    size_t cap_out;         /* rows the logits buffers hold */
+    size_t cap_out;         /* rows the logits buffers hold (OUT_CHUNK, or more: ctx_reserve_out) */
     float *xo;              /* [cap_out][hidden] gathered rows */
     float *lo;              /* [cap_out][n_vocab] backend logits */
+    int *out_idx;           /* [cap_out] hidden-state row of each logits row (host) */
     /* host arrays for one call */
     int *pos;               /* [cap_tokens] */
     int32_t *ids;           /* [cap_tokens] */
@@ -64,5 +65,26 @@ cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t 
 /* one decode step of B rows (one token each, extending sequences seqs[b] at their ends);
  * tok[b] = each row's greedy next token, computed on the backend (argmax op) */
 cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok);
+
+/* A scoring forward: the LM head's logits stay in the backend and each chunk of
+ * them is reduced there by be_ops.score; only per-position results cross. */
+typedef struct ctx_score_req {
+    const int32_t *tgt;          /* [n_out] target token of each output row */
+    const be_score_base *base;   /* NULL, or the base of the outputs (idx[n_out], relative to this call) */
+    uint16_t *codes;             /* NULL, or backend memory: output row i's 16-bit code at codes + i * code_stride */
+    size_t code_stride;
+    be_score_row *out;           /* [n_out] host results */
+} ctx_score_req;
+
+/* grows the logits buffers to hold `rows` output rows at once (a scoring forward of at most
+ * that many outputs runs its LM head in one chunk and leaves every row's logits in c->lo) */
+cinfer_status ctx_reserve_out(cinfer_ctx *c, size_t rows);
+/* cinfer_forward with the logits reduced on the backend (sr->out), or, sr NULL, computed
+ * and left in c->lo (the benchmark's "forward with logits at every position") */
+cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
+                                const int *out_rows, int n_out, const ctx_score_req *sr);
+/* be_ops.score once more over the logits the last scoring forward left in c->lo
+ * (n_out rows; KL of a context against itself reads them as the base too) */
+cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr);
 
 #endif

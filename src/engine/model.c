@@ -90,7 +90,7 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
     cinfer_status st = config_load(dir, arch_known, arch_supported(), &m->cfg, err, n);
     if (!st) {
         m->arch = arch_find(m->cfg.model_type);
-        m->arch->adjust(&m->cfg);
+        arch_adjust(m->arch, &m->cfg);
         st = qc_load(dir, &m->cfg.quant, err, n);
     }
     if (!st) {

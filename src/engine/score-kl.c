@@ -4,7 +4,8 @@
  * perplexity.cpp: log_softmax, kl_divergence), over every scored position of
  * the same rows perplexity scores (not llama.cpp's second-half-of-chunk).
  *
- * Per position, with the model's logits z and the base's log-probs lb:
+ * Per position (be_ops.score, be_ref_score_row: on the backend, from logits
+ * that never leave it), with the model's logits z and the base's log-probs lb:
  *   nll = lse(z) - z[tok];  KLD = sum_{lb_i > -16} exp(lb_i) (lb_i - (z_i - lse(z)))
  *   dp = p_model(tok) - p_base(tok);  same top = argmax z == argmax lb.
  * Statistics: llama.cpp's mean_and_uncertainty / covariance / percentile.
@@ -46,62 +47,19 @@ static size_t rec_bytes_of(int V) { return 16 + 2 * (size_t)V + (V & 1 ? 2 : 0);
 
 /* ---------------------------------------------------------- per position */
 
-/* the base's exact log-probs in place, its argmax and the target's nll */
-static void to_logprobs(float *z, int V, int tok, float *nll, int *argmax) {
-    float lse = score_lse(z, V, argmax);
-    for (int i = 0; i < V; i++) z[i] -= lse;
-    *nll = -z[tok];
-}
-
-static void quantize(const float *lp, int V, int argmax, float nll, unsigned char *rec) {
-    float mx = lp[argmax], mn = lp[0];
-    for (int i = 1; i < V; i++) mn = lp[i] < mn ? lp[i] : mn;
-    if (mn < mx - 16) mn = mx - 16;
-    float scale = (mx - mn) / 65535.0f;
-    int32_t am = argmax;
-    memcpy(rec, &scale, 4);
-    memcpy(rec + 4, &mn, 4);
-    memcpy(rec + 8, &nll, 4);
-    memcpy(rec + 12, &am, 4);
-    uint16_t *q = (uint16_t *)(void *)(rec + 16);
-    float inv = scale > 0 ? 1.0f / scale : 0;
-    for (int i = 0; i < V; i++) {
-        long v = scale > 0 && lp[i] > mn ? lroundf(inv * (lp[i] - mn)) : 0;
-        q[i] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
-    }
-}
-
-static void dequantize(const unsigned char *rec, int V, float *lp, float *nll, int *argmax) {
-    float scale, mn;
-    int32_t am;
-    memcpy(&scale, rec, 4);
-    memcpy(&mn, rec + 4, 4);
-    memcpy(nll, rec + 8, 4);
-    memcpy(&am, rec + 12, 4);
-    *argmax = am;
-    const uint16_t *q = (const uint16_t *)(const void *)(rec + 16);
-    for (int i = 0; i < V; i++) lp[i] = scale * q[i] + mn;
-}
-
 typedef struct {
     double nll, nll2, nllb, nllb2, nll_nllb, kld, kld2, dp, dp2, dp4;
     int64_t same, n;
     float *kl_v, *dp_v;   /* [N] for percentiles */
 } kl_acc;
 
-static void kl_position(kl_acc *a, const float *z, const float *lb, int V, int tok, float nll_base, int argmax_base,
-                        cinfer_kl_token *pt) {
-    int im;
-    float lse = score_lse(z, V, &im);
-    float nll = lse - z[tok];
-    double kld = 0;
-    for (int i = 0; i < V; i++)
-        if (lb[i] > -16.0f) {
-            float lq = z[i] - lse;   /* the same float arithmetic as the base's: a model against itself gives 0 */
-            kld += exp((double)lb[i]) * ((double)lb[i] - lq);
-        }
+/* one position's statistics from the model's reduced row (be_score_row, with
+ * kld against the base) and the base's exact nll and argmax */
+static void kl_position(kl_acc *a, const be_score_row *r, float nll_base, int argmax_base, cinfer_kl_token *pt) {
+    float nll = -r->lp;
+    double kld = r->kld;
     float dp = expf(-nll) - expf(-nll_base);
-    int same = im == argmax_base;
+    int same = r->argmax == argmax_base;
     a->nll += nll; a->nll2 += (double)nll * nll;
     a->nllb += nll_base; a->nllb2 += (double)nll_base * nll_base;
     a->nll_nllb += (double)nll * nll_base;
@@ -252,51 +210,104 @@ typedef struct {
     size_t rec_off;
 } kl_run;
 
+/* The rows in batches of B0, each fed in chunks of W positions; per chunk the
+ * base's logits (live) stay in its context's buffer and the model's score op
+ * reads them there, or the batch's records (file) are uploaded once per batch;
+ * saving, the base's 16-bit codes are made on the backend, in place in
+ * records that come back whole. */
 static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L, int batch, kl_acc *acc,
                               cinfer_kl_token *per_token, cinfer_progress_cb cb, void *user, char *err, size_t en) {
     cinfer_ctx *any = r->model ? r->model : r->base;
-    int V = any->m->cfg.n_vocab, B0 = batch < n_rows ? batch : n_rows;
-    int W = score_chunk_width(V, B0, L - 1);
+    const be_ops *be = any->m->be;
+    int V = any->m->cfg.n_vocab, B0 = batch < n_rows ? batch : n_rows, W = 0, Wb = 0;
     size_t rb = rec_bytes_of(V);
-    float *lgb = malloc(sizeof(float) * (size_t)B0 * W * V);
-    float *lgm = r->model ? malloc(sizeof(float) * (size_t)B0 * W * V) : NULL;
-    unsigned char *rec = r->fd >= 0 ? malloc(rb) : NULL;
+    /* backend bytes per position besides the model's logits: the base's logits (live) or its
+     * record (file, saving) */
+    size_t extra = r->base && r->model ? (size_t)V * sizeof(float) : rb;
+    cinfer_status st = score_chunk_width(any, B0, L - 1, extra, &W, err, en);
+    if (!st && r->base && r->model && r->base != r->model) st = score_chunk_width(r->base, B0, L - 1, extra, &Wb, err, en);
+    if (st) return st;
+    if (Wb && Wb < W) W = Wb;
+    /* backend records: the batch's (file) or the chunk's (saving) */
+    size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
+    unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
+    unsigned char *hrec = r->fd >= 0 ? malloc((size_t)B0 * W * rb) : NULL;
+    be_score_row *resb = malloc(sizeof *resb * (size_t)B0 * W), *resm = malloc(sizeof *resm * (size_t)B0 * W);
+    float *lseb = malloc(sizeof(float) * (size_t)B0 * W);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)B0 * W);
     int *n_in = malloc(sizeof(int) * 2 * (size_t)B0);
-    cinfer_status st = CINFER_OK;
-    if (!lgb || (r->model && !lgm) || (r->fd >= 0 && !rec) || !n_in) st = cf_err(err, en, CINFER_ENOMEM, "out of memory for KL buffers");
+    if ((n_rec && !drec) || (r->fd >= 0 && !hrec) || !resb || !resm || !lseb || !idx || !n_in)
+        st = cf_err(err, en, CINFER_ENOMEM, "out of memory for KL buffers");
     int64_t N = (int64_t)n_rows * (L - 1), done = 0;
     for (int r0 = 0; !st && r0 < n_rows; r0 += B0) {
         int B = n_rows - r0 < B0 ? n_rows - r0 : B0;
         int *lo = n_in + B0;
         for (int b = 0; b < B; b++) { n_in[b] = L - 1; lo[b] = 0; }
         const int32_t *ids = rows + (size_t)r0 * L;
+        const unsigned char *frec = r->file ? r->file->map + r->file->rec_off + (size_t)r0 * (L - 1) * rb : NULL;
+        if (r->file) be->from_host(any->bc, drec, frec, (size_t)B * (L - 1) * rb);   /* once per batch */
         score_plan p;
         if (score_plan_init(&p, ids, B, L, n_in, lo, W)) { st = cf_err(err, en, CINFER_ENOMEM, "out of memory"); break; }
         while (!st && score_plan_next(&p)) {
-            if (r->base) st = score_plan_forward(r->base, &p, lgb, err, en);
-            if (!st && r->model) st = score_plan_forward(r->model, &p, lgm, err, en);
-            for (int i = 0; !st && i < p.n_out; i++) {
-                int b = p.out_b[i], pos = p.out_p[i], tok = ids[(size_t)b * L + pos + 1], am;
-                int64_t idx = (int64_t)(r0 + b) * (L - 1) + pos;
-                float *lb = lgb + (size_t)i * V, nllb;
-                if (r->base) to_logprobs(lb, V, tok, &nllb, &am);
-                else dequantize(r->file->map + r->file->rec_off + (size_t)idx * rb, V, lb, &nllb, &am);
-                if (r->fd >= 0) {
-                    memset(rec, 0, rb);
-                    quantize(lb, V, am, nllb, rec);
-                    if (pwrite_all(r->fd, rec, rb, (off_t)(r->rec_off + (size_t)idx * rb)))
-                        st = cf_err(err, en, CINFER_EIO, "writing the base log-probs failed: %s", strerror(errno));
+            for (int i = 0; i < p.n_out; i++) idx[i] = r->file ? p.out_b[i] * (L - 1) + p.out_p[i] : i;
+            if (r->base) {
+                uint16_t *codes = r->fd >= 0 ? (uint16_t *)(void *)(drec + 16) : NULL;
+                st = score_plan_forward(r->base, &p, NULL, codes, rb / 2, resb, err, en);
+                for (int i = 0; !st && i < p.n_out; i++) lseb[i] = resb[i].lse;
+            }
+            if (!st && r->fd >= 0) {   /* the codes came back with the records: fill in the headers, write */
+                be->to_host(any->bc, hrec, drec, (size_t)p.n_out * rb);
+                for (int i = 0; i < p.n_out; i++) {
+                    unsigned char *h = hrec + (size_t)i * rb;
+                    float nll = -resb[i].lp;
+                    int32_t am = resb[i].argmax;
+                    memcpy(h, &resb[i].code_scale, 4);
+                    memcpy(h + 4, &resb[i].code_min, 4);
+                    memcpy(h + 8, &nll, 4);
+                    memcpy(h + 12, &am, 4);
                 }
-                if (r->model) kl_position(acc, lgm + (size_t)i * V, lb, V, tok, nllb, am, per_token ? per_token + idx : NULL);
+                for (int i = 0; !st && i < p.n_out;) {   /* each row's positions are consecutive records */
+                    int j = i;
+                    while (j < p.n_out && p.out_b[j] == p.out_b[i]) j++;
+                    int64_t at = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
+                    if (pwrite_all(r->fd, hrec + (size_t)i * rb, (size_t)(j - i) * rb, (off_t)(r->rec_off + (size_t)at * rb)))
+                        st = cf_err(err, en, CINFER_EIO, "writing the base log-probs failed: %s", strerror(errno));
+                    i = j;
+                }
+            }
+            if (!st && r->model) {
+                be_score_base sb = {0};
+                if (r->base) { sb.z = r->base->lo; sb.lse = lseb; }
+                else { sb.rec = drec; sb.rec_bytes = rb; }
+                sb.idx = idx;
+                if (r->model != r->base) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
+                else {   /* a context against itself: its logits are still in its buffer */
+                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm};
+                    if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
+                }
+                for (int i = 0; !st && i < p.n_out; i++) {
+                    int64_t at = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
+                    float nllb;
+                    int32_t amb;
+                    if (r->base) { nllb = -resb[i].lp; amb = resb[i].argmax; }
+                    else {   /* exact in the record's header */
+                        memcpy(&nllb, frec + (size_t)idx[i] * rb + 8, 4);
+                        memcpy(&amb, frec + (size_t)idx[i] * rb + 12, 4);
+                    }
+                    kl_position(acc, &resm[i], nllb, amb, per_token ? per_token + at : NULL);
+                }
             }
             done += p.n_out;
             if (!st && cb && cb(done, N, user)) st = cf_err(err, en, CINFER_EINVAL, "stopped");
         }
         score_plan_free(&p);
     }
-    free(lgb);
-    free(lgm);
-    free(rec);
+    be->free(any->bc, drec);
+    free(hrec);
+    free(resb);
+    free(resm);
+    free(lseb);
+    free(idx);
     free(n_in);
     return st;
 }

@@ -3,12 +3,15 @@
  * (mlx_lm.perplexity's evaluation) and response log-probs (prompt/response
  * pairs, DPO style).
  *
- * Rows are fed through cinfer_forward in chunks of W positions, each chunk
+ * Rows are fed through the forward in chunks of W positions, each chunk
  * continuing the cache of the one before, and the LM head runs only at the
- * positions scored: so [B, L, vocab] never exists, only [B*W, vocab].
- * Padded rows (logprobs) carry their own lengths; a row that is done feeds
- * zero tokens. Per position: CE = logsumexp(z) - z[target] in float32, the
- * exp sum in double; totals in double. Perplexity's SE is the delta method
+ * positions scored: so [B, L, vocab] never exists, only [B*W, vocab], and it
+ * stays in the backend: be_ops.score reduces each row there (on CUDA only a
+ * few numbers a position cross to the host). W comes from the backend's free
+ * memory (score_chunk_width). Padded rows (logprobs) carry their own lengths;
+ * a row that is done feeds zero tokens. Per position (be_ref_score_row):
+ * CE = logsumexp(z) - z[target] in float32, the exp sum in double; totals in
+ * double. Perplexity's SE is the delta method
  * with the ddof-1 sample std of the losses, computed in two passes.
  * References: mlx_lm/perplexity.py (0.32), mlx-bun src/eval/perplexity.ts.
  */
@@ -26,15 +29,26 @@ static int forced_chunk(void) {
     return n > 0 ? n : 0;
 }
 
-int score_chunk_width(int n_vocab, int B, int cap) {
+cinfer_status score_chunk_width(cinfer_ctx *c, int B, int cap, size_t extra, int *W, char *err, size_t en) {
+    const cinfer_model *m = c->m;
     int forced = forced_chunk();
-    if (forced) return cap > 0 && forced > cap ? cap : forced;
-    size_t rows = SCORE_OUT_BYTES / ((size_t)n_vocab * sizeof(float));
-    if (rows < 64) rows = 64;
-    size_t w = rows / (size_t)(B > 0 ? B : 1);
-    if (w < 8) w = 8;
-    if (cap > 0 && w > (size_t)cap) w = (size_t)cap;
-    return (int)(w < 1 ? 1 : w);
+    size_t w;
+    if (forced) w = cap > 0 && forced > cap ? (size_t)cap : (size_t)forced;
+    else {
+        size_t avail = m->be->mem_available ? m->be->mem_available(c->bc) / 4 : 0;
+        size_t budget = avail < SCORE_OUT_BYTES ? SCORE_OUT_BYTES : avail > SCORE_MAX_BYTES ? SCORE_MAX_BYTES : avail;
+        size_t per = (size_t)m->cfg.n_vocab * sizeof(float) + extra +
+                     ((size_t)m->cfg.hidden + arch_scratch_floats(m->arch, &m->cfg, 1)) * sizeof(float);
+        size_t rows = budget / per;
+        if (rows < 64) rows = 64;
+        w = rows / (size_t)(B > 0 ? B : 1);
+        if (w < 8) w = 8;
+        if (cap > 0 && w > (size_t)cap) w = (size_t)cap;
+        if (w < 1) w = 1;
+    }
+    *W = (int)w;
+    if (ctx_reserve_out(c, (size_t)B * w)) return cf_err(err, en, CINFER_ENOMEM, "%s", cinfer_ctx_error(c));
+    return CINFER_OK;
 }
 
 void score_plan_free(score_plan *p) {
@@ -42,6 +56,7 @@ void score_plan_free(score_plan *p) {
     free(p->lens_c);
     free(p->pairs);
     free(p->out_b);
+    free(p->tgt);
     memset(p, 0, sizeof *p);
 }
 
@@ -55,7 +70,8 @@ cinfer_status score_plan_init(score_plan *p, const int32_t *ids, int B, int L, c
     p->lens_c = malloc(2 * (size_t)B * sizeof *p->lens_c);
     p->pairs = malloc(2 * bw * sizeof *p->pairs);
     p->out_b = malloc(2 * bw * sizeof *p->out_b);
-    if (!p->ids_c || !p->lens_c || !p->pairs || !p->out_b) { score_plan_free(p); return CINFER_ENOMEM; }
+    p->tgt = malloc(bw * sizeof *p->tgt);
+    if (!p->ids_c || !p->lens_c || !p->pairs || !p->out_b || !p->tgt) { score_plan_free(p); return CINFER_ENOMEM; }
     p->pos0 = p->lens_c + B;
     p->out_p = p->out_b + bw;
     return CINFER_OK;
@@ -78,32 +94,24 @@ int score_plan_next(score_plan *p) {
             p->pairs[2 * p->n_out + 1] = i;
             p->out_b[p->n_out] = b;
             p->out_p[p->n_out] = p->s + i;
+            p->tgt[p->n_out] = p->ids[(size_t)b * p->L + p->s + i + 1];
             p->n_out++;
         }
     }
     return 1;
 }
 
-cinfer_status score_plan_forward(cinfer_ctx *c, const score_plan *p, float *logits, char *err, size_t en) {
+cinfer_status score_plan_forward(cinfer_ctx *c, const score_plan *p, const be_score_base *base, uint16_t *codes,
+                                 size_t code_stride, be_score_row *out, char *err, size_t en) {
     int ctx_len = c->m->cfg.max_pos;
     if (p->max_n > ctx_len)   /* positions past the model's context score garbage: refuse */
         return cf_err(err, en, CINFER_EINVAL, "a row feeds %d positions but the model's context holds %d "
                       "(max_position_embeddings): use shorter rows (--sequence-length <= %d)", p->max_n, ctx_len, ctx_len + 1);
     if (p->s == 0) cinfer_ctx_reset(c);
-    cinfer_status st = cinfer_forward(c, p->ids_c, p->B, p->w, p->lens_c, p->pos0, p->pairs, p->n_out,
-                                      p->n_out ? logits : NULL);
+    ctx_score_req sr = {p->tgt, base, codes, code_stride, out};
+    cinfer_status st = ctx_forward_score(c, p->ids_c, p->B, p->w, p->lens_c, p->pos0, p->pairs, p->n_out, &sr);
     if (st) return cf_err(err, en, st, "%s", cinfer_ctx_error(c));
     return CINFER_OK;
-}
-
-float score_lse(const float *z, int V, int *argmax) {
-    int im = 0;
-    float mx = z[0];
-    for (int i = 1; i < V; i++) if (z[i] > mx) { mx = z[i]; im = i; }
-    double s = 0;
-    for (int i = 0; i < V; i++) s += expf(z[i] - mx);
-    if (argmax) *argmax = im;
-    return mx + (float)log(s);
 }
 
 /* ----------------------------------------------------------- perplexity */
@@ -123,14 +131,14 @@ cinfer_status cinfer_perplexity(cinfer_ctx *c, const int32_t *rows, int n_rows, 
     cinfer_status st = check_rows(c, rows, n_rows, L, batch, err, en);
     if (st) return st;
     memset(out, 0, sizeof *out);
-    int V = c->m->cfg.n_vocab, B0 = batch < n_rows ? batch : n_rows;
+    int B0 = batch < n_rows ? batch : n_rows;
     int64_t N = (int64_t)n_rows * (L - 1);
     float *own = nll ? NULL : malloc(sizeof(float) * (size_t)N);
     float *loss = nll ? nll : own;
-    int *n_in = malloc(sizeof(int) * 2 * (size_t)B0);
-    int W = score_chunk_width(V, B0, L - 1);
-    float *lg = malloc(sizeof(float) * (size_t)B0 * W * V);
-    if (!loss || !n_in || !lg) { free(own); free(n_in); free(lg); return cf_err(err, en, CINFER_ENOMEM, "out of memory for scoring buffers"); }
+    int *n_in = malloc(sizeof(int) * 2 * (size_t)B0), W = 0;
+    if ((st = score_chunk_width(c, B0, L - 1, 0, &W, err, en))) { free(own); free(n_in); return st; }
+    be_score_row *res = malloc(sizeof *res * (size_t)B0 * W);
+    if (!loss || !n_in || !res) { free(own); free(n_in); free(res); return cf_err(err, en, CINFER_ENOMEM, "out of memory for scoring buffers"); }
     int *lo = n_in + B0;
     double t0 = cf_now();
     int64_t done = 0;
@@ -141,12 +149,8 @@ cinfer_status cinfer_perplexity(cinfer_ctx *c, const int32_t *rows, int n_rows, 
         score_plan p;
         if (score_plan_init(&p, ids, B, L, n_in, lo, W)) { st = cf_err(err, en, CINFER_ENOMEM, "out of memory"); break; }
         while (!st && score_plan_next(&p)) {
-            st = score_plan_forward(c, &p, lg, err, en);
-            for (int i = 0; !st && i < p.n_out; i++) {
-                int b = p.out_b[i], pos = p.out_p[i];
-                const float *z = lg + (size_t)i * V;
-                loss[(size_t)(r0 + b) * (L - 1) + pos] = score_lse(z, V, NULL) - z[ids[(size_t)b * L + pos + 1]];
-            }
+            st = score_plan_forward(c, &p, NULL, NULL, 0, res, err, en);
+            for (int i = 0; !st && i < p.n_out; i++) loss[(size_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i]] = -res[i].lp;
             done += p.n_out;
             if (!st && cb && cb(done, N, user)) st = cf_err(err, en, CINFER_EINVAL, "stopped");
         }
@@ -167,7 +171,7 @@ cinfer_status cinfer_perplexity(cinfer_ctx *c, const int32_t *rows, int n_rows, 
     }
     free(own);
     free(n_in);
-    free(lg);
+    free(res);
     return st;
 }
 
@@ -208,22 +212,21 @@ cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs,
             lo[b] = q->n_prompt - 1;
             sum[k0 + b] = 0;
         }
-        int32_t *ids = calloc((size_t)B * L, sizeof *ids);
-        int W = score_chunk_width(V, B, L);
-        float *lg = malloc(sizeof(float) * (size_t)B * W * V);
+        int32_t *ids = calloc((size_t)B * L, sizeof *ids), W = 0;
+        if ((st = score_chunk_width(c, B, L, 0, &W, err, en))) { free(ids); break; }
+        be_score_row *res = malloc(sizeof *res * (size_t)B * W);
         score_plan p = {0};
-        if (!ids || !lg || score_plan_init(&p, ids, B, L, n_in, lo, W)) st = cf_err(err, en, CINFER_ENOMEM, "out of memory");
+        if (!ids || !res || score_plan_init(&p, ids, B, L, n_in, lo, W)) st = cf_err(err, en, CINFER_ENOMEM, "out of memory");
         for (int b = 0; !st && b < B; b++) {
             const cinfer_lp_seq *q = &seqs[k0 + b];
             memcpy(ids + (size_t)b * L, q->prompt, sizeof *ids * q->n_prompt);
             if (q->n_response) memcpy(ids + (size_t)b * L + q->n_prompt, q->response, sizeof *ids * q->n_response);
         }
         while (!st && score_plan_next(&p)) {
-            st = score_plan_forward(c, &p, lg, err, en);
+            st = score_plan_forward(c, &p, NULL, NULL, 0, res, err, en);
             for (int i = 0; !st && i < p.n_out; i++) {
                 int b = p.out_b[i], pos = p.out_p[i];
-                const float *z = lg + (size_t)i * V;
-                float lp = z[ids[(size_t)b * L + pos + 1]] - score_lse(z, V, NULL);
+                float lp = res[i].lp;
                 sum[k0 + b] += lp;
                 if (per_token) per_token[off[k0 + b] + pos - lo[b]] = lp;
             }
@@ -232,7 +235,7 @@ cinfer_status cinfer_response_logprobs(cinfer_ctx *c, const cinfer_lp_seq *seqs,
         }
         score_plan_free(&p);
         free(ids);
-        free(lg);
+        free(res);
     }
     free(off);
     free(n_in);

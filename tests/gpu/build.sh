@@ -17,7 +17,7 @@ LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc 
 cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
 # the server needs libmicrohttpd, which the GPU machine lacks: the GPU CLI is built without it
 cc $CF -DCINFER_NO_SERVE -o $B/cinfer $(ls tools/cli/*.c | grep -v -e /cmd-serve.c -e /serve-) $LIBS
-for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/test-seq.c bench/gpu/*.c; do
+for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/test-seq.c tests/test-gemma.c bench/gpu/*.c; do
   [ -f "$t" ] || continue
   cc $CF -I$CUDA_HOME/include -Itests -o $B/$(basename "$t" .c) "$t" $LIBS
 done

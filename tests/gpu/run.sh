@@ -2,10 +2,13 @@
 # Runs the CUDA backend's tests on the GPU machine (binaries built here by
 # tests/gpu/build.sh and carried in build-gpu/): every op vs its scalar reference
 # (test-backend-ops), the cache conformance and many-sequence tests on CUDA
-# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda),
+# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda), Gemma 2/3 against transformers'
+# fixtures (test-gemma: logits, decode, batches, greedy, sliding-window KV),
 # whole models vs the CPU backend and transformers' fixtures, stories260k
 # greedy text vs the CPU, the CLI end to end with --device cuda (generate,
-# logits, perplexity), then the
+# logits, perplexity; and issue 18's scoring on the device: perplexity, every
+# KL statistic live and from a saved base, per-token values and response
+# log-probs against the CPU per statistic, tests/gpu/score-compare.py), then the
 # tests again under compute-sanitizer (memcheck; racecheck and synccheck on
 # the kernel test). MODELS: directory holding stories260k and prose-13m
 # (default .carry/cuda/models: copies of ../shared/models/*), TXT: text for
@@ -50,6 +53,7 @@ run $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq
+run $B/test-gemma
 # CLI end to end: the same greedy text on both devices
 for d in cpu cuda; do
   $B/cinfer generate -m "$MODELS/stories260k" -p "Once upon a time" -n 60 --temp 0 --device $d >$T/gen-$d.txt 2>$T/gen-$d.err
@@ -107,6 +111,80 @@ ppl_pair stories260k "$MODELS/stories260k" $T/gen-cpu.txt 24 2 5e-7 0
 # rounds activations to bf16 for cuBLAS as transformers does, the CPU keeps f32: achieved 4.1e-4
 # relative (34.771127 vs 34.756949 over 765 tokens) -> 1e-3
 ppl_pair prose-13m "$MODELS/prose-13m" "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" 256 4 1e-3 500
+# scoring on the device (issue 18): perplexity, every KL statistic (live base, --save-base then
+# --base-logprobs, --per-token) and response log-probs on cuda against the cpu, per statistic
+# (bars and why: tests/gpu/score-compare.py). The KL "model" is the same checkpoint with every
+# matrix rounded per row to a 6-bit grid (absmax/31) by PyTorch here: a quantized model's KL.
+SC=tests/gpu/score-compare.py
+python3 - "$MODELS" $T/q >>$O/tests.log 2>&1 <<'PY'
+import os, shutil, sys, torch
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+for name in ("stories260k", "prose-13m"):
+    s, d = os.path.join(src, name), os.path.join(dst, name)
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(s):
+        if not f.endswith(".safetensors"):
+            shutil.copy(os.path.join(s, f), d)
+            continue
+        out = {}
+        for k, v in load_file(os.path.join(s, f)).items():
+            x = v.float()
+            if x.dim() == 2:
+                sc = (x.abs().amax(dim=1, keepdim=True) / 31).clamp_min(1e-12)
+                x = torch.round(x / sc) * sc
+            out[k] = x.to(v.dtype).contiguous()
+        save_file(out, os.path.join(d, f), metadata={"format": "pt"})
+print("made 6-bit-rounded copies of stories260k and prose-13m for KL")
+PY
+# logprobs pairs: prompt/response strings cut from the data
+python3 - "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" $T/pairs.jsonl <<'PY'
+import json, sys
+t = open(sys.argv[1]).read().split()
+with open(sys.argv[2], "w") as f:
+    for i in range(0, min(len(t) - 60, 400), 40):
+        f.write(json.dumps({"prompt": " ".join(t[i:i + 12]), "chosen": " ".join(t[i + 12:i + 30]), "rejected": " ".join(t[i + 30:i + 41])}) + "\n")
+PY
+score_pair() {   # LABEL PREC MODEL DATA SEQ BATCH
+  lab=$1; pr=$2; mdl=$3; q=$T/q/$(basename $3); dat=$4; sl=$5; bs=$6
+  for d in cpu cuda; do
+    $B/cinfer kl --base "$mdl" --model "$q" --data "$dat" --sequence-length $sl --num-samples -1 --batch-size $bs --json \
+      --per-token $T/pt-$d.tsv --device $d >$T/kl-$d.json 2>$T/kl-$d.err
+    echo "== cinfer kl $lab live base --device $d: rc=$? $(head -c 300 $T/kl-$d.json)" >>$O/tests.log
+    $B/cinfer kl --base "$mdl" --data "$dat" --sequence-length $sl --num-samples -1 --batch-size $bs --save-base $T/base-$d.klb \
+      --device $d >/dev/null 2>$T/save-$d.err
+    echo "== cinfer kl $lab --save-base --device $d: rc=$? $(tail -c 200 $T/save-$d.err)" >>$O/tests.log
+    $B/cinfer kl --model "$q" --base-logprobs $T/base-$d.klb --batch-size $bs --json --device $d >$T/klf-$d.json 2>$T/klf-$d.err
+    echo "== cinfer kl $lab --base-logprobs --device $d: rc=$? $(head -c 300 $T/klf-$d.json)" >>$O/tests.log
+    $B/cinfer logprobs -m "$mdl" --data $T/pairs.jsonl --batch-size $bs --json --device $d >$T/lp-$d.jsonl 2>$T/lp-$d.err
+    echo "== cinfer logprobs $lab --device $d: rc=$? $(head -c 200 $T/lp-$d.jsonl)" >>$O/tests.log
+  done
+  for k in "kl $lab-kl-live kl" "kl $lab-kl-file klf" "tsv $lab-per-token pt" "lp $lab-logprobs lp"; do
+    set -- $k
+    case $1 in kl) ext=json;; tsv) ext=tsv;; lp) ext=jsonl;; esac
+    python3 $SC $1 $2 $pr $T/$3-cpu.$ext $T/$3-cuda.$ext >>$O/tests.log 2>&1 || fails=$((fails + 1))
+  done
+  # the device's file path against its live path: the 16-bit code's error only (<= 1.22e-4 nats a
+  # log-prob: mean KLD within 1e-3 relative + 1e-6), PPL(base) exact in the file
+  python3 - "$lab" $T/kl-cuda.json $T/klf-cuda.json >>$O/tests.log 2>&1 <<'PY' || fails=$((fails + 1))
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[2:4])
+ok = abs(a["mean_kld"] - b["mean_kld"]) <= 1e-3 * a["mean_kld"] + 1e-6 and abs(a["ppl_base"] - b["ppl_base"]) <= 1e-6 * a["ppl_base"] and a["ppl_model"] == b["ppl_model"]
+print("%s cli kl %s on cuda: --base-logprobs file vs live base: mean KLD %.8g vs %.8g, PPL(base) %.8g vs %.8g, PPL(Q) %.8g vs %.8g"
+      % ("PASS" if ok else "FAIL", sys.argv[1], b["mean_kld"], a["mean_kld"], b["ppl_base"], a["ppl_base"], b["ppl_model"], a["ppl_model"]))
+PY
+  # a model against itself on the device: KL exactly 0, same top 1
+  $B/cinfer kl --base "$mdl" --model "$mdl" --data "$dat" --sequence-length $sl --num-samples -1 --batch-size $bs --json --device cuda >$T/self.json 2>&1
+  python3 -c "import json,sys; a=json.load(open(sys.argv[2])); ok=a['mean_kld']==0 and a['same_top']==1; print('%s cli kl %s on cuda: a model against itself: mean KLD %g, same top %g' % ('PASS' if ok else 'FAIL', sys.argv[1], a['mean_kld'], a['same_top']))" \
+    "$lab" $T/self.json >>$O/tests.log 2>&1 || fails=$((fails + 1))
+  # perplexity: every statistic of the JSON
+  for d in cpu cuda; do
+    $B/cinfer perplexity -m "$mdl" --data "$dat" --sequence-length $sl --num-samples -1 --batch-size $bs --json --device $d >$T/pp-$d.json 2>/dev/null
+  done
+  python3 $SC ppl $lab-perplexity $pr $T/pp-cpu.json $T/pp-cuda.json >>$O/tests.log 2>&1 || fails=$((fails + 1))
+}
+score_pair stories260k f32 "$MODELS/stories260k" $T/gen-cpu.txt 24 2
+score_pair prose-13m bf16 "$MODELS/prose-13m" "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" 128 4
 p=$(grep -c '^PASS' $O/tests.log); f=$(grep -c '^FAIL' $O/tests.log)
 echo "tests: $p passed, $f failed, $fails programs failed"
 grep '^FAIL' $O/tests.log

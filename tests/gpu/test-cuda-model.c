@@ -52,20 +52,6 @@
 #define TOL_DEC_16 1.1e-2
 #define TOL_PAD 1e-6
 
-static float *read_npy(const char *dir, const char *file, int n, int V) {
-    char path[512], err[256];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    float *ref = NULL;
-    int nd = 0;
-    int64_t sh[4];
-    if (npy_read_f32(path, &ref, &nd, sh, err, sizeof err) || nd != 2 || sh[0] != n || sh[1] != V) {
-        printf("# %s: %s\n", path, err);
-        free(ref);
-        return NULL;
-    }
-    return ref;
-}
-
 /* token by token through the cache (decode steps: graph capture + replays) */
 static void check_decode(const char *name, cinfer_model *m, const int32_t *ids, int n, int V, const float *full, double tol) {
     cinfer_ctx *c = NULL;
@@ -90,7 +76,7 @@ static void check_padded(const char *name, cinfer_model *m, const int32_t *ids, 
 /* logits g against refdir/file: one CHECK with the figure, the bar and the CPU's own figure */
 static void against(const char *name, const char *what, const char *refdir, const char *file, const float *g,
                     const float *c, int n, int V, double tol) {
-    float *ref = read_npy(refdir, file, n, V);
+    float *ref = golden_read_npy(refdir, file, n, V);
     double e = ref ? golden_rel_err(g, ref, (size_t)n * V) : 1, ecpu = ref ? golden_rel_err(c, ref, (size_t)n * V) : 1;
     CHECK(ref && e <= tol, "%s: cuda vs %s (%s): %.2e of range (tol %.3g; cpu's own: %.2e)", name, what, file, e, tol, ecpu);
     free(ref);
@@ -202,7 +188,7 @@ static void stories(const char *models) {
     int V = info.n_vocab;
     int32_t ids[128];
     int n = golden_ids(json_object_get(ref, "tokens"), ids, 64);
-    float *g = golden_eval_all(mg, ids, n, V), *hf = read_npy(refdir, "logits.npy", n, V);
+    float *g = golden_eval_all(mg, ids, n, V), *hf = golden_read_npy(refdir, "logits.npy", n, V);
     if (g && hf) {
         double e = golden_rel_err(g, hf, (size_t)n * V);
         CHECK(e <= TOL_F32, "stories260k: cuda logits vs transformers: %.2e of range (tol %.3g; achieved 4.3e-7)", e, TOL_F32);

@@ -554,7 +554,9 @@ static int engine_load(srv *s) {
     e->logits = malloc(sizeof(float) * (size_t)e->n_slot * info.n_vocab);
     e->lp = malloc(sizeof(float) * (size_t)info.n_vocab);
     e->plogits = malloc(sizeof(float) * ECHO_CHUNK * (size_t)info.n_vocab);
-    e->pfx = pfx_new(s->o.prompt_cache, e->n_slot);
+    cinfer_kv_info kvi;
+    cinfer_ctx_kv_info(e->ctx, &kvi);
+    e->pfx = pfx_new(s->o.prompt_cache, e->n_slot, kvi.page);
     s->m = m;
     if (!e->logits || !e->lp || !e->plogits || !e->pfx) return -1;
     return 0;

@@ -37,8 +37,8 @@ typedef struct conn {
 typedef struct stream {
     srv *s;
     srv_req *r;
-    int fd, ev_read, first_sent, tail_done;
-    size_t text_off[SRV_MAX_N];
+    int fd, ev_read, tail_done;
+    srv_sse_state ss;
     char *buf;
     size_t len, cap, off;
     char path[32];
@@ -104,7 +104,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
         }
-        int ok = srv_sse_events(st->s, r, st->ev_read, r->n_ev, &st->first_sent, st->text_off, &st->buf, &st->len, &st->cap);
+        int ok = srv_sse_events(st->s, r, st->ev_read, r->n_ev, &st->ss, &st->buf, &st->len, &st->cap);
         st->ev_read = r->n_ev;
         if (ok && r->done) {
             ok = srv_sse_tail(st->s, r, &st->buf, &st->len, &st->cap);
@@ -130,6 +130,7 @@ static void stream_free(void *cls) {
     pthread_mutex_unlock(&st->r->mu);
     access_log(st->s, "POST", st->path, 200, toks, st->r->t_start);
     srv_req_unref(st->r);
+    srv_sse_state_free(&st->ss);
     free(st->buf);
     free(st);
 }

@@ -109,9 +109,6 @@ static json_t *envelope(srv_req *r, const char *object) {
                      r->model, "system_fingerprint", "cinfer");
 }
 
-/* tool calls in a chat reply (serve-tools.c); NULL when there are none */
-json_t *srv_tool_calls(const char *text, char **content);
-
 /* called with r->mu held and r->done set */
 char *srv_final_json(const srv *s, srv_req *r) {
     int chat = r->kind == SRV_CHAT, nc = r->n_choices;
@@ -174,12 +171,108 @@ static json_t *chunk(srv_req *r, json_t *choice) {
     return o;
 }
 
-/* called with r->mu held; text_off[n_choices] tracks completions' text_offset */
-int srv_sse_events(const srv *s, srv_req *r, int from, int to, int *first_sent, size_t *text_off, char **buf,
-                   size_t *len, size_t *cap) {
+void srv_sse_state_free(srv_sse_state *ss) {
+    for (int c = 0; c < SRV_MAX_N; c++) free(ss->held[c]);
+    memset(ss, 0, sizeof *ss);
+}
+
+/* drops the first n held bytes of choice c */
+static void held_drop(srv_sse_state *ss, int c, size_t n) {
+    memmove(ss->held[c], ss->held[c] + n, ss->held_len[c] - n + 1);
+    ss->held_len[c] -= n;
+}
+
+/* the length of the longest end of h[n] that begins tag (a tag that may still be arriving) */
+static size_t tag_start_at_end(const char *h, size_t n, const char *tag) {
+    size_t t = strlen(tag);
+    for (size_t k = n < t - 1 ? n : t - 1; k > 0; k--)
+        if (!memcmp(h + n - k, tag, k)) return k;
+    return 0;
+}
+
+/* Streaming chat with tools: the text of choice c, piece by piece (fin: the reply ended), cut as
+ * srv_tool_calls cuts a whole reply: <tool_call> blocks become calls (appended to calls), a reply
+ * that begins with a JSON object (after <|python_tag|>, Llama 3) is held to its end and then parsed,
+ * and text that may be the start of a tag is held until the next piece tells. Appends the text
+ * released as content to *out (len/cap); 0 on allocation failure. */
+static int tool_stream(srv_sse_state *ss, int c, const char *text, int fin, json_t *calls, char **out, size_t *len, size_t *cap) {
+    static const char open_tag[] = "<tool_call>", close_tag[] = "</tool_call>", py[] = "<|python_tag|>";
+    if (text && !srv_buf_put(&ss->held[c], &ss->held_len[c], &ss->held_cap[c], text, strlen(text))) return 0;
+    if (!ss->held[c] && !srv_buf_put(&ss->held[c], &ss->held_len[c], &ss->held_cap[c], "", 0)) return 0;
+    for (;;) {
+        char *h = ss->held[c];
+        size_t n = ss->held_len[c];
+        if (ss->whole[c]) {   /* Llama 3: parsed at the end, as a whole reply */
+            if (!fin) return 1;
+            char *content = NULL;
+            json_t *got = srv_tool_calls(h, &content);
+            int ok = 1;
+            if (got) {
+                for (size_t i = 0; i < json_array_size(got); i++) json_array_append(calls, json_array_get(got, i));
+                ss->n_calls[c] += (int)json_array_size(got);
+                ok = srv_buf_put(out, len, cap, content, strlen(content));
+            } else ok = srv_buf_put(out, len, cap, h, n);
+            json_decref(got);
+            free(content);
+            held_drop(ss, c, n);
+            return ok;
+        }
+        if (ss->in_call[c]) {
+            char *e = strstr(h, close_tag);
+            if (!e) {   /* unterminated at the end: it was text after all */
+                if (!fin) return 1;
+                int ok = srv_buf_put(out, len, cap, open_tag, strlen(open_tag)) && srv_buf_put(out, len, cap, h, n);
+                held_drop(ss, c, n);
+                ss->in_call[c] = 0;
+                return ok;
+            }
+            json_t *call = srv_tool_call_parse(h, (size_t)(e - h), ss->n_calls[c]);
+            if (call) {
+                json_array_append_new(calls, call);
+                ss->n_calls[c]++;
+            } else if (!srv_buf_put(out, len, cap, open_tag, strlen(open_tag)) || !srv_buf_put(out, len, cap, h, (size_t)(e - h) + strlen(close_tag)))
+                return 0;
+            held_drop(ss, c, (size_t)(e - h) + strlen(close_tag));
+            ss->in_call[c] = 0;
+            continue;
+        }
+        if (!ss->started[c]) {   /* the reply's first text decides whether it is a Llama 3 call */
+            const char *q = h;
+            while (*q == ' ' || *q == '\n') q++;
+            size_t qn = n - (size_t)(q - h);
+            if (*q == '{' || (qn >= strlen(py) && !strncmp(q, py, strlen(py)))) { ss->whole[c] = 1; continue; }
+            if (!fin && (!qn || (qn < strlen(py) && !strncmp(q, py, qn)))) return 1;   /* not known yet */
+        }
+        char *a = strstr(h, open_tag);
+        size_t rel = a ? (size_t)(a - h) : fin ? n : n - tag_start_at_end(h, n, open_tag);
+        if (!srv_buf_put(out, len, cap, h, rel)) return 0;
+        for (size_t i = 0; i < rel && !ss->started[c]; i++) ss->started[c] = h[i] != ' ' && h[i] != '\n';
+        held_drop(ss, c, rel);
+        if (!a) return 1;
+        held_drop(ss, c, strlen(open_tag));
+        ss->in_call[c] = 1;
+        ss->started[c] = 1;
+    }
+}
+
+/* a chat chunk delta: content (when text is not NULL) and tool calls (when calls holds some) */
+static json_t *chat_delta(int choice, const char *text, json_t *calls, int first_call, json_t *lp) {
+    json_t *d = json_object();
+    if (text) json_object_set_new(d, "content", str_or_fffd(text));
+    if (json_array_size(calls)) {
+        for (size_t i = 0; i < json_array_size(calls); i++)
+            json_object_set_new(json_array_get(calls, i), "index", json_integer(first_call + (json_int_t)i));
+        json_object_set(d, "tool_calls", calls);
+    }
+    return json_pack("{s:i,s:o,s:o,s:n}", "index", choice, "delta", d, "logprobs", lp ? lp : json_null(), "finish_reason");
+}
+
+/* called with r->mu held */
+int srv_sse_events(const srv *s, srv_req *r, int from, int to, srv_sse_state *ss, char **buf, size_t *len, size_t *cap) {
     int chat = r->kind == SRV_CHAT;
-    if (!*first_sent) {   /* chat opens each choice with its role; completions echo the prompt */
-        *first_sent = 1;
+    size_t *text_off = ss->text_off;
+    if (!ss->first_sent) {   /* chat opens each choice with its role; completions echo the prompt */
+        ss->first_sent = 1;
         for (int c = 0; c < r->n_choices; c++) {
             if (chat && !sse(chunk(r, json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", c, "delta", "role", "assistant",
                                                  "content", "", "logprobs", "finish_reason")), buf, len, cap))
@@ -194,6 +287,25 @@ int srv_sse_events(const srv *s, srv_req *r, int from, int to, int *first_sent, 
     }
     for (int i = from; i < to; i++) {
         srv_event *ev = &r->ev[i];
+        if (chat && r->has_tools) {   /* the text goes through the tool-call cutter */
+            json_t *calls = json_array();
+            char *t = NULL;
+            size_t tl = 0, tc = 0;
+            int first_call = ss->n_calls[ev->choice];
+            int ok = calls && tool_stream(ss, ev->choice, ev->text, ev->finish != NULL, calls, &t, &tl, &tc);
+            json_t *lp = r->logprobs && ev->token >= 0 ? json_pack("{s:[o]}", "content", chat_lp(s, ev)) : NULL;
+            if (ok && (tl || lp || json_array_size(calls)))
+                ok = sse(chunk(r, chat_delta(ev->choice, tl || lp ? (t ? t : "") : NULL, calls, first_call, lp)), buf, len, cap);
+            else json_decref(lp);
+            json_decref(calls);
+            free(t);
+            if (ok && ev->finish)
+                ok = sse(chunk(r, json_pack("{s:i,s:{},s:n,s:s}", "index", ev->choice, "delta", "logprobs", "finish_reason",
+                                            ss->n_calls[ev->choice] ? "tool_calls" : ev->finish)),
+                         buf, len, cap);
+            if (!ok) return 0;
+            continue;
+        }
         int has_text = ev->text && ev->text[0];
         if (has_text || (r->logprobs && ev->token >= 0)) {
             json_t *lp = json_null();

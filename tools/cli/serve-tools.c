@@ -7,7 +7,8 @@
  *                   optionally after <|python_tag|>.
  * Returns OpenAI's tool_calls array ({id, type: "function", function: {name,
  * arguments: a JSON string}}) or NULL when the reply holds none; *content
- * receives the text outside the calls (malloc'd).
+ * receives the text outside the calls (malloc'd). A streamed reply is cut
+ * into the same calls as it arrives by serve-resp.c (tool_stream).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,13 @@ static json_t *call_of(json_t *j, int k) {
     return c;
 }
 
+json_t *srv_tool_call_parse(const char *json, size_t n, int k) {
+    json_t *j = json_loadb(json, n, 0, NULL);
+    json_t *c = json_is_object(j) ? call_of(j, k) : NULL;
+    json_decref(j);
+    return c;
+}
+
 json_t *srv_tool_calls(const char *text, char **content) {
     *content = NULL;
     json_t *calls = json_array();
@@ -40,9 +48,7 @@ json_t *srv_tool_calls(const char *text, char **content) {
         memcpy(rest + n, p, (size_t)(a - p));
         n += (size_t)(a - p);
         a += strlen("<tool_call>");
-        json_t *j = json_loadb(a, (size_t)(b - a), 0, NULL);
-        json_t *c = json_is_object(j) ? call_of(j, (int)json_array_size(calls)) : NULL;
-        json_decref(j);
+        json_t *c = srv_tool_call_parse(a, (size_t)(b - a), (int)json_array_size(calls));
         if (c) json_array_append_new(calls, c);
         p = b + strlen("</tool_call>");
     }
@@ -51,9 +57,7 @@ json_t *srv_tool_calls(const char *text, char **content) {
         const char *q = text;
         if (!strncmp(q, "<|python_tag|>", 14)) q += 14;
         while (*q == ' ' || *q == '\n') q++;
-        json_t *j = *q == '{' ? json_loads(q, 0, NULL) : NULL;
-        json_t *c = json_is_object(j) ? call_of(j, 0) : NULL;
-        json_decref(j);
+        json_t *c = *q == '{' ? srv_tool_call_parse(q, strlen(q), 0) : NULL;
         if (c) { json_array_append_new(calls, c); rest[0] = 0; }
     }
     if (!json_array_size(calls)) { json_decref(calls); free(rest); return NULL; }

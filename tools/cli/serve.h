@@ -122,11 +122,28 @@ void srv_req_push(srv_req *r, srv_event *ev);
 /* serve-resp.c: response bodies */
 char *srv_error_json(const char *msg, const char *type, const char *param, int code);
 char *srv_final_json(const srv *s, srv_req *r);
+/* what one streaming response has sent so far (zero-initialised; srv_sse_state_free releases it) */
+typedef struct srv_sse_state {
+    int first_sent;
+    size_t text_off[SRV_MAX_N];          /* completions: each choice's text_offset */
+    /* chat with tools: text held back per choice while it may be (part of) a tool call */
+    char *held[SRV_MAX_N];
+    size_t held_len[SRV_MAX_N], held_cap[SRV_MAX_N];
+    int in_call[SRV_MAX_N];              /* after a <tool_call> tag, before its </tool_call> */
+    int whole[SRV_MAX_N];                /* the reply began as a Llama 3 call (JSON object): held to its end */
+    int started[SRV_MAX_N];              /* text other than white space was released */
+    int n_calls[SRV_MAX_N];
+} srv_sse_state;
+void srv_sse_state_free(srv_sse_state *ss);
 /* appends the SSE chunks of events [from, to) to *buf; returns 0 on allocation failure */
-int srv_sse_events(const srv *s, srv_req *r, int from, int to, int *first_sent, size_t *text_off, char **buf, size_t *len,
-                   size_t *cap);
+int srv_sse_events(const srv *s, srv_req *r, int from, int to, srv_sse_state *ss, char **buf, size_t *len, size_t *cap);
 int srv_sse_tail(const srv *s, srv_req *r, char **buf, size_t *len, size_t *cap);
 char *srv_models_json(const srv *s);
+
+/* serve-tools.c: tool calls in a chat reply (NULL when it holds none; *content: the text outside them);
+ * one call's JSON text (n bytes) as an OpenAI tool_calls entry with id call_<k>, or NULL */
+json_t *srv_tool_calls(const char *text, char **content);
+json_t *srv_tool_call_parse(const char *json, size_t n, int k);
 
 /* serve-engine.c */
 int srv_engine_start(srv *s);               /* spawns the engine thread (it loads the model) */

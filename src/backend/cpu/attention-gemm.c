@@ -45,9 +45,11 @@ typedef struct ag_job {
     int nqb;                 /* query blocks per row */
 } ag_job;
 
-/* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere */
-static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1) {
+/* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere;
+ * scores softcapped first when cap > 0 */
+static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1, float cap) {
     float mx = -INFINITY, sum = 0;
+    if (cap > 0) for (int t = 0; t < T; t++) s[t] = be_softcap(s[t], cap);
     for (int t = a0; t < a1; t++) if (s[t] > mx) mx = s[t];
     for (int t = b0; t < b1; t++) if (s[t] > mx) mx = s[t];
     for (int t = 0; t < T; t++) {
@@ -122,7 +124,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
             be_span(p, a->window, a->keep, a->run0[b], &s[0], &s[1], &s[2]);
             int c0 = s[0] - rng[0], c1 = s[1] - rng[0];
             if (c1 < c0) c1 = c0;
-            masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + s[2] - rng[2], n1 + p + 1 - rng[2]);
+            masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + s[2] - rng[2], n1 + p + 1 - rng[2], a->softcap);
         }
         for (int e = 0; e < ns; e++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, sg[e].n, 1.0f, S + sg[e].col, T,

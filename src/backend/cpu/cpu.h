@@ -41,8 +41,14 @@ void be_ref_matmul(const float *x, int n, const be_mat *w, const be_mat *bias, f
 void be_ref_rmsnorm(const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void be_ref_rope(float *x, int n, int heads, int hd, int rot_dims, const int *pos,
                  const float *inv_freq, int neox);
-void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n);
+void be_ref_glu(const float *gate, const float *up, float *out, size_t n, int act);
+void be_ref_softcap(float *x, size_t n, float cap);
 void be_ref_attention(const be_attn *a, const float *q, const void *k, const void *v,
                       be_dtype kv_dt, float *out);
 void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype kv_dt);
+/* be_ops.score for one row (base row bi; codes: that row's code or NULL) and for n rows */
+void be_ref_score_row(const float *z, int V, int tgt, const be_score_base *base, int bi, uint16_t *codes,
+                      be_score_row *o);
+void be_ref_score(const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
+                  size_t code_stride, be_score_row *out);
 #endif

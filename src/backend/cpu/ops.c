@@ -117,15 +117,26 @@ static void cpu_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, con
     }
 }
 
+enum { EW_ADD, EW_GLU, EW_SCALE, EW_SOFTCAP };
 typedef struct ew_job {
+    int op;
     float *y;
-    const float *a, *b;   /* swiglu: y = silu(a) * b; add (b NULL): y += a */
+    const float *a, *b;   /* glu: y = act(a) * b; add: y += a; scale: y *= v; softcap: y = cap(y, v) */
     size_t n;
+    int act;
+    float v;
 } ew_job;
 
 static void ew_range(const ew_job *j, size_t i0, size_t i1) {
-    if (j->b) for (size_t i = i0; i < i1; i++) j->y[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
-    else for (size_t i = i0; i < i1; i++) j->y[i] += j->a[i];
+    switch (j->op) {
+    case EW_GLU:
+        if (j->act == BE_ACT_SILU) for (size_t i = i0; i < i1; i++) j->y[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
+        else for (size_t i = i0; i < i1; i++) j->y[i] = be_act(j->act, j->a[i]) * j->b[i];
+        break;
+    case EW_ADD: for (size_t i = i0; i < i1; i++) j->y[i] += j->a[i]; break;
+    case EW_SCALE: for (size_t i = i0; i < i1; i++) j->y[i] *= j->v; break;
+    default: for (size_t i = i0; i < i1; i++) j->y[i] = be_softcap(j->y[i], j->v); break;
+    }
 }
 
 static void ew_task(void *arg, int ith, int nth) {
@@ -139,13 +150,23 @@ static void ew_run(be_ctx *c, ew_job *j) {
     else ew_range(j, 0, j->n);
 }
 
-static void cpu_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n) {
-    ew_job j = { out, gate, up, n };
+static void cpu_glu(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act) {
+    ew_job j = { EW_GLU, out, gate, up, n, act, 0.0f };
     ew_run(c, &j);
 }
 
 static void cpu_add(be_ctx *c, float *y, const float *x, size_t n) {
-    ew_job j = { y, x, NULL, n };
+    ew_job j = { EW_ADD, y, x, NULL, n, 0, 0.0f };
+    ew_run(c, &j);
+}
+
+static void cpu_scale(be_ctx *c, float *x, size_t n, float s) {
+    ew_job j = { EW_SCALE, x, NULL, NULL, n, 0, s };
+    ew_run(c, &j);
+}
+
+static void cpu_softcap(be_ctx *c, float *x, size_t n, float cap) {
+    ew_job j = { EW_SOFTCAP, x, NULL, NULL, n, 0, cap };
     ew_run(c, &j);
 }
 
@@ -198,6 +219,7 @@ static void att_task(void *arg, int ith, int nth) {
             for (int t = r[g]; t < r[g + 1]; t++, n++) {
                 size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, h / grp, t, el) / el;
                 s[n] = kv_dot(j->k, j->dt, off, qq, hd) * a->scale;
+                if (a->softcap > 0) s[n] = be_softcap(s[n], a->softcap);
                 if (s[n] > mx) mx = s[n];
             }
         for (int t = 0; t < n; t++) sum += (s[t] = expf(s[t] - mx));
@@ -230,6 +252,34 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
     else cpu_pool_run(c->pool, att_task, &j);
 }
 
+/* be_ops.score: the reference per row, rows split over the pool (each row's
+ * result depends on that row alone, so the split changes no bits) */
+typedef struct score_job {
+    const float *z;
+    int n, V;
+    const int32_t *tgt;
+    const be_score_base *base;
+    uint16_t *codes;
+    size_t cs;
+    be_score_row *out;
+} score_job;
+
+static void score_task(void *arg, int ith, int nth) {
+    const score_job *j = arg;
+    int i0 = (int)((int64_t)j->n * ith / nth), i1 = (int)((int64_t)j->n * (ith + 1) / nth);
+    for (int i = i0; i < i1; i++)
+        be_ref_score_row(j->z + (size_t)i * j->V, j->V, j->tgt[i], j->base, j->base ? j->base->idx[i] : 0,
+                         j->codes ? j->codes + (size_t)i * j->cs : NULL, &j->out[i]);
+}
+
+static void cpu_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
+                      uint16_t *codes, size_t code_stride, be_score_row *out) {
+    if (n <= 0) return;
+    score_job j = {z, n, V, tgt, base, codes, code_stride, out};
+    if (n > 1) cpu_pool_run(c->pool, score_task, &j);
+    else score_task(&j, 0, 1);
+}
+
 /* MemAvailable from /proc/meminfo (page cache counts as available), else free pages */
 static size_t cpu_mem_available(be_ctx *c) {
     (void)c;
@@ -260,13 +310,16 @@ static const be_ops cpu_ops = {
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
-    .swiglu = cpu_swiglu,
+    .glu = cpu_glu,
     .add = cpu_add,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .gather = cpu_gather,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .matmul_multi = cpu_matmul_multi,
     .mem_available = cpu_mem_available,
+    .score = cpu_score,
 };
 
 const be_ops *be_cpu(void) { return &cpu_ops; }

@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "backend/cpu/cpu.h"
 
 void be_ref_matmul(const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
@@ -41,8 +42,17 @@ void be_ref_rope(float *x, int n, int heads, int hd, int rot, const int *pos, co
         }
 }
 
-void be_ref_swiglu(const float *gate, const float *up, float *out, size_t n) {
-    for (size_t i = 0; i < n; i++) out[i] = (float)(gate[i] / (1.0 + exp(-(double)gate[i])) * up[i]);
+void be_ref_glu(const float *gate, const float *up, float *out, size_t n, int act) {
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i];
+        double a = act == BE_ACT_GELU_TANH ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)))
+                                           : g / (1.0 + exp(-g));
+        out[i] = (float)(a * up[i]);
+    }
+}
+
+void be_ref_softcap(float *x, size_t n, float cap) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(cap * tanh((double)x[i] / cap));
 }
 
 void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype dt) {
@@ -81,6 +91,7 @@ void be_ref_attention(const be_attn *a, const float *q, const void *k, const voi
                             double dot = 0;
                             for (int e = 0; e < hd; e++) dot += qq[e] * (double)be_kv_get(k, dt, off + e);
                             dot *= a->scale;
+                            if (a->softcap > 0) dot = a->softcap * tanh(dot / a->softcap);
                             if (!pass) { if (dot > mx) mx = dot; continue; }
                             double w = exp(dot - mx);
                             sum += w;
@@ -89,4 +100,62 @@ void be_ref_attention(const be_attn *a, const float *q, const void *k, const voi
                 for (int d = 0; d < hd; d++) o[d] = (float)(acc[d] / sum);
             }
     }
+}
+
+/* the scoring statistics of one logits row (backend.h, be_score_row): the
+ * definition every scoring path uses (perplexity, KL, response log-probs) */
+void be_ref_score_row(const float *z, int V, int tgt, const be_score_base *base, int bi, uint16_t *codes,
+                      be_score_row *o) {
+    int im = 0;
+    float mx = z[0], mn = z[0];
+    for (int i = 1; i < V; i++) {
+        if (z[i] > mx) { mx = z[i]; im = i; }
+        if (z[i] < mn) mn = z[i];
+    }
+    double s = 0;
+    for (int i = 0; i < V; i++) s += expf(z[i] - mx);
+    float lse = mx + (float)log(s);
+    o->lse = lse;
+    o->lp = z[tgt] - lse;
+    o->argmax = im;
+    float top = z[im] - lse, lo = mn - lse;
+    if (lo < top - 16) lo = top - 16;
+    o->code_min = lo;
+    o->code_scale = (top - lo) / 65535.0f;
+    o->kld = 0;
+    if (base) {
+        const float *zb = base->z ? base->z + (size_t)bi * V : NULL;
+        float lb_lse = zb ? base->lse[bi] : 0, sc = 0, bmin = 0;
+        const uint16_t *q = NULL;
+        if (!zb) {
+            const unsigned char *r = base->rec + (size_t)bi * base->rec_bytes;
+            memcpy(&sc, r, 4);
+            memcpy(&bmin, r + 4, 4);
+            q = (const uint16_t *)(const void *)(r + 16);
+        }
+        double kld = 0;
+        for (int i = 0; i < V; i++) {
+            float lb = zb ? zb[i] - lb_lse : sc * q[i] + bmin;
+            if (lb > -16.0f) {
+                float lq = z[i] - lse;
+                kld += exp((double)lb) * ((double)lb - lq);
+            }
+        }
+        o->kld = kld;
+    }
+    if (codes) {
+        float sc = o->code_scale, inv = sc > 0 ? 1.0f / sc : 0;
+        for (int i = 0; i < V; i++) {
+            float lp = z[i] - lse;
+            long v = sc > 0 && lp > lo ? lroundf(inv * (lp - lo)) : 0;
+            codes[i] = (uint16_t)(v < 0 ? 0 : v > 65535 ? 65535 : v);
+        }
+    }
+}
+
+void be_ref_score(const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
+                  size_t code_stride, be_score_row *out) {
+    for (int i = 0; i < n; i++)
+        be_ref_score_row(z + (size_t)i * V, V, tgt[i], base, base ? base->idx[i] : 0,
+                         codes ? codes + (size_t)i * code_stride : NULL, &out[i]);
 }

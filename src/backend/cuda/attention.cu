@@ -16,7 +16,7 @@
  *   depends only on the bucketed span bound (cu_span_bucket), never on the
  *   position, so a captured decode graph stays valid while positions move
  *   (they arrive in device memory). Exact f32; any head_dim.
- * - flash (prefill, head_dim 64 or 128, L >= 16): FlashAttention-2 style, 64
+ * - flash (prefill, head_dim 64, 128 or 256, L >= 16, no softcap): FlashAttention-2 style, 64
  *   queries per block (16 per warp), key/value tiles of 64 positions in
  *   shared memory as f16 (bf16 and f32 pools converted on load), S = QK^T and
  *   O += PV on the tensor cores (mma.sync m16n8k16, f32 accumulate), online
@@ -41,7 +41,7 @@ template <typename KT> __device__ __forceinline__ float kv_at(const KT *p, size_
  * held, which be_span never shows, reads row 0 with weight 0) */
 template <typename KT>
 __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const KT *V, const uint32_t *rows, const uint8_t *held, int hd,
-                                            int n, float scale, float *qs, float *sc, float *red, float *pp) {
+                                            int n, float scale, float cap, float *qs, float *sc, float *red, float *pp) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int j0 = 0, j1 = n;
     for (int d = tid; d < hd; d += SPLIT_THREADS) qs[d] = qq[d];
@@ -66,7 +66,7 @@ __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const 
 #pragma unroll
             for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
             int j = jb + NW * u;
-            if (lane == 0 && j < j1) sc[j - j0] = held[j] ? a * scale : -INFINITY;
+            if (lane == 0 && j < j1) sc[j - j0] = held[j] ? (cap > 0 ? be_softcap(a * scale, cap) : a * scale) : -INFINITY;
         }
     }
     __syncthreads();
@@ -113,7 +113,7 @@ __device__ __forceinline__ void split_slice(const float *qq, const KT *K, const 
 template <typename KT>
 __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, const KT *K, const KT *V, int L, int H, int n_kv, int hd,
                                                               const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
-                                                              const int *pos0, const int *len, const int *seq, const int *run0,
+                                                              float cap, const int *pos0, const int *len, const int *seq, const int *run0,
                                                               int nsplit, int chunk, float *part, int *cnt, float *out) {
     extern __shared__ float sm[];
     float *qs = sm, *sc = sm + hd;   /* [hd], [chunk] */
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
             rows[t - t0] = row < 0 ? 0u : (uint32_t)row;
             held[t - t0] = row >= 0;
         }
-        split_slice<KT>(q + ((size_t)bi * H + h) * hd, K, V, rows, held, hd, t1 - t0, scale, qs, sc, red, pp);
+        split_slice<KT>(q + ((size_t)bi * H + h) * hd, K, V, rows, held, hd, t1 - t0, scale, cap, qs, sc, red, pp);
     } else if (tid == 0) {
         pp[0] = -INFINITY;
         pp[1] = 0.0f;
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 enum { ATT_SPLIT = 0, ATT_FLASH = 1, ATT_DECODE = 2 };
 
 /* the record (see cu_rec_attn; p: q, K, V, out, pos0, len, seq, run0, pt; i[CU_A_OP..]: dtype, path,
- * nsplit; f: scale, chunk) */
+ * nsplit; f: scale, chunk, softcap (0: none)) */
 static void l_attention(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
     const void *K = r->p[1], *V = r->p[2];
@@ -449,7 +449,8 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     } while (0)
 #define FL_DT(HD) do { if (dt == BE_F16) FL(HD, __half); else if (dt == BE_BF16) FL(HD, __nv_bfloat16); else FL(HD, float); } while (0)
         if (hd == 64) FL_DT(64);
-        else FL_DT(128);
+        else if (hd == 128) FL_DT(128);
+        else FL_DT(256);   /* Gemma 3 */
 #undef FL_DT
 #undef FL
         CU_LAUNCHED(c, "flash attention");
@@ -463,7 +464,7 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     dim3 grid((unsigned)nsplit, (unsigned)H, (unsigned)(B * L));
     size_t smem = sizeof(float) * (size_t)(hd + chunk) + 5 * (size_t)chunk;
 #define SPL(KT) cu_launch(c, k_attn_split<KT>, grid, dim3(SPLIT_THREADS), smem, q, (const KT *)K, (const KT *)V, L, H, n_kv, hd, pt, n_pt, \
-                          sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out)
+                          sh, window, keep, scale, r->f[2], pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out)
     if (dt == BE_F16) SPL(__half);
     else if (dt == BE_BF16) SPL(__nv_bfloat16);
     else SPL(float);
@@ -475,7 +476,9 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
     /* flash rounds q and p to f16: not in batch-invariant mode, where a row must not depend on
      * whether its batch's padded length reaches 16 */
-    int flash = (a->head_dim == 64 || a->head_dim == 128) && a->L >= 16 && !c->batch_inv;
+    /* softcapped scores (Gemma 2): the split-K kernel only */
+    int flash = (a->head_dim == 64 || a->head_dim == 128 || a->head_dim == 256) && a->L >= 16 && !c->batch_inv &&
+                !(a->softcap > 0);
     /* split-K geometry from the shape and the bucketed span only (never the position): slices of
      * at least 32 keys, at most ~2048 blocks, at most SPLIT_MAX keys per slice (shared memory) */
     int span = cu_span_bucket(a->max_span), rows = a->B * a->L * a->n_head;
@@ -488,7 +491,7 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     if (c->batch_inv) chunk = 32 * ((span + 32 * 1024 - 1) / (32 * 1024));
     nsplit = (span + chunk - 1) / chunk;
     /* decode over a 16-bit pool (attn-decode.cu): its own slices */
-    int decode = !flash && cu_attn_decode_fits(a, dt, span, &chunk, &nsplit);
+    int decode = !flash && !(a->softcap > 0) && cu_attn_decode_fits(a, dt, span, &chunk, &nsplit);
     if (!flash) {
         size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
         if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
@@ -509,5 +512,6 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     r.i[CU_A_OP + 2] = nsplit;
     r.f[0] = a->scale;
     r.f[1] = (float)chunk;
+    r.f[2] = a->softcap > 0 ? a->softcap : 0.0f;
     cu_submit(c, &r);
 }

@@ -196,6 +196,7 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->act16);
     cudaFree(c->part);
     cudaFree(c->cnt);
+    cudaFree(c->score_out);
     cudaFree(c->arena_d);
     if (c->arena_h) cudaFreeHost(c->arena_h);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -427,7 +428,9 @@ static be_ops make_ops(void) {
     o.matmul = cu_op_matmul;
     o.rmsnorm = cu_op_rmsnorm;
     o.rope = cu_op_rope;
-    o.swiglu = cu_op_swiglu;
+    o.glu = cu_op_glu;
+    o.scale = cu_op_scale;
+    o.softcap = cu_op_softcap;
     o.add = cu_op_add;
     o.gather = cu_op_gather;
     o.kv_write = cu_op_kv_write;
@@ -438,6 +441,7 @@ static be_ops make_ops(void) {
     o.step_begin = cuda_step_begin;
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
+    o.score = cu_op_score;
     o.matmul_multi = cu_op_matmul_multi;
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;

@@ -42,7 +42,7 @@ typedef struct cu_rec {
     cu_launch_fn fn;
     const void *p[12];  /* device pointers */
     int64_t i[14];      /* sizes, dtypes, flags */
-    float f[2];
+    float f[3];
 } cu_rec;
 
 enum { CU_EAGER = 0, CU_CAPTURE = 1, CU_REPLAY = 2 };
@@ -73,6 +73,8 @@ struct be_ctx {
     int batch_inv;           /* batch-invariant mode: matmuls keep f32 activations, rows never mix (be_ops.batch_invariant) */
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
+    void *score_out;         /* [score_out_n] bytes: the score op's per-row results */
+    size_t score_out_n;
     int *cnt;                /* [cnt_n] bytes: split-K arrival counters, zero between launches */
     size_t cnt_n;
     /* graph state */
@@ -127,7 +129,9 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);
-void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n);
+void cu_op_glu(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act);
+void cu_op_scale(be_ctx *c, float *x, size_t n, float s);
+void cu_op_softcap(be_ctx *c, float *x, size_t n, float cap);
 void cu_op_add(be_ctx *c, float *y, const float *x, size_t n);
 void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, float *y);
 void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt);
@@ -137,6 +141,8 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
+                 size_t code_stride, be_score_row *out);
 
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 

@@ -251,13 +251,12 @@ void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const in
     cu_submit(c, &r);
 }
 
-/* ------------------------------------------------------ swiglu, add, gather */
+/* --------------------------------------- glu, add, scale, softcap, gather */
 
-__global__ void k_swiglu(const float *g, const float *u, float *o, size_t n, void *o16, int bf16) {
+__global__ void k_glu(const float *g, const float *u, float *o, size_t n, void *o16, int bf16, int act) {
     PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float a = g[i];
-        float v = a / (1.0f + expf(-a)) * u[i];
+        float v = be_act(act, g[i]) * u[i];
         o[i] = v;
         if (o16) put16(o16, i, v, bf16);
     }
@@ -273,22 +272,23 @@ static unsigned grid_for(size_t n) {
     return g > 132 * 16 ? 132 * 16 : (g ? g : 1);
 }
 
-static void l_swiglu(be_ctx *c, const cu_rec *r) {
+static void l_glu(be_ctx *c, const cu_rec *r) {
     size_t n = (size_t)r->i[0];
     if (!n) return;
-    cu_launch(c, k_swiglu, dim3(grid_for(n)), dim3(256), 0, (const float *)r->p[0], (const float *)r->p[1], (float *)r->p[2], n,
-              (void *)r->p[3], (int)r->i[1]);
-    CU_LAUNCHED(c, "swiglu");
+    cu_launch(c, k_glu, dim3(grid_for(n)), dim3(256), 0, (const float *)r->p[0], (const float *)r->p[1], (float *)r->p[2], n,
+              (void *)r->p[3], (int)r->i[1], (int)r->i[2]);
+    CU_LAUNCHED(c, "glu");
 }
 
-void cu_op_swiglu(be_ctx *c, const float *gate, const float *up, float *out, size_t n) {
+void cu_op_glu(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act) {
     cu_rec r;
     memset(&r, 0, sizeof r);
-    r.fn = l_swiglu;
+    r.fn = l_glu;
     r.p[0] = gate;
     r.p[1] = up;
     r.p[2] = out;
     r.i[0] = (int64_t)n;
+    r.i[2] = act;
     void *o16 = side16(c, n);
     r.p[3] = o16;
     r.i[1] = c->act16_dt == BE_F16 ? 0 : 1;
@@ -313,6 +313,34 @@ void cu_op_add(be_ctx *c, float *y, const float *x, size_t n) {
     r.i[0] = (int64_t)n;
     cu_submit(c, &r);
 }
+
+/* x[i] *= v (cap 0), or x[i] = be_softcap(x[i], v) */
+__global__ void k_scale_cap(float *x, size_t n, float v, int cap) {
+    PDL_ENTRY();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = cap ? be_softcap(x[i], v) : x[i] * v;
+}
+
+static void l_scale_cap(be_ctx *c, const cu_rec *r) {
+    size_t n = (size_t)r->i[0];
+    if (!n) return;
+    cu_launch(c, k_scale_cap, dim3(grid_for(n)), dim3(256), 0, (float *)r->p[0], n, r->f[0], (int)r->i[1]);
+    CU_LAUNCHED(c, r->i[1] ? "softcap" : "scale");
+}
+
+static void scale_cap(be_ctx *c, float *x, size_t n, float v, int cap) {
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_scale_cap;
+    r.p[0] = x;
+    r.i[0] = (int64_t)n;
+    r.i[1] = cap;
+    r.f[0] = v;
+    cu_submit(c, &r);
+}
+
+void cu_op_scale(be_ctx *c, float *x, size_t n, float s) { scale_cap(c, x, n, s, 0); }
+void cu_op_softcap(be_ctx *c, float *x, size_t n, float cap) { scale_cap(c, x, n, cap, 1); }
 
 __global__ void k_gather(const float *x, int dim, const int *rows, int n, float *y) {
     PDL_ENTRY();

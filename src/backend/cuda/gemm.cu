@@ -19,6 +19,14 @@
  * decode steps of 2/4/8 rows took 7.4/11.5/21.0 ms on this GEMV and
  * 5.4/5.7/6.3 ms on cuBLAS (one row: 4.1 ms on the GEMV).
  *
+ * A tensor-core kernel for 2..64 rows (weights streamed once, mma.sync
+ * m16n8k16, x staged in shared memory per 128 columns and shared by 128
+ * features, split-K with an in-order reduction, q/k/v and gate/up in one
+ * launch) was measured against cuBLAS in the same calls (bench-cuda
+ * BENCH_AGG, llama-3-8b, 2026-12-01): 6.19/9.52/14.33 ms per step at 8/32/64
+ * rows against cuBLAS's 6.33/7.85/9.11 — level at 8 rows, slower beyond — so
+ * it was not kept (commits 5727e54, 36083de, af4680f hold it).
+ *
  * Prefill and batches: cuBLAS. 16-bit weights: x is rounded to the weight's
  * dtype (as transformers computes in bf16/f16; consecutive matmuls of one
  * input, q/k/v and gate/up, round it once) and multiplied by
@@ -102,7 +110,7 @@ template <int N> constexpr int gemv_unroll() { return N == 1 ? 8 : 4; }
 
 /* up to three matrices of one input (q/k/v, gate/up) in one launch; their
  * row groups are numbered one after another (gend: cumulative group ends).
- * glu: two matrices of m[0] rows walked together; y[0] = silu(x.w0) * (x.w1). */
+ * glu (a BE_ACT_*): two matrices of m[0] rows walked together; y[0] = act(x.w0) * (x.w1). */
 typedef struct gemv_set {
     const void *w[3], *bias[3];
     float *y[3];
@@ -182,7 +190,7 @@ template <int N> __device__ __forceinline__ void warp_sum(float *acc) {
     }
 }
 
-/* y[t][row] (=, or += with st.acc) the row's sums plus bias, through the SwiGLU with st.glu */
+/* y[t][row] (=, or += with st.acc) the row's sums plus bias, through the gated activation st.glu */
 template <int N> __device__ __forceinline__ void gemv_store(const gemv_set &st, int mi, int row, int m, const float (*acc)[N]) {
     float b[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -195,7 +203,7 @@ template <int N> __device__ __forceinline__ void gemv_store(const gemv_set &st, 
 #pragma unroll
     for (int t = 0; t < N; t++) {
         float g = acc[0][t] + b[0];
-        float v = st.glu ? g / (1.0f + expf(-g)) * (acc[1][t] + b[1]) : g;
+        float v = st.glu ? be_act(st.glu, g) * (acc[1][t] + b[1]) : g;
         y[(size_t)t * m + row] = st.acc ? y[(size_t)t * m + row] + v : v;
     }
 }
@@ -414,7 +422,7 @@ static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_
 
 /* what a GEMV launch does around the products */
 typedef struct mm_opts {
-    int glu, acc;          /* y[0] = silu(.) * (.) of two matrices; y += result */
+    int glu, acc;          /* y[0] = act(.) * (.) of two matrices (glu a BE_ACT_*); y += result */
     const be_mat *norm;    /* input rmsnorm(x) * (norm + norm_add) made in the prologue */
     float norm_add, eps;
 } mm_opts;
@@ -533,12 +541,12 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
     }
     cu_op_rmsnorm(c, x, n, k, norm, w_add, eps, xn);
     if (glu && multi_ok(c, xn, n, 2, w) && w[0]->rows == w[1]->rows) {
-        mm_opts o = {1, 0, NULL, 0.0f, 0.0f};
+        mm_opts o = {glu, 0, NULL, 0.0f, 0.0f};
         submit_multi(c, xn, n, 2, w, bias, y, &o);
         return;
     }
     cu_op_matmul_multi(c, xn, n, count, w, bias, y);
-    if (glu) cu_op_swiglu(c, y[0], y[1], y[0], (size_t)n * w[0]->rows);
+    if (glu) cu_op_glu(c, y[0], y[1], y[0], (size_t)n * w[0]->rows, glu);
 }
 
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {
