@@ -9,6 +9,10 @@
 #        NO_PEER=1 skips llama.cpp, PP/TG change 512/128, ROUNDS (default 2) alternations of cinfer and
 #        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a bf16 row with CINFER_BF16_ACT=1
 #        (prefill on bf16-rounded activations, AVX-512 BF16).
+#   DTYPES may name MLX affine types as qBgG (e.g. q4g64, q8g64): the bf16 model converted by `cinfer convert -q
+#   --q-bits B --q-group-size G`, next to llama.cpp's QB_0 (q4g64 and Q4_0 are both 4.5 bits per weight, q8g64
+#   and Q8_0 both 8.5). INT8_ACT=1 adds, for those, a decode row with CINFER_INT8_ACT=1 (the opt-in int8-activation
+#   kernels; their KL is in BENCHMARKS.md).
 # Steps: builds build/bench/*, runs build/bench/ceilings (read bandwidth, sgemm; twice at the start, once more
 # before each row, the best so far kept; printed at the start and at the end), writes each model with
 # bench/mk-random-model.py (once), runs build/bench/bench-model (best of REPS after a warm-up) and
@@ -50,11 +54,19 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for shape in $SHAPES; do
   for dt in $DTYPES; do
     dir=$WORK/$shape-$dt
-    /usr/bin/python3 bench/mk-random-model.py "$shape" "$dt" "$dir" >/dev/null
+    peer=$dt
+    case $dt in
+    q*g*)   # MLX affine: converted from the bf16 model; the peer is llama.cpp's Q<bits>_0
+      bits=${dt#q}; bits=${bits%g*}; grp=${dt#*g}; peer=q${bits}_0
+      /usr/bin/python3 bench/mk-random-model.py "$shape" bf16 "$WORK/$shape-bf16" >/dev/null
+      [ -s "$dir/model.safetensors" ] || { rm -rf "$dir"; ./build/cinfer convert --hf-path "$WORK/$shape-bf16" --mlx-path "$dir" -q \
+          --q-bits "$bits" --q-group-size "$grp" --quiet; } ;;
+    *) /usr/bin/python3 bench/mk-random-model.py "$shape" "$dt" "$dir" >/dev/null ;;
+    esac
     for t in $THREADS; do
       f=$OUT/$shape-$dt-t$t.txt
       ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null   # again per row: bandwidth drifts
-      : >"$f"; : >"$f.peer"; : >"$f.act"
+      : >"$f"; : >"$f.peer"; : >"$f.act"; : >"$f.i8"
       # alternate cinfer and llama.cpp ROUNDS times (the machine's load and memory bandwidth drift)
       r=0
       while [ $r -lt "$ROUNDS" ]; do
@@ -62,8 +74,10 @@ for shape in $SHAPES; do
         if [ "$dt" = bf16 ] && [ -n "$BF16_ACT" ]; then
           CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"
         fi
+        case $dt in q*g*) if [ -n "$INT8_ACT" ]; then
+          CINFER_INT8_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p 0 -n "$TG" -r "$REPS" >>"$f.i8"; fi ;; esac
         if [ -z "$NO_PEER" ]; then
-          sh bench/peer-llama-cpp.sh "$shape" "$dt" "$t" "$REPS" "$PP" "$TG" >>"$f.peer" 2>/dev/null || true
+          sh bench/peer-llama-cpp.sh "$shape" "$peer" "$t" "$REPS" "$PP" "$TG" >>"$f.peer" 2>/dev/null || true
         fi
         r=$((r + 1))
       done
@@ -78,6 +92,10 @@ for shape in $SHAPES; do
       if [ -s "$f.act" ]; then
         row "$shape" "bf16, bf16 activations" "$t" "$(val "pp${PP}_tok_s" "$f.act")" "$lpp" \
             "$(val "pp${PP}_GFLOP_s" "$f.act")" "$sg" "" "" "" "$bw"
+      fi
+      if [ -s "$f.i8" ]; then
+        row "$shape" "$dt, int8 activations (decode)" "$t" "$pp" "$lpp" "$gf" "$sg" "$(val "tg${TG}_tok_s" "$f.i8")" "$ltg" \
+            "$(val "tg${TG}_GB_s" "$f.i8")" "$bw"
       fi
     done
   done

@@ -40,7 +40,7 @@ static int tinyllama_stack(int threads, int n, int reps, be_dtype dt) {
     off[0] = 0;
     for (int i = 0; i < NMAT; i++) {
         int64_t r = i < NMAT - 1 ? sh[i % 7][0] : 32000, c = i < NMAT - 1 ? sh[i % 7][1] : 2048;
-        mats[i] = (be_mat){ NULL, NULL, dt, r, c };
+        mats[i] = (be_mat){ .dt = dt, .rows = r, .cols = c };
         off[i + 1] = off[i] + (size_t)(r * c) * es;
     }
     uint8_t *b = aligned_alloc(4096, off[NMAT] + 64);
@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
     be_ctx *c;
     if (ops->ctx_new(&c, threads)) return 1;
     be_mat *mats = calloc((size_t)nmat, sizeof *mats);
-    for (int i = 0; i < nmat; i++) mats[i] = (be_mat){ w + mat_bytes * (size_t)i, NULL, dt, m, k };
+    for (int i = 0; i < nmat; i++) mats[i] = (be_mat){ .data = w + mat_bytes * (size_t)i, .dt = dt, .rows = m, .cols = k };
     ops->matmul(c, x, n, &mats[0], NULL, y);   /* warm-up */
     double best = 1e30;
     for (int r = 0; r < reps; r++) {

@@ -84,9 +84,12 @@ int main(int argc, char **argv) {
     int64_t layer_params = (int64_t)mi.n_layer *
                            ((int64_t)mi.hidden * (q + 2 * kv) + q * mi.hidden + 3 * (int64_t)mi.hidden * mi.ffn);
     int64_t head_params = (int64_t)mi.n_vocab * mi.hidden;
-    double esize = !strcmp(mi.weight_dtype, "f32") ? 4 : 2;
+    /* bytes per weight as stored: 4 / 2 for dense types; codes + scales + biases for MLX affine ones */
+    double esize = mi.bits_per_weight / 8;
     printf("model %s\n", dir);
     printf("dtype %s\n", mi.weight_dtype);
+    printf("weight_types %s\n", mi.weight_types);
+    printf("bits_per_weight %.3f\n", mi.bits_per_weight);
     printf("threads %d\n", threads);
     printf("params %lld\n", (long long)mi.n_params);
     printf("layer_matmul_params %lld\n", (long long)layer_params);

@@ -66,9 +66,12 @@ typedef struct cinfer_model_info {
     int bos;                 /* -1 when unknown */
     int n_eos;               /* eos ids from generation_config.json/config.json */
     const int32_t *eos;      /* [n_eos], owned by the model */
-    const char *weight_dtype;/* "f32", "f16", "bf16" (of the projection weights) */
+    const char *weight_dtype;/* "f32", "f16", "bf16" (of the projection weights); "q2".."q8":
+                                MLX affine-quantized, that many bits per code */
     size_t weight_bytes;     /* bytes of all tensors in the safetensors files */
-    int64_t n_params;
+    int64_t n_params;        /* parameters (a quantized matrix counts its unpacked values) */
+    const char *weight_types;/* the stored types of the 2-D weights, e.g. "bf16" or "q3+q6 (affine g64, bf16 scales)" */
+    double bits_per_weight;  /* weight_bytes * 8 / n_params (codes, scales, biases and norms included) */
 } cinfer_model_info;
 
 void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *info);

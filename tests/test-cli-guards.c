@@ -48,10 +48,14 @@ static void test_generate_output(void) {
 
     json_t *j = run_json("generate -m " M " -p 'Once upon a time' -n 8 --json", &rc);
     static const char *keys[] = {"text", "tokens", "logprobs", "finish_reason", "prompt_tokens", "prompt_tps",
-                                 "generation_tokens", "generation_tps", "peak_memory_gb", "kv_bytes"};
+                                 "generation_tokens", "generation_tps", "peak_memory_gb", "kv_bytes", "weight_types",
+                                 "bits_per_weight"};
     int have = 0;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) have += json_object_get(j, keys[i]) != NULL;
-    CHECK(rc == 0 && j && have == 10 && json_object_size(j) == 10, "--json: stdout is exactly one object with the 10 fields (%d)", have);
+    CHECK(rc == 0 && j && have == 12 && json_object_size(j) == 12, "--json: stdout is exactly one object with the 12 fields (%d)", have);
+    CHECK(!strcmp(json_string_value(json_object_get(j, "weight_types")) ? json_string_value(json_object_get(j, "weight_types")) : "", "f32") &&
+              json_real_value(json_object_get(j, "bits_per_weight")) > 31.9 && json_real_value(json_object_get(j, "bits_per_weight")) < 32.1,
+          "--json: weight_types f32, bits_per_weight 32 for the f32 model");
     json_t *tk = json_object_get(j, "tokens"), *lp = json_object_get(j, "logprobs");
     static const int want[8] = {432, 383, 286, 261, 376, 298, 315, 421};   /* transformers' greedy ids */
     int same = json_array_size(tk) == 8 && json_array_size(lp) == 8;

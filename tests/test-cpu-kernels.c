@@ -42,7 +42,7 @@ static tmat make_mat(be_dtype dt, int64_t rows, int64_t cols, float scale) {
         else if (dt == BE_F16) ((uint16_t *)t.buf)[i] = be_f32_to_f16(v);
         else ((uint16_t *)t.buf)[i] = be_f32_to_bf16(v);
     }
-    t.m = (be_mat){ t.buf, NULL, dt, rows, cols };
+    t.m = (be_mat){ .data = t.buf, .dt = dt, .rows = rows, .cols = cols };
     return t;
 }
 
@@ -88,15 +88,15 @@ static void test_kernel_sets(void) {
                         /* two calls on split row ranges, as the pool does */
                         const float *xk = x;
                         if (g->prep_x[DTS[d]]) { g->prep_x[DTS[d]](x, n, k, xp); xk = xp; }
-                        g->gemv[DTS[d]](xk, n, k, w.m.data, 0, m / 2, y, m);
-                        g->gemv[DTS[d]](xk, n, k, w.m.data, m / 2, m, y, m);
+                        g->gemv[DTS[d]](xk, n, &w.m, 0, m / 2, y, m);
+                        g->gemv[DTS[d]](xk, n, &w.m, m / 2, m, y, m);
                         double e = err_ratio(x, n, &w.m, NULL, y, ref);
                         if (!(e <= worst)) worst = e;
                     }
                     /* row conversion: exact, and rows r0..r1 only */
                     float *rows = malloc(sizeof(float) * (size_t)(m * k + 1));
                     rows[(m - 1) * k] = 12345.f;   /* just past the converted rows */
-                    g->rows_f32[DTS[d]](w.m.data, k, 1, m, rows);
+                    g->rows_f32[DTS[d]](&w.m, 1, m, rows);
                     for (int64_t r = 1; r < m; r++)
                         for (int64_t i = 0; i < k; i++)
                             if (rows[(r - 1) * k + i] != be_mat_get(&w.m, r, i)) exact = 0;

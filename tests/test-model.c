@@ -155,5 +155,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof tiny / sizeof *tiny; i++) tiny_case(tiny[i]);
     real_case("stories260k-ref", "stories260k", F32_TOL);  /* achieved 3.1e-7 */
     real_case("prose13m-ref", "prose-13m", F32_TOL);       /* bf16 weights, f32 math: achieved 4.3e-7 */
+    /* mlx-lm's mixed_3_6 checkpoint against NumPy dequantization + transformers f32
+     * (tests/reference/make_quant_fixtures.py) */
+    real_case("prose13m-mixed36-ref", "prose-13m-mlx-mixed-3-6", F32_TOL);
     return CHECK_DONE();
 }

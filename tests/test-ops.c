@@ -88,7 +88,7 @@ int main(void) {
     fill(x, N * D, 3.0f);
     fill(wf, D, 1.0f);
     for (int i = 0; i < D; i++) wb[i] = be_f32_to_bf16(wf[i]);
-    be_mat w32 = {wf, NULL, BE_F32, 1, D}, w16 = {wb, NULL, BE_BF16, 1, D};
+    be_mat w32 = {.data = wf, .dt = BE_F32, .rows = 1, .cols = D}, w16 = {.data = wb, .dt = BE_BF16, .rows = 1, .cols = D};
     be->rmsnorm(c, x, N, D, &w32, 0.0f, 1e-5f, y1);
     be_ref_rmsnorm(x, N, D, &w32, 0.0f, 1e-5f, y2);
     CHECK(maxdiff(y1, y2, N * D) < 1e-5, "rmsnorm f32 weights");
@@ -104,7 +104,7 @@ int main(void) {
         uint16_t *lw = malloc(2 * LD);
         fill(lx, LN * LD, 2.0f);
         for (int i = 0; i < LD; i++) lw[i] = be_f32_to_f16(frand());
-        be_mat wl = {lw, NULL, BE_F16, 1, LD};
+        be_mat wl = {.data = lw, .dt = BE_F16, .rows = 1, .cols = LD};
         for (int n = 1; n <= LN; n += LN - 1) {
             be->rmsnorm(c, lx, n, LD, &wl, 0.5f, 1e-6f, l1);
             be_ref_rmsnorm(lx, n, LD, &wl, 0.5f, 1e-6f, l2);

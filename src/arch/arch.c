@@ -3,6 +3,11 @@
  * RoPE frequency table. Tensor names follow Hugging Face's
  * model.layers.N.{self_attn,mlp}.*; every tensor is checked for presence,
  * dtype (F32/F16/BF16) and shape before the model is usable.
+ * MLX-quantized modules (mlx-lm's loader rule: a module is quantized when
+ * config.json's quantization block has an entry for its path, or when
+ * "<path>.scales" exists) bind "<path>.weight" (packed uint32 codes),
+ * "<path>.scales" and "<path>.biases" as one affine be_mat; a tied head then
+ * uses the quantized embedding as its linear layer.
  * RoPE scaling follows transformers' modeling_rope_utils (default, linear,
  * llama3), computed in float32 as transformers does.
  */
@@ -10,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 #include "arch/arch.h"
+#include "io/quant-config.h"
+#include "quant/affine.h"
 #include "util.h"
 
 extern const arch_def arch_llama, arch_mistral, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3;
@@ -24,6 +31,7 @@ const arch_def *arch_find(const char *model_type) {
 const char *arch_supported(void) { return "llama, mistral, qwen2, qwen3, gemma2, gemma3_text"; }
 
 typedef struct binder {
+    const model_config *cfg;
     const st_set *st;
     const char *dir;
     char *err;
@@ -32,9 +40,116 @@ typedef struct binder {
     model_weights *w;     /* every bound matrix is listed in w->mats */
 } binder;
 
+static void shape_str(const st_tensor *t, char *got, size_t n) {
+    got[0] = 0;
+    for (int i = 0, k = 0; i < t->ndim && k < (int)n - 16; i++)
+        k += snprintf(got + k, n - (size_t)k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+}
+
+/* the scales or biases of an affine module: dtype F32/F16/BF16, shape [rows][cols/group] */
+static const st_tensor *bind_side(binder *b, const char *wfile, const char *path, const char *what, int64_t rows, int64_t ng,
+                                  be_dtype *dt) {
+    char nm[200], got[96];
+    snprintf(nm, sizeof nm, "%s.%s", path, what);
+    const st_tensor *t = st_find(b->st, nm);
+    if (!t) {
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: quantized module '%s' (packed '%s.weight' here) has no tensor '%s'",
+                           wfile, path, path, nm);
+        return NULL;
+    }
+    const char *file = b->st->paths[t->file];
+    if (!be_dtype_from_st(t->dtype, dt)) {
+        b->status = cf_err(b->err, b->n, CINFER_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", file, nm, t->dtype);
+        return NULL;
+    }
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != ng) {
+        shape_str(t, got, sizeof got);
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%lld, %lld] (one per group)", file,
+                           nm, got, (long long)rows, (long long)ng);
+        return NULL;
+    }
+    return t;
+}
+
+/* binds an MLX-quantized module: <path>.weight uint32 [rows][cols*bits/32] + scales + biases */
+static void bind_affine(binder *b, be_mat *m, const char *name, const char *path, int64_t rows, int64_t cols, int bits,
+                        int group) {
+    const st_tensor *t = st_find(b->st, name), *s, *bs;
+    char got[96];
+    if (!t) { b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: missing tensor '%s'", b->dir, name); return; }
+    const char *file = b->st->paths[t->file];
+    if (strcmp(t->dtype, "U32")) {
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: tensor '%s' of quantized module '%s' has dtype %s, expected U32 (packed %d-bit codes)",
+                           file, name, path, t->dtype, bits);
+        return;
+    }
+    if (cols % group) {
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: tensor '%s': input dimension %lld is not divisible by group_size %d", file,
+                           name, (long long)cols, group);
+        return;
+    }
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols * bits / 32) {
+        shape_str(t, got, sizeof got);
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT,
+                           "%s: tensor '%s' has packed shape [%s], which disagrees with %d bits: expected [%lld, %lld] (%lld values x %d bits / 32)",
+                           file, name, got, bits, (long long)rows, (long long)(cols * bits / 32), (long long)cols, bits);
+        return;
+    }
+    be_dtype sdt, bdt;
+    if (!(s = bind_side(b, file, path, "scales", rows, cols / group, &sdt)) ||
+        !(bs = bind_side(b, file, path, "biases", rows, cols / group, &bdt)))
+        return;
+    if (sdt != bdt) {
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: '%s.scales' is %s but '%s.biases' is %s", file, path, s->dtype, path, bs->dtype);
+        return;
+    }
+    be_dtype_affine(bits, &m->dt);
+    m->data = t->data;
+    m->rows = rows;
+    m->cols = cols;
+    m->scales = s->data;
+    m->biases = bs->data;
+    m->sdt = sdt;
+    m->group = group;
+    if (b->w->n_mats < b->w->cap_mats) b->w->mats[b->w->n_mats++] = m;
+}
+
+/* 1 when the 2-D weight `name` belongs to a quantized module (mlx-lm's rule), with its bits and group */
+static int quantized(binder *b, const char *name, char *path, size_t pn, int *bits, int *group) {
+    size_t l = strlen(name);
+    if (l < 8 || strcmp(name + l - 7, ".weight") || l - 7 >= pn) return 0;
+    memcpy(path, name, l - 7);
+    path[l - 7] = 0;
+    quant_config *q = b->cfg->quant;
+    const qc_module *e = qc_find(q, path);
+    if (e) {
+        *bits = e->bits;
+        *group = e->group;
+        return !e->skip;
+    }
+    char sn[200];
+    snprintf(sn, sizeof sn, "%s.scales", path);
+    if (!st_find(b->st, sn)) return 0;
+    if (!q) {
+        b->status = cf_err(b->err, b->n, CINFER_EFORMAT, "%s: tensor '%s' exists but config.json has no \"quantization\" block (bits, group_size)",
+                           b->dir, sn);
+        return 0;
+    }
+    *bits = q->bits;
+    *group = q->group;
+    return 1;
+}
+
 /* rows == 0 means a 1-D tensor of `cols` elements */
 static void bind(binder *b, be_mat *m, const char *name, int64_t rows, int64_t cols, int required) {
     memset(m, 0, sizeof *m);
+    if (b->status) return;
+    char path[160];
+    int bits = 0, group = 0;
+    if (rows && quantized(b, name, path, sizeof path, &bits, &group)) {
+        bind_affine(b, m, name, path, rows, cols, bits, group);
+        return;
+    }
     if (b->status) return;
     const st_tensor *t = st_find(b->st, name);
     if (!t) {
@@ -64,7 +179,7 @@ static void bind(binder *b, be_mat *m, const char *name, int64_t rows, int64_t c
 
 cinfer_status weights_bind(const model_config *c, const st_set *st, const char *dir, model_weights *w, char *err, size_t n) {
     memset(w, 0, sizeof *w);
-    binder b = {st, dir, err, n, CINFER_OK, w};
+    binder b = {c, st, dir, err, n, CINFER_OK, w};
     w->cap_mats = 3 + (int)(sizeof(layer_weights) / sizeof(be_mat)) * c->n_layer;
     w->mats = calloc((size_t)w->cap_mats, sizeof *w->mats);
     if (!w->mats) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
@@ -112,6 +227,10 @@ cinfer_status weights_bind(const model_config *c, const st_set *st, const char *
         L(b_down, "mlp.down_proj.bias", 0, H, c->mlp_bias);
     }
 #undef L
+    const qc_module *un = b.status ? NULL : qc_unused(c->quant);
+    if (un)
+        b.status = cf_err(err, n, CINFER_EFORMAT, "%s: %s has an entry for '%s', which names no module of this %s model", c->quant->file,
+                          c->quant->key, un->path, c->model_type);
     if (!b.status) {
         w->inv_freq = rope_inv_freq(c, 0.0f, &w->rot_dims);
         if (!w->inv_freq) b.status = cf_err(err, n, CINFER_ENOMEM, "out of memory");

@@ -5,8 +5,10 @@
  * allocated (host memory on the CPU, device memory on CUDA); it never touches
  * an activation buffer's bytes itself and never branches on the backend.
  * Activations are float32, row-major, outermost dim first. Weights are
- * be_mat: a [rows][cols] matrix in its stored dtype (f32/f16/bf16), read in
- * place from the mmap on the CPU, uploaded once by mat_prepare on CUDA.
+ * be_mat: a [rows][cols] matrix in its stored dtype (f32/f16/bf16, or MLX
+ * affine-quantized codes with per-group scales and biases), read in place
+ * from the mmap on the CPU, uploaded once by mat_prepare on CUDA (which has
+ * no affine kernels yet and refuses those).
  * Integer arrays (ids, positions, lengths) are always host arrays; a device
  * backend copies what it needs.
  *
@@ -20,34 +22,51 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum be_dtype { BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2, BE_N_DTYPES } be_dtype;
+/* BE_Q2..BE_Q8: MLX affine-quantized weights of that many bits per code
+ * (src/quant/affine.h), a scale and a bias per group in be_mat.sdt */
+typedef enum be_dtype {
+    BE_F32 = 0, BE_F16 = 1, BE_BF16 = 2,
+    BE_Q2, BE_Q3, BE_Q4, BE_Q5, BE_Q6, BE_Q8,
+    BE_N_DTYPES
+} be_dtype;
 
 /* Everything cinfer knows about a stored element type, one entry per type
  * (dtype.c): code that handles "any type" goes through this table, and a new
  * stored type (a packed quantized one) is one new entry plus its kernels in
  * the backends' per-type tables (indexed by be_dtype, BE_N_DTYPES long). */
 typedef struct be_type_traits {
-    const char *name;      /* "f32", "f16", "bf16" (also KV dtype names) */
-    const char *st_name;   /* safetensors dtype: "F32", "F16", "BF16" */
-    size_t size;           /* bytes per element */
-    float (*get)(const void *p, size_t i);        /* element i as float */
-    void (*put)(void *p, size_t i, float x);      /* store, round to nearest even */
+    const char *name;      /* "f32", "f16", "bf16" (also KV dtype names), "q2".."q8" */
+    const char *st_name;   /* safetensors dtype: "F32", "F16", "BF16"; NULL for packed types */
+    size_t size;           /* bytes per element; 0 for packed types (bits < 8 per element) */
+    float (*get)(const void *p, size_t i);        /* element i as float (dense types) */
+    void (*put)(void *p, size_t i, float x);      /* store, round to nearest even (dense types) */
+    int bits;              /* bits per stored element (affine: per code, scales and biases extra) */
+    int affine;            /* 1: packed affine codes, with be_mat.scales/biases/group/sdt */
 } be_type_traits;
 
 const be_type_traits *be_traits(be_dtype t);
 /* the type a safetensors dtype names; 0 when none */
 int be_dtype_from_st(const char *st_name, be_dtype *out);
-/* the type a name ("f32", "f16", "bf16") names; 0 when none */
+/* the dense type a name ("f32", "f16", "bf16") names; 0 when none (packed types are no KV type) */
 int be_dtype_from_name(const char *name, be_dtype *out);
 size_t be_dtype_size(be_dtype t);
 const char *be_dtype_name(be_dtype t);
+/* the affine type of `bits` bits (2, 3, 4, 5, 6, 8); 0 when none */
+int be_dtype_affine(int bits, be_dtype *out);
 
 typedef struct be_mat {
-    const void *data;   /* [rows][cols] host copy (mmap); always valid */
+    const void *data;   /* [rows][cols] host copy (mmap); always valid.
+                           affine types: [rows][cols*bits/8] bytes of packed codes */
     void *dev;          /* backend copy (CUDA), NULL on the CPU */
     be_dtype dt;
-    int64_t rows, cols; /* 1-D tensors (norms, biases) have rows == 1 */
+    int64_t rows, cols; /* 1-D tensors (norms, biases) have rows == 1; cols = unpacked values */
+    /* affine types only (traits.affine): value = scale*code + bias per group */
+    const void *scales, *biases;  /* [rows][cols/group] in sdt (f32/f16/bf16) */
+    be_dtype sdt;
+    int group;
 } be_mat;
+/* bytes of the stored matrix (packed codes + scales + biases for affine types) */
+size_t be_mat_bytes(const be_mat *m);
 
 typedef struct be_ctx be_ctx;   /* backend-owned state: thread pool, handles, streams */
 

@@ -20,6 +20,8 @@ struct cinfer_model {
     int n_threads;
     cinfer_tokenizer *tok;  /* NULL when the dir has none */
     char dtype_name[8];
+    char weight_types[96];  /* cinfer_model_info.weight_types */
+    int64_t n_params;
     int32_t eos[8];
 };
 

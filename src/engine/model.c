@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "engine/engine.h"
+#include "io/quant-config.h"
 #include "util.h"
 
 void cinfer_model_free(cinfer_model *m) {
@@ -16,6 +17,7 @@ void cinfer_model_free(cinfer_model *m) {
         m->be->ctx_free(m->bc);
     }
     weights_free(&m->w);
+    qc_free(m->cfg.quant);
     st_close(&m->st);
     cinfer_tokenizer_free(m->tok);
     free(m->dir);
@@ -43,8 +45,38 @@ static cinfer_status prepare(cinfer_model *m, char *err, size_t n) {
     int bad = 0;
     for (int i = 0; i < w->n_mats && !bad; i++) bad |= m->be->mat_prepare(m->bc, w->mats[i]);
     if (w->lm_head.data == w->tok_embd.data) w->lm_head = w->tok_embd;   /* tied: the prepared handle */
-    return bad ? cf_err(err, n, CINFER_EBACKEND, "%s: could not prepare the weights on the %s backend", m->dir, m->be->name)
+    char why[256] = "";
+    if (bad && m->be->status) m->be->status(m->bc, why, sizeof why);
+    return bad ? cf_err(err, n, CINFER_EBACKEND, "%s: could not prepare the weights on the %s backend%s%s", m->dir, m->be->name,
+                        why[0] ? ": " : "", why)
                : CINFER_OK;
+}
+
+/* parameters (unpacked for affine matrices) and the stored types of the 2-D weights */
+static void describe_weights(cinfer_model *m) {
+    int64_t p = 0;
+    for (int i = 0; i < m->st.n; i++) {
+        int64_t e = 1;
+        for (int d = 0; d < m->st.t[i].ndim; d++) e *= m->st.t[i].shape[d];
+        p += e;
+    }
+    int seen[BE_N_DTYPES] = {0}, group = 0;
+    be_dtype sdt = BE_F32;
+    for (int i = 0; i < m->w.n_mats; i++) {
+        const be_mat *w = m->w.mats[i];
+        if (w->rows > 1) seen[w->dt] = 1;
+        if (!be_traits(w->dt)->affine) continue;
+        int64_t n = w->rows * w->cols, ng = n / w->group;
+        p += n - n * be_traits(w->dt)->bits / 32 - 2 * ng;   /* the packed words, scales and biases counted above */
+        group = w->group;
+        sdt = w->sdt;
+    }
+    m->n_params = p;
+    size_t k = 0;
+    for (int t = 0; t < BE_N_DTYPES; t++)
+        if (seen[t]) k += (size_t)snprintf(m->weight_types + k, sizeof m->weight_types - k, "%s%s", k ? "+" : "", be_dtype_name((be_dtype)t));
+    if (group && k < sizeof m->weight_types)
+        snprintf(m->weight_types + k, sizeof m->weight_types - k, " (affine g%d, %s scales)", group, be_dtype_name(sdt));
 }
 
 cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, cinfer_model **out, char *err, size_t n) {
@@ -59,6 +91,9 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
     if (!st) {
         m->arch = arch_find(m->cfg.model_type);
         arch_adjust(m->arch, &m->cfg);
+        st = qc_load(dir, &m->cfg.quant, err, n);
+    }
+    if (!st) {
         st = st_open_dir(dir, &m->st, err, n);
     }
     if (!st) st = arch_bind(m->arch, &m->cfg, &m->st, dir, &m->w, err, n);
@@ -90,6 +125,7 @@ cinfer_status cinfer_model_load(const char *dir, const cinfer_load_opts *opts, c
         return st;
     }
     snprintf(m->dtype_name, sizeof m->dtype_name, "%s", be_dtype_name(m->w.layers[0].wq.dt));
+    describe_weights(m);
     for (int i = 0; i < m->cfg.n_eos; i++) m->eos[i] = m->cfg.eos[i];
     if (err && n) err[0] = 0;
     *out = m;
@@ -113,13 +149,9 @@ void cinfer_model_get_info(const cinfer_model *m, cinfer_model_info *info) {
     info->eos = m->eos;
     info->weight_dtype = m->dtype_name;
     info->weight_bytes = m->st.total_bytes;
-    int64_t p = 0;
-    for (int i = 0; i < m->st.n; i++) {
-        int64_t e = 1;
-        for (int d = 0; d < m->st.t[i].ndim; d++) e *= m->st.t[i].shape[d];
-        p += e;
-    }
-    info->n_params = p;
+    info->n_params = m->n_params;
+    info->weight_types = m->weight_types;
+    info->bits_per_weight = m->n_params ? 8.0 * (double)m->st.total_bytes / (double)m->n_params : 0;
 }
 
 const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *m) { return m->tok; }

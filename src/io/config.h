@@ -44,6 +44,8 @@ typedef struct model_config {
     float embed_scale;        /* input embeddings times this (0: none) */
     int sandwich_norm;        /* norms after attention and the MLP too (Gemma 2/3 naming) */
     int bos;                  /* -1 unknown */
+    struct quant_config *quant; /* config.json's quantization block (io/quant-config.h), NULL: none;
+                                   owned by the model, set after config_load */
     int n_eos;
     int eos[8];
 } model_config;

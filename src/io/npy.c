@@ -47,20 +47,23 @@ cinfer_status npy_write_f32(const char *path, const float *data, int ndim, const
     return st;
 }
 
-cinfer_status npy_read_f32(const char *path, float **data, int *ndim, int64_t *shape, char *err, size_t n) {
+/* a 4-byte element array of dtype descr ("<f4", "<u4") */
+static cinfer_status read4(const char *path, const char *descr, void **data, int *ndim, int64_t *shape, char *err, size_t n) {
     *data = NULL;
     char *buf;
     size_t len;
     cinfer_status st = cf_read_file(path, &buf, &len, err, n);
     if (st) return st;
-    st = cf_err(err, n, CINFER_EFORMAT, "%s: not a float32 C-order .npy v1 file", path);
+    st = cf_err(err, n, CINFER_EFORMAT, "%s: not a %s C-order .npy v1 file", path, descr[1] == 'f' ? "float32" : "uint32");
     if (len < 10 || memcmp(buf, "\x93NUMPY", 6) || buf[6] != 1) goto out;
     size_t hl = (unsigned char)buf[8] | ((size_t)(unsigned char)buf[9] << 8);
     if (10 + hl > len) goto out;
     char *hdr = strndup(buf + 10, hl);
     if (!hdr) goto out;
     char *sh = strstr(hdr, "'shape': (");
-    if (strstr(hdr, "'descr': '<f4'") && strstr(hdr, "'fortran_order': False") && sh) {
+    char want[24];
+    snprintf(want, sizeof want, "'descr': '%s'", descr);
+    if (strstr(hdr, want) && strstr(hdr, "'fortran_order': False") && sh) {
         char *p = sh + 10;
         int nd = 0;
         size_t count = 1;
@@ -85,5 +88,19 @@ cinfer_status npy_read_f32(const char *path, float **data, int *ndim, int64_t *s
     free(hdr);
 out:
     free(buf);
+    return st;
+}
+
+cinfer_status npy_read_f32(const char *path, float **data, int *ndim, int64_t *shape, char *err, size_t n) {
+    void *d;
+    cinfer_status st = read4(path, "<f4", &d, ndim, shape, err, n);
+    *data = d;
+    return st;
+}
+
+cinfer_status npy_read_u32(const char *path, uint32_t **data, int *ndim, int64_t *shape, char *err, size_t n) {
+    void *d;
+    cinfer_status st = read4(path, "<u4", &d, ndim, shape, err, n);
+    *data = d;
     return st;
 }

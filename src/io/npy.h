@@ -14,4 +14,6 @@
 cinfer_status npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err, size_t n);
 /* *data malloc'd; shape[NPY_MAX_DIMS] */
 cinfer_status npy_read_f32(const char *path, float **data, int *ndim, int64_t *shape, char *err, size_t n);
+/* the same for uint32 ('<u4') arrays (MLX's packed codes) */
+cinfer_status npy_read_u32(const char *path, uint32_t **data, int *ndim, int64_t *shape, char *err, size_t n);
 #endif

@@ -24,6 +24,7 @@ int cmd_kl(int argc, char **argv);
 int cmd_logprobs(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_cache_prompt(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 
 /* shared helpers (cli-util.c) */
 /* parses an int/float flag value; prints "cinfer CMD: bad value for FLAG" */

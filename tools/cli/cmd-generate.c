@@ -71,7 +71,9 @@ static int prompt_ids(const gen_opts *o, cinfer_model *m, const char *text, size
 
 static json_t *num_or_null(double v) { return v == v && v - v == 0 ? json_real(v) : json_null(); }
 
-static void print_result(const gen_opts *o, const gen_out *g, const cinfer_gen_stats *s, int finish) {
+static void print_result(const gen_opts *o, const gen_out *g, const cinfer_gen_stats *s, int finish, const cinfer_model *m) {
+    cinfer_model_info mi;
+    cinfer_model_get_info(m, &mi);
     double pps = s->prompt_s > 0 ? s->prompt_tokens / s->prompt_s : 0;
     double gps = s->gen_s > 0 ? s->gen_tokens / s->gen_s : 0;
     if (o->json) {
@@ -86,6 +88,8 @@ static void print_result(const gen_opts *o, const gen_out *g, const cinfer_gen_s
         json_object_set_new(j, "generation_tps", num_or_null(gps));
         json_object_set_new(j, "peak_memory_gb", num_or_null(s->peak_memory / 1e9));
         json_object_set_new(j, "kv_bytes", json_integer((json_int_t)s->kv_bytes));
+        json_object_set_new(j, "weight_types", json_string(mi.weight_types));
+        json_object_set_new(j, "bits_per_weight", num_or_null(mi.bits_per_weight));
         if (o->cache.file || o->cache.dir) json_object_set_new(j, "prompt_cached_tokens", json_integer(o->cache.cached));
         char *js = json_dumps(j, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
         if (js) puts(js);
@@ -96,7 +100,8 @@ static void print_result(const gen_opts *o, const gen_out *g, const cinfer_gen_s
     fputc('\n', stdout);
     if (o->quiet) return;
     fprintf(stderr, "==========\nPrompt: %d tokens, %.3f tokens-per-sec\nGeneration: %d tokens, %.3f tokens-per-sec\n"
-            "Peak memory: %.3f GB\n", s->prompt_tokens, pps, s->gen_tokens, gps, s->peak_memory / 1e9);
+            "Peak memory: %.3f GB\nWeights: %s, %.2f bits per weight\n", s->prompt_tokens, pps, s->gen_tokens, gps,
+            s->peak_memory / 1e9, mi.weight_types, mi.bits_per_weight);
     if (finish == CINFER_FINISH_CONTEXT)
         fprintf(stderr, "Stopped at the model's context limit (%d positions, max_position_embeddings)\n", s->prompt_tokens + s->gen_tokens);
 }
@@ -146,7 +151,7 @@ int cmd_generate(int argc, char **argv) {
         gen_out_finish(&g);
         if (st) { fprintf(stderr, "%scinfer generate: %s\n", g.printed ? "\n" : "", cinfer_ctx_error(c)); rc = 1; }
         else if (g.write_failed) rc = 0;   /* main() reports the failed write */
-        else print_result(&o, &g, &s, g.stopped ? CINFER_FINISH_STOP : s.finish_reason);
+        else print_result(&o, &g, &s, g.stopped ? CINFER_FINISH_STOP : s.finish_reason, m);
         gen_out_free(&g);
     }
     cli_cache_end(&o.cache, NULL);

@@ -17,6 +17,7 @@ static const cli_cmd commands[] = {
     {"perplexity", cmd_perplexity, "perplexity of a model on a data file (mlx_lm.perplexity)"},
     {"kl", cmd_kl, "KL divergence of a model against a base model (llama.cpp's report)"},
     {"cache-prompt", cmd_cache_prompt, "prefill a prompt and save an mlx-lm prompt-cache file"},
+    {"convert", cmd_convert, "quantize / dequantize / cast a model like mlx_lm.convert (MLX affine format)"},
     {"logprobs", cmd_logprobs, "summed log-probs of responses given prompts (DPO pairs: margin)"},
 #ifndef CINFER_NO_SERVE   /* tests/gpu/build.sh: the GPU machine has no libmicrohttpd */
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching, prefix reuse)"},

@@ -67,8 +67,9 @@ INL float hsum(__m256 v) {
                 y[t * ldy + r + a] = s;                                                       \
             }                                                                                 \
     }                                                                                         \
-    KERNEL void gemv_##NAME##_avx2(const float *x, int n, int64_t k, const void *w,           \
-                                   int64_t r0, int64_t r1, float *y, int64_t ldy) {           \
+    KERNEL void gemv_##NAME##_avx2(const float *x, int n, const be_mat *wm,           \
+                                   int64_t r0, int64_t r1, float *y, int64_t ldy) { \
+        int64_t k = wm->cols; const void *w = wm->data;           \
         int64_t r = r0;                                                                       \
         for (; r + 4 <= r1; r += 4) {                                                         \
             int pf = r + 8 <= r1;                                                             \
@@ -84,7 +85,8 @@ INL float hsum(__m256 v) {
                 else blk_##NAME(x + (int64_t)t * k, k, w, r, 1, 2, 0, y + t * ldy, ldy);      \
             }                                                                                 \
     }                                                                                         \
-    KERNEL void rows_##NAME##_avx2(const void *w, int64_t k, int64_t r0, int64_t r1, float *dst) { \
+    KERNEL void rows_##NAME##_avx2(const be_mat *wm, int64_t r0, int64_t r1, float *dst) { \
+        int64_t k = wm->cols; const void *w = wm->data; \
         int64_t n = (r1 - r0) * k, i = 0, b = r0 * k;                                         \
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld_##NAME(w, b + i));            \
         for (; i < n; i++) dst[i] = s_##NAME(w, b + i);                                       \
@@ -96,8 +98,8 @@ BLOCK(bf16, 2)
 
 const gemv_kernels gemv_avx2_kernels = {
     "avx2",
-    { gemv_f32_avx2, gemv_f16_avx2, gemv_bf16_avx2 },
-    { rows_f32_avx2, rows_f16_avx2, rows_bf16_avx2 },
+    { gemv_f32_avx2, gemv_f16_avx2, gemv_bf16_avx2, AFFINE_ENTRIES(gemv, avx2) },
+    { rows_f32_avx2, rows_f16_avx2, rows_bf16_avx2, AFFINE_ENTRIES(rows, avx2) },
     { NULL, NULL, NULL },
 };
 #endif

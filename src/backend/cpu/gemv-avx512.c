@@ -120,8 +120,9 @@ INL __m512 ldm_bf16(const void *w, int64_t i, __mmask16 m) {
  * stream, which the hardware prefetchers follow best), token groups of <= 4
  * (the row is re-read from L1 for each next group) */
 #define GEMV(NAME)                                                                            \
-    KERNEL void gemv_##NAME##_avx512(const float *x, int n, int64_t k, const void *w,         \
-                                     int64_t r0, int64_t r1, float *y, int64_t ldy) {         \
+    KERNEL void gemv_##NAME##_avx512(const float *x, int n, const be_mat *wm,         \
+                                     int64_t r0, int64_t r1, float *y, int64_t ldy) { \
+        int64_t k = wm->cols; const void *w = wm->data;         \
         if (n == 1) { /* decode: DS streams, then the rows left over one by one */           \
             int64_t h = (r1 - r0) / DS;                                                       \
             h -= h > 1 && !(h & 1); /* odd: streams a power of two apart read slower */        \
@@ -222,8 +223,9 @@ KERNEL void prep_bf16_avx512(const float *x, int n, int64_t k, float *xp) {
 
 /* row conversion for the GEMM path: 16 elements per step, masked tail */
 #define ROWS(NAME)                                                                            \
-    KERNEL void rows_##NAME##_avx512(const void *w, int64_t k, int64_t r0, int64_t r1,        \
-                                     float *dst) {                                            \
+    KERNEL void rows_##NAME##_avx512(const be_mat *wm, int64_t r0, int64_t r1,        \
+                                     float *dst) { \
+        int64_t k = wm->cols; const void *w = wm->data;                                            \
         int64_t n = (r1 - r0) * k, i = 0, b = r0 * k;                                         \
         for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, ld_##NAME(w, b + i));          \
         if (i < n) {                                                                          \
@@ -237,8 +239,8 @@ ROWS(bf16)
 
 const gemv_kernels gemv_avx512_kernels = {
     "avx512",
-    { gemv_f32_avx512, gemv_f16_avx512, gemv_bf16_avx512 },
-    { rows_f32_avx512, rows_f16_avx512, rows_bf16_avx512 },
+    { gemv_f32_avx512, gemv_f16_avx512, gemv_bf16_avx512, AFFINE_ENTRIES(gemv, avx2) },
+    { rows_f32_avx512, rows_f16_avx512, rows_bf16_avx512, AFFINE_ENTRIES(rows, avx2) },
     { NULL, NULL, prep_bf16_avx512 },
 };
 #endif

@@ -14,8 +14,9 @@ static inline float ld_f16(const void *w, int64_t i) { return be_f16_to_f32(((co
 static inline float ld_bf16(const void *w, int64_t i) { return be_bf16_to_f32(((const uint16_t *)w)[i]); }
 
 #define SCALAR_KERNELS(NAME, LD)                                                              \
-    static void gemv_##NAME##_scalar(const float *x, int n, int64_t k, const void *w,         \
-                                     int64_t r0, int64_t r1, float *y, int64_t ldy) {         \
+    static void gemv_##NAME##_scalar(const float *x, int n, const be_mat *wm,         \
+                                     int64_t r0, int64_t r1, float *y, int64_t ldy) { \
+        int64_t k = wm->cols; const void *w = wm->data;         \
         for (int64_t r = r0; r < r1; r++) {                                                   \
             int64_t base = r * k;                                                             \
             for (int t = 0; t < n; t++) {                                                     \
@@ -33,8 +34,9 @@ static inline float ld_bf16(const void *w, int64_t i) { return be_bf16_to_f32(((
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
-    static void rows_##NAME##_scalar(const void *w, int64_t k, int64_t r0, int64_t r1,        \
-                                     float *dst) {                                            \
+    static void rows_##NAME##_scalar(const be_mat *wm, int64_t r0, int64_t r1,        \
+                                     float *dst) { \
+        int64_t k = wm->cols; const void *w = wm->data;                                            \
         for (int64_t i = r0 * k; i < r1 * k; i++) *dst++ = LD(w, i);                          \
     }
 
@@ -44,8 +46,8 @@ SCALAR_KERNELS(bf16, ld_bf16)
 
 const gemv_kernels gemv_scalar_kernels = {
     "scalar",
-    { gemv_f32_scalar, gemv_f16_scalar, gemv_bf16_scalar },
-    { rows_f32_scalar, rows_f16_scalar, rows_bf16_scalar },
+    { gemv_f32_scalar, gemv_f16_scalar, gemv_bf16_scalar, AFFINE_ENTRIES(gemv, scalar) },
+    { rows_f32_scalar, rows_f16_scalar, rows_bf16_scalar, AFFINE_ENTRIES(rows, scalar) },
     { NULL, NULL, NULL },
 };
 
@@ -69,9 +71,10 @@ const gemv_kernels *gemv_pick(void) {
     int start = 0;
     if (cap && !strcmp(cap, "avx2")) start = 1;
     if (cap && !strcmp(cap, "scalar")) start = 2;
+    const char *i8 = getenv("CINFER_INT8_ACT");
     for (int i = start; i < 3; i++) {
         const gemv_kernels *g = gemv_isa(order[i]);
-        if (g) return g;
+        if (g) return i8 && !strcmp(i8, "1") ? gemv_int8_act(g) : g;
     }
     return &gemv_scalar_kernels;
 }

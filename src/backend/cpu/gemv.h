@@ -4,9 +4,10 @@
  * converters its GEMM path uses.
  *
  * A kernel computes, for the weight rows r in [r0, r1) and tokens t < n:
- *     y[t*ldy + r] = sum_i x[t*k + i] * w[r][i]          (no bias)
+ *     y[t*ldy + r] = sum_i x[t*k + i] * w[r][i]          (no bias, k = w->cols)
  * reading w (row-major [rows][k], stored dtype) in place and accumulating in
- * f32. Any n >= 1 and any k >= 1 work (tails are masked or scalar); kernels
+ * f32. Affine-quantized types (gemv-affine.c) accumulate per group,
+ * scale * sum(x*q) + bias * sum(x), as MLX's quantized_matmul. Any n >= 1 and any k >= 1 work (tails are masked or scalar); kernels
  * are fastest for n <= 4 (one pass over the weights per 4 tokens, while the
  * row block stays in L1). x rows are contiguous (stride k).
  *
@@ -19,10 +20,9 @@
 #include <stdint.h>
 #include "backend/backend.h"
 
-typedef void (*gemv_fn)(const float *x, int n, int64_t k, const void *w, int64_t r0, int64_t r1,
-                        float *y, int64_t ldy);
+typedef void (*gemv_fn)(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y, int64_t ldy);
 /* converts rows [r0, r1) of w[.][k] to f32 dst[(r1-r0)][k] */
-typedef void (*rows_f32_fn)(const void *w, int64_t k, int64_t r0, int64_t r1, float *dst);
+typedef void (*rows_f32_fn)(const be_mat *w, int64_t r0, int64_t r1, float *dst);
 
 /* rearranges x[n][k] into xp[n][k] in the order a kernel wants it */
 typedef void (*prep_x_fn)(const float *x, int n, int64_t k, float *xp);
@@ -36,12 +36,26 @@ typedef struct gemv_kernels {
     prep_x_fn prep_x[BE_N_DTYPES];
 } gemv_kernels;
 
-/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice) */
+/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice; CINFER_INT8_ACT=1
+ * swaps in gemv-affine-i8.c's int8-activation kernels for 4- and 8-bit affine weights) */
 const gemv_kernels *gemv_pick(void);
 /* one specific set, NULL if this CPU (or build) lacks it: for tests */
 const gemv_kernels *gemv_isa(const char *isa);
 
 extern const gemv_kernels gemv_scalar_kernels;
+/* base with the int8-activation kernels for BE_Q4 / BE_Q8 (gemv-affine-i8.c); base itself when it has none */
+const gemv_kernels *gemv_int8_act(const gemv_kernels *base);
+
+/* gemv-affine.c: the affine-quantized kernels (one per bit width), which the
+ * sets' tables list through these initializers */
+#define AFFINE_DECL(b, isa)                                                                        \
+    void gemv_q##b##_##isa(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y, int64_t ldy); \
+    void rows_q##b##_##isa(const be_mat *w, int64_t r0, int64_t r1, float *dst);
+#define AFFINE_DECLS(isa) AFFINE_DECL(2, isa) AFFINE_DECL(3, isa) AFFINE_DECL(4, isa) AFFINE_DECL(5, isa) \
+    AFFINE_DECL(6, isa) AFFINE_DECL(8, isa)
+#define AFFINE_ENTRIES(pre, isa) [BE_Q2] = pre##_q2_##isa, [BE_Q3] = pre##_q3_##isa, [BE_Q4] = pre##_q4_##isa, \
+    [BE_Q5] = pre##_q5_##isa, [BE_Q6] = pre##_q6_##isa, [BE_Q8] = pre##_q8_##isa
+AFFINE_DECLS(scalar)
 
 /* gemm-bf16.c: prefill matmul for bf16 weights with AVX-512 BF16 dot
  * products on bf16-rounded activations (opt-in: CINFER_BF16_ACT=1).
@@ -61,6 +75,7 @@ int cpu_attention_gemm(struct be_ctx *c, const be_attn *a, const float *q, const
 #if defined(__x86_64__) || defined(__i386__)
 extern const gemv_kernels gemv_avx2_kernels;
 extern const gemv_kernels gemv_avx512_kernels;
+AFFINE_DECLS(avx2)
 #define GEMV_X86 1
 #endif
 #endif

@@ -34,7 +34,7 @@
 #define GEMM_FLOATS (4u << 20)   /* f32 weights converted per sgemm call, per thread (16 MiB) */
 
 void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst) {
-    gemv_pick()->rows_f32[w->dt](w->data, w->cols, r, r + 1, dst);
+    gemv_pick()->rows_f32[w->dt](w, r, r + 1, dst);
 }
 
 #define MM_MAX 3     /* matrices in one matmul_multi call */
@@ -90,7 +90,7 @@ static void gemv_task(void *arg, int ith, int nth) {
             if (r0 >= j->end[i]) continue;
             int64_t e = r1 < j->end[i] ? r1 : j->end[i];
             const be_mat *w = j->ws[i];
-            j->g->gemv[w->dt](j->x, j->n, w->cols, w->data, r0 - base, e - base, j->ys[i], w->rows);
+            j->g->gemv[w->dt](j->x, j->n, w, r0 - base, e - base, j->ys[i], w->rows);
             add_bias(j->bs[i], j->n, j->ys[i], w->rows, r0 - base, e - base);
             r0 = e;
         }
@@ -118,7 +118,7 @@ static void gemm_task(void *arg, int ith, int nth) {
         float *s = j->scratch + (size_t)ith * (size_t)j->blk * (size_t)k;
         for (int64_t rb = r0; rb < r1; rb += j->blk) {
             int64_t re = rb + j->blk < r1 ? rb + j->blk : r1;
-            j->g->rows_f32[j->w->dt](j->w->data, k, rb, re, s);
+            j->g->rows_f32[j->w->dt](j->w, rb, re, s);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)(re - rb), (int)k, 1.0f,
                         j->x, (int)k, s, (int)k, 0.0f, j->y + rb, (int)m);
         }

@@ -53,7 +53,8 @@ static void cpu_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, f
 /* the weight (+ w_add) of elements [i0, i0 + cnt) of a norm as f32 */
 static void norm_weights(const be_mat *w, float w_add, int64_t i0, int cnt, float *dst) {
     if (!w) { for (int i = 0; i < cnt; i++) dst[i] = 1.0f + w_add; return; }
-    gemv_pick()->rows_f32[w->dt]((const char *)w->data + i0 * (int64_t)be_dtype_size(w->dt), cnt, 0, 1, dst);
+    be_mat part = { .data = (const char *)w->data + i0 * (int64_t)be_dtype_size(w->dt), .dt = w->dt, .rows = 1, .cols = cnt };
+    gemv_pick()->rows_f32[w->dt](&part, 0, 1, dst);
     if (w_add != 0.0f) for (int i = 0; i < cnt; i++) dst[i] += w_add;
 }
 

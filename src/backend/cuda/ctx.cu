@@ -284,6 +284,8 @@ static void cuda_copy(be_ctx *c, void *dst, const void *src, size_t bytes) {
 
 static int cuda_mat_prepare(be_ctx *c, be_mat *m) {
     if (m->dev) return 0;
+    /* affine-quantized weights have no CUDA kernels yet: refused (the model load says so) */
+    if (be_traits(m->dt)->affine) return cu_check(c, cudaErrorNotSupported, "affine-quantized weights (no CUDA kernels yet)");
     size_t bytes = (size_t)m->rows * (size_t)m->cols * be_dtype_size(m->dt);
     void *p = NULL;
     if (cu_check(c, cudaMalloc(&p, bytes ? bytes : 1), "weight allocation")) return 1;
