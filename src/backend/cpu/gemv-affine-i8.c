@@ -20,9 +20,7 @@
 #include <string.h>
 #include "backend/cpu/gemv.h"
 #include "quant/affine.h"
-
-#define TGT "avx2,fma,f16c"
-#define INL static inline __attribute__((always_inline, target(TGT)))
+#include "backend/cpu/avx2.h"
 #define KERNEL static __attribute__((target(TGT)))
 
 static void prep_i8(const float *x, int n, int64_t k, float *xp, int perm) {
@@ -47,17 +45,6 @@ static void prep_i8(const float *x, int n, int64_t k, float *xp, int perm) {
 static void prep_i8_q4(const float *x, int n, int64_t k, float *xp) { prep_i8(x, n, k, xp, 1); }
 static void prep_i8_q8(const float *x, int n, int64_t k, float *xp) { prep_i8(x, n, k, xp, 0); }
 
-INL float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-INL float ld_sb(const void *p, be_dtype dt, int64_t i) {
-    if (dt == BE_BF16) return be_bf16_to_f32(((const uint16_t *)p)[i]);
-    if (dt == BE_F16) return _cvtsh_ss(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
 
 /* R rows from r, one token; bits 4 or 8 */
 INL void i8_blk(const float *xpt, const be_mat *w, int64_t r, float *y, const int bits, const int R, int pf) {

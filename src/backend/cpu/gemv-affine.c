@@ -72,8 +72,7 @@ SCALAR(8)
 
 #ifdef GEMV_X86
 #include <immintrin.h>
-#define TGT "avx2,fma,f16c"
-#define INL static inline __attribute__((always_inline, target(TGT)))
+#include "backend/cpu/avx2.h"
 
 typedef struct dec8 { __m256i shuf, shift, mask; } dec8;
 
@@ -121,19 +120,6 @@ INL __m256 dec(const dec8 *d, const uint8_t *p, const int bits, const uint8_t *e
     return _mm256_cvtepi32_ps(v);
 }
 
-INL float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* scale / bias i of a matrix, inline for the three scale dtypes */
-INL float ld_sb(const void *p, be_dtype dt, int64_t i) {
-    if (dt == BE_BF16) return be_bf16_to_f32(((const uint16_t *)p)[i]);
-    if (dt == BE_F16) return _cvtsh_ss(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
 
 /* R rows from r x NT tokens: per group, R*NT accumulators of sum(x*q), then scale and bias */
 INL void affine_blk(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r, float *y, int64_t ldy,

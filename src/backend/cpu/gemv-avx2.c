@@ -13,9 +13,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include "backend/cpu/gemv.h"
-
-#define TGT "avx2,fma,f16c"
-#define INL static inline __attribute__((always_inline, target(TGT)))
+#include "backend/cpu/avx2.h"
 #define KERNEL static __attribute__((target(TGT)))
 
 INL __m256 ld_f32(const void *w, int64_t i) { return _mm256_loadu_ps((const float *)w + i); }
@@ -32,12 +30,6 @@ INL float s_f16(const void *w, int64_t i) {
 }
 INL float s_bf16(const void *w, int64_t i) { return be_bf16_to_f32(((const uint16_t *)w)[i]); }
 
-INL float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 #define BLOCK(NAME, ES)                                                                       \
     INL void blk_##NAME(const float *x, int64_t k, const void *w, int64_t r, const int R,     \
