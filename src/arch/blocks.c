@@ -124,6 +124,9 @@ cinfer_status block_forward(const be_ops *be, be_ctx *bc, const model_config *c,
     int T = bb->B * bb->L;
     blk_bufs s = blk_carve(c, T, scratch);
     be_attn a = blk_attn(c, w, bb);
-    for (int l = 0; l < c->n_layer; l++) blk_layer(be, bc, c, &w->layers[l], groups[l], caches[l], &a, T, x, &s);
+    for (int l = 0; l < c->n_layer; l++) {
+        a.inv_freq = w->local && w->local[l] ? w->inv_freq_local : w->inv_freq;   /* a layer's own RoPE (Gemma 3's local base) */
+        blk_layer(be, bc, c, &w->layers[l], groups[l], caches[l], &a, T, x, &s);
+    }
     return CINFER_OK;
 }

@@ -10,8 +10,9 @@
  * logits softcapped (final_logit_softcapping, default 30; ctx.c applies it).
  * Layers alternate sliding (even) and global (odd) unless layer_types says
  * otherwise; sliding layers keep only the window's pages (cache/pages.c).
- * gemma_forward serves gemma3.c too (transformers' Gemma 3 is Gemma 2 plus
- * q/k norms and a local RoPE base).
+ * The shared block (blocks.c) runs it: the sandwich norms are optional
+ * tensors of every layer, and gemma3.c adds q/k norms and a local RoPE base
+ * (per-layer tables the block picks up).
  * Reference: transformers models/gemma2/modeling_gemma2.py.
  */
 #include <math.h>
@@ -40,18 +41,4 @@ static int gemma2_layer_window(const model_config *c, int l) {
     return gemma_layer_sliding(c, l, 2) ? c->sliding_window : 0;
 }
 
-cinfer_status gemma_forward(const be_ops *be, be_ctx *bc, const model_config *c, const model_weights *w,
-                            kv_group *const *groups, kv_cache *const *caches, const block_batch *bb, float *x,
-                            float *scratch) {
-    int T = bb->B * bb->L;
-    blk_bufs s = blk_carve(c, T, scratch);
-    be_attn a = blk_attn(c, w, bb);
-    for (int l = 0; l < c->n_layer; l++) {
-        a.inv_freq = w->local && w->local[l] ? w->inv_freq_local : w->inv_freq;   /* Gemma 3's local RoPE */
-        blk_layer(be, bc, c, &w->layers[l], groups[l], caches[l], &a, T, x, &s);
-    }
-    return CINFER_OK;
-}
-
-const arch_def arch_gemma2 = {"gemma2", .adjust = gemma2_adjust, .layer_window = gemma2_layer_window,
-                              .forward = gemma_forward};
+const arch_def arch_gemma2 = {"gemma2", .adjust = gemma2_adjust, .layer_window = gemma2_layer_window};

@@ -1,6 +1,6 @@
 /*
  * gemma3.c — HF model_type "gemma3_text" (Gemma 3's text model): Gemma 2's
- * sandwich block (gemma_forward, gemma2.c) with RMSNorm (1 + w) over head_dim
+ * sandwich block (blocks.c, as gemma2.c) with RMSNorm (1 + w) over head_dim
  * on q and k after projection and before RoPE, no softcaps unless the config
  * gives them, and two RoPE tables: sliding layers use the local base
  * (rope_local_base_freq, or rope_parameters.sliding_attention, default 10000,
@@ -13,10 +13,6 @@
 #include <stdlib.h>
 #include "arch/arch.h"
 #include "util.h"
-
-cinfer_status gemma_forward(const be_ops *be, be_ctx *bc, const model_config *c, const model_weights *w,
-                            kv_group *const *groups, kv_cache *const *caches, const block_batch *bb, float *x,
-                            float *scratch);
 
 static void gemma3_adjust(model_config *c) {
     c->norm_add = 1.0f;
@@ -50,4 +46,4 @@ static cinfer_status gemma3_bind(const model_config *c, const st_set *st, const 
 }
 
 const arch_def arch_gemma3 = {"gemma3_text", .adjust = gemma3_adjust, .layer_window = gemma3_layer_window,
-                              .bind = gemma3_bind, .forward = gemma_forward};
+                              .bind = gemma3_bind};
