@@ -150,9 +150,8 @@ static int stop_scan(const srv_req *r, slot *q, int final, char **out) {
     }
     if (!hit && !final)
         for (int k = 0; k < r->n_stop; k++) {   /* the longest tail that may still grow into a stop string */
-            size_t sl = strlen(r->stop[k]);
-            for (size_t m = sl - 1 < n ? sl - 1 : n; m > keep; m--)
-                if (!memcmp(q->hold + n - m, r->stop[k], m)) { keep = m; break; }
+            size_t m = srv_tail_prefix(q->hold, n, r->stop[k]);
+            keep = m > keep ? m : keep;
         }
     if (!hit) cut = n - keep;
     *out = malloc(cut + 1);

@@ -182,14 +182,6 @@ static void held_drop(srv_sse_state *ss, int c, size_t n) {
     ss->held_len[c] -= n;
 }
 
-/* the length of the longest end of h[n] that begins tag (a tag that may still be arriving) */
-static size_t tag_start_at_end(const char *h, size_t n, const char *tag) {
-    size_t t = strlen(tag);
-    for (size_t k = n < t - 1 ? n : t - 1; k > 0; k--)
-        if (!memcmp(h + n - k, tag, k)) return k;
-    return 0;
-}
-
 /* Streaming chat with tools: the text of choice c, piece by piece (fin: the reply ended), cut as
  * srv_tool_calls cuts a whole reply: <tool_call> blocks become calls (appended to calls), a reply
  * that begins with a JSON object (after <|python_tag|>, Llama 3) is held to its end and then parsed,
@@ -244,7 +236,7 @@ static int tool_stream(srv_sse_state *ss, int c, const char *text, int fin, json
             if (!fin && (!qn || (qn < strlen(py) && !strncmp(q, py, qn)))) return 1;   /* not known yet */
         }
         char *a = strstr(h, open_tag);
-        size_t rel = a ? (size_t)(a - h) : fin ? n : n - tag_start_at_end(h, n, open_tag);
+        size_t rel = a ? (size_t)(a - h) : fin ? n : n - srv_tail_prefix(h, n, open_tag);
         if (!srv_buf_put(out, len, cap, h, rel)) return 0;
         for (size_t i = 0; i < rel && !ss->started[c]; i++) ss->started[c] = h[i] != ' ' && h[i] != '\n';
         held_drop(ss, c, rel);

@@ -163,4 +163,6 @@ void srv_http_stop(srv_http *h);
 /* serve-util.c */
 double srv_now(void);
 int srv_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+/* the length of the longest end of h[n] that is a proper prefix of s (text that may still grow into s) */
+size_t srv_tail_prefix(const char *h, size_t n, const char *s);
 #endif
