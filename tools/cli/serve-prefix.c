@@ -81,11 +81,16 @@ int pfx_entry_ids(const srv_prefix *p, int i, const int32_t **ids) {
     return p->e[i].n;
 }
 
-/* the child of n labelled with the page at ids, or NULL */
-static pfx_node *child(const pfx_node *n, const int32_t *ids, int page) {
+/* the index of n's child labelled with the page at ids, or -1 */
+static int child_at(const pfx_node *n, const int32_t *ids, int page) {
     for (int i = 0; i < n->n_kid; i++)
-        if (n->kid[i]->label[0] == ids[0] && !memcmp(n->kid[i]->label, ids, sizeof *ids * (size_t)page)) return n->kid[i];
-    return NULL;
+        if (n->kid[i]->label[0] == ids[0] && !memcmp(n->kid[i]->label, ids, sizeof *ids * (size_t)page)) return i;
+    return -1;
+}
+
+static pfx_node *child(const pfx_node *n, const int32_t *ids, int page) {
+    int i = child_at(n, ids, page);
+    return i < 0 ? NULL : n->kid[i];
 }
 
 static int grow(void **a, int *cap, int need, size_t size) {
@@ -121,11 +126,9 @@ static void tree_remove(srv_prefix *p, int i) {
     pfx_node *n = &p->root;
     const int32_t *ids = p->e[i].ids;
     for (int d = 0; d + p->page <= p->e[i].n; d += p->page) {
-        pfx_node *k = NULL;
-        int ki = 0;
-        for (; ki < n->n_kid; ki++)
-            if (!memcmp(n->kid[ki]->label, ids + d, sizeof *ids * (size_t)p->page)) { k = n->kid[ki]; break; }
-        if (!k) return;
+        int ki = child_at(n, ids + d, p->page);
+        if (ki < 0) return;
+        pfx_node *k = n->kid[ki];
         int w = 0;
         for (int j = 0; j < k->n_ent; j++)
             if (k->ent[j] != i) k->ent[w++] = k->ent[j];
