@@ -97,6 +97,24 @@ typedef struct cinfer_ctx_opts {
                            (CUDA then keeps activations f32 in every matmul); the CPU always is */
     int prefill_step_size; /* cinfer_generate feeds a prompt in steps of this many tokens and
                            its last token alone, as mlx-lm's generate_step (0 = 2048) */
+    /* Quantized KV (mlx-lm's QuantizedKVCache, MLX affine codes along head_dim, a scale and
+     * a bias per group in the KV dtype): */
+    int kv_bits;        /* 0: off; 2, 3, 4, 5, 6 or 8: every layer (mlx-lm --kv-bits) */
+    int kv_group_size;  /* 32, 64 or 128 (0 = 64) */
+    const char *kv_config; /* per-layer scheme instead of kv_bits: a JSON list
+                           [{"layer_idx": L, "bits": B, "group_size": G}, ...] (OptiQ's
+                           kv_config.json; group_size defaults to 64, layers not listed
+                           stay unquantized, extra fields ignored) */
+    int quantized_kv_start; /* >= 0: the layers convert after the forward that brings a
+                           sequence to this many tokens (that forward attended unquantized;
+                           mlx-lm's maybe_quantize_kv_cache; 0: after the first forward);
+                           -1: quantized from the first write, every key quantized before
+                           any query reads it (QuantizedKVCache; scoring) */
+    const char *kv_kernels; /* "unfused" (mlx-lm's quantized SDPA for every read), "tiled-causal"
+                           (decode unfused, a causal window of queries through the tiled port,
+                           masked windows unfused), "tiled" (every window tiled); NULL: unfused
+                           with kv_bits, tiled-causal with kv_config. The tiled port takes 4 and
+                           8 bits only and no softcapped attention: other requests are refused. */
 } cinfer_ctx_opts;
 
 /* A context holds many sequences (their KV state in pages from one memory

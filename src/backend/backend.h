@@ -121,6 +121,27 @@ typedef struct be_attn {
     float softcap;
 } be_attn;
 
+/* A quantized KV pool (one of K or V of a layer): each slot (page id, kv
+ * head, position) holds head_dim MLX affine codes packed as a little-endian
+ * bit stream (src/quant/affine.h; aq_row_bytes(hd, bits) bytes) and hd/group
+ * scales and biases in sdt, value = scale*code + bias. Slot s of the pool is
+ * be_kv_off(pt_row, page, n_kv, 1, h, j, 1): codes at s*row_bytes, scales
+ * and biases at s*(hd/group). */
+typedef struct be_kvq {
+    void *codes;         /* [cap][n_kv][page][hd*bits/8] */
+    void *scales;        /* [cap][n_kv][page][hd/group] in sdt */
+    void *biases;        /* [cap][n_kv][page][hd/group] in sdt */
+    int bits, group;     /* 2, 3, 4, 5, 6, 8; 32, 64, 128 (hd % group == 0) */
+    be_dtype sdt;        /* f32, f16 or bf16 */
+} be_kvq;
+
+/* the quantized attention kernels (be_ops.kvq_attention) */
+enum {
+    BE_KVQ_UNFUSED = 0,  /* mlx-lm's quantized SDPA: q*scale, every score, a precise softmax, p.V */
+    BE_KVQ_TILED = 1     /* OptiQ's tiled port: online softmax over tiles of BE_KVQ_TILE keys */
+};
+#define BE_KVQ_TILE 512
+
 /* the activation of a gated MLP (norm_matmul's glu, the glu op): y = act(gate) * up */
 enum { BE_ACT_SILU = 1, BE_ACT_GELU_TANH = 2 };
 /* silu(g) = g / (1 + e^-g); gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))),
@@ -272,6 +293,20 @@ typedef struct be_ops {
      * written at codes + i * code_stride (u16 elements) */
     void (*score)(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
                   uint16_t *codes, size_t code_stride, be_score_row *out);
+
+    /* Quantized KV (be_kvq). kvq_write: kv_write into a quantized pool, each row
+     * src[b][i][h][0..hd) quantized by aq_quantize_row with MLX's GPU rounding rule.
+     * kvq_attention: the attention op over quantized pools, with kernel
+     *   BE_KVQ_UNFUSED: qs = q * scale (f32); s_j = qs . deq(k_j) (f32 sums); softcap;
+     *     m = max s_j; e_j = exp(s_j - m); p_j = e_j / sum e; out = sum_j p_j deq(v_j);
+     *   BE_KVQ_TILED: the same scores, the visible keys (be_span's sinks, then the
+     *     run) cut into tiles at every multiple of BE_KVQ_TILE positions and at
+     *     range starts; per tile m' = max(m, max s), f = exp(m - m'), l = f l +
+     *     sum exp(s - m'), o = f o + sum exp(s - m') deq(v); out = o / l.
+     * Both: fused dequantization, no full-precision copy of the pool. */
+    void (*kvq_write)(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool);
+    void (*kvq_attention)(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel,
+                          float *out);
 } be_ops;
 
 const be_ops *be_cpu(void);
