@@ -101,7 +101,8 @@ typedef struct cinfer_ctx_opts {
      * a bias per group in the KV dtype): */
     int kv_bits;        /* 0: off; 2, 3, 4, 5, 6 or 8: every layer (mlx-lm --kv-bits) */
     int kv_group_size;  /* 32, 64 or 128 (0 = 64) */
-    const char *kv_config; /* per-layer scheme instead of kv_bits: a JSON list
+    const char *kv_config; /* per-layer scheme instead of kv_bits: a JSON list, or the path of a
+                           file holding one (text not starting with '['):
                            [{"layer_idx": L, "bits": B, "group_size": G}, ...] (OptiQ's
                            kv_config.json; group_size defaults to 64, layers not listed
                            stay unquantized, extra fields ignored) */

@@ -38,6 +38,15 @@ typedef struct kv_budget {
     size_t used;    /* bytes they hold */
 } kv_budget;
 
+/* one stored part of a slot (kv head, position), as snapshots carry it:
+ * dense formats have one (the values), quantized ones three (codes, scales, biases) */
+typedef struct kv_part {
+    const char *dtype;   /* "f32", "f16", "bf16", "u32" (packed codes) */
+    int width;           /* elements per slot */
+    size_t el;           /* bytes per element */
+} kv_part;
+#define KV_MAX_PARTS 3
+
 /* a layer's storage: one page format */
 typedef struct kv_vtab {
     const char *kind;
@@ -47,10 +56,16 @@ typedef struct kv_vtab {
     void (*copy_page)(kv_cache *c, int dst, int src);
     /* a (filled by the group: pages, mask) — ropes q and k, writes k, v, attends q -> out */
     void (*update_attend)(kv_cache *c, const be_attn *a, float *k, const float *v, float *q, float *out);
-    /* host copies of positions [p0, p0+n) of a sequence (table row pt): k, v [n_kv][n][hd] in dtype() */
-    void (*read)(kv_cache *c, const int32_t *pt, int page, int p0, int n, void *k, void *v);
-    void (*write)(kv_cache *c, const int32_t *pt, int page, int p0, int n, const void *k, const void *v);
-    be_dtype (*dtype)(const kv_cache *c);
+    /* the parts of a slot (out[KV_MAX_PARTS]); returns how many */
+    int (*parts)(const kv_cache *c, kv_part *out);
+    /* host copies of one part of positions [p0, p0+n) of a sequence (table row pt):
+     * k, v [n_kv][n][width] of that part */
+    void (*read)(kv_cache *c, int part, const int32_t *pt, int page, int p0, int n, void *k, void *v);
+    void (*write)(kv_cache *c, int part, const int32_t *pt, int page, int p0, int n, const void *k, const void *v);
+    /* f32 values of page id: k, v [n_kv][page][hd] on the host (quantized formats dequantize) */
+    void (*page_get)(kv_cache *c, int id, float *k, float *v);
+    /* stores page id from f32 values (the format's own rounding or quantization) */
+    void (*page_put)(kv_cache *c, int id, const float *k, const float *v);
     void (*free)(kv_cache *c);
 } kv_vtab;
 
@@ -61,6 +76,19 @@ struct kv_cache {
 
 /* A dense page format (f32, f16 or bf16 keys and values). */
 kv_cache *kv_dense_new(const be_ops *be, be_ctx *bc, int n_kv_head, int head_dim, be_dtype dt, int page);
+
+/* the quantized kernel sets (cinfer_ctx_opts.kv_kernels) */
+typedef enum kv_kernels { KV_UNFUSED = 0, KV_TILED_CAUSAL = 1, KV_TILED = 2 } kv_kernels;
+/* A quantized page format (be_kvq: MLX affine codes of `bits` bits, groups of
+ * `group` along head_dim, scales and biases in sdt), attending through the
+ * kernel set `kernels`. The caller has validated bits, group and head_dim. */
+kv_cache *kv_quant_new(const be_ops *be, be_ctx *bc, int n_kv_head, int head_dim, int bits, int group, be_dtype sdt,
+                       int page, kv_kernels kernels);
+
+/* Pools laid out [cap][n_kv][page][row bytes] (every format's parts): host
+ * copies [n_kv][n][row bytes] of positions [p0, p0+n) of one sequence. */
+void kv_pool_xfer(const be_ops *be, be_ctx *bc, void *pk, void *pv, size_t row, int n_kv, const int32_t *pt, int page,
+                  int p0, int n, void *k, void *v, int to_host);
 
 /* ---------------------------------------------------------------- groups */
 
@@ -99,4 +127,10 @@ int kv_group_window(const kv_group *g, int *keep);
  * allocated; the layers' data is then written by the caller */
 cinfer_status kv_group_restore(kv_group *g, int seq, int n_sink, int run, int len, char *err, size_t n_err);
 const int32_t *kv_group_table(const kv_group *g, int seq, int *page);
+/* replaces layer i's storage by nc (which the group then owns), every held
+ * page carried over through f32 (page_get -> page_put); on failure nc is
+ * freed and layer i is unchanged */
+cinfer_status kv_group_convert(kv_group *g, int i, kv_cache *nc);
+/* the longest sequence */
+int kv_group_max_len(const kv_group *g);
 #endif

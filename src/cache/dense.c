@@ -63,36 +63,66 @@ static void dense_update_attend(kv_cache *base, const be_attn *a, float *k, cons
     be->attention(c->bc, a, q, c->k, c->v, c->dt, out);
 }
 
-/* host <-> pool copies of positions [p0, p0+n) of one sequence, per (head, page run) */
-static void dense_xfer(kv_dense *c, const int32_t *pt, int page, int p0, int n, void *k, void *v, int to_host) {
-    int hd = c->base.head_dim, n_kv = c->base.n_kv;
-    size_t el = be_dtype_size(c->dt);
+void kv_pool_xfer(const be_ops *be, be_ctx *bc, void *pk, void *pv, size_t row, int n_kv, const int32_t *pt, int page,
+                  int p0, int n, void *k, void *v, int to_host) {
     for (int h = 0; h < n_kv; h++)
         for (int j = p0; j < p0 + n;) {
             int run = page - j % page;
             if (run > p0 + n - j) run = p0 + n - j;
-            size_t off = (size_t)be_kv_off(pt, page, n_kv, hd, h, j, (int)el);
-            size_t host = ((size_t)h * n + (j - p0)) * hd * el, bytes = (size_t)run * hd * el;
+            size_t off = (size_t)be_kv_off(pt, page, n_kv, 1, h, j, 1) * row;
+            size_t host = ((size_t)h * n + (j - p0)) * row, bytes = (size_t)run * row;
             if (to_host) {
-                c->be->to_host(c->bc, (char *)k + host, (char *)c->k + off, bytes);
-                c->be->to_host(c->bc, (char *)v + host, (char *)c->v + off, bytes);
+                be->to_host(bc, (char *)k + host, (char *)pk + off, bytes);
+                be->to_host(bc, (char *)v + host, (char *)pv + off, bytes);
             } else {
-                c->be->from_host(c->bc, (char *)c->k + off, (const char *)k + host, bytes);
-                c->be->from_host(c->bc, (char *)c->v + off, (const char *)v + host, bytes);
+                be->from_host(bc, (char *)pk + off, (const char *)k + host, bytes);
+                be->from_host(bc, (char *)pv + off, (const char *)v + host, bytes);
             }
             j += run;
         }
 }
 
-static void dense_read(kv_cache *base, const int32_t *pt, int page, int p0, int n, void *k, void *v) {
-    dense_xfer((kv_dense *)base, pt, page, p0, n, k, v, 1);
+static int dense_parts(const kv_cache *base, kv_part *out) {
+    const kv_dense *c = (const kv_dense *)base;
+    out[0] = (kv_part){be_dtype_name(c->dt), base->head_dim, be_dtype_size(c->dt)};
+    return 1;
 }
 
-static void dense_write(kv_cache *base, const int32_t *pt, int page, int p0, int n, const void *k, const void *v) {
-    dense_xfer((kv_dense *)base, pt, page, p0, n, (void *)k, (void *)v, 0);
+static void dense_read(kv_cache *base, int part, const int32_t *pt, int page, int p0, int n, void *k, void *v) {
+    kv_dense *c = (kv_dense *)base;
+    (void)part;
+    kv_pool_xfer(c->be, c->bc, c->k, c->v, (size_t)base->head_dim * be_dtype_size(c->dt), base->n_kv, pt, page, p0, n, k,
+                 v, 1);
 }
 
-static be_dtype dense_dtype(const kv_cache *base) { return ((const kv_dense *)base)->dt; }
+static void dense_write(kv_cache *base, int part, const int32_t *pt, int page, int p0, int n, const void *k,
+                        const void *v) {
+    kv_dense *c = (kv_dense *)base;
+    (void)part;
+    kv_pool_xfer(c->be, c->bc, c->k, c->v, (size_t)base->head_dim * be_dtype_size(c->dt), base->n_kv, pt, page, p0, n,
+                 (void *)k, (void *)v, 0);
+}
+
+/* one page id through the host, converted element by element */
+static void dense_page_io(kv_dense *c, int id, float *k, float *v, int get) {
+    size_t n = (size_t)c->base.n_kv * c->page * c->base.head_dim;
+    char *hk = malloc(2 * c->pbytes), *hv = hk + c->pbytes;
+    if (!hk) return;
+    int32_t pt = id;
+    if (!get)
+        for (size_t i = 0; i < n; i++) be_kv_put(hk, c->dt, i, k[i]), be_kv_put(hv, c->dt, i, v[i]);
+    /* the page as one sequence of `page` positions: host [n_kv][page][hd], the pool's own order */
+    kv_pool_xfer(c->be, c->bc, c->k, c->v, (size_t)c->base.head_dim * be_dtype_size(c->dt), c->base.n_kv, &pt, c->page,
+                 0, c->page, hk, hv, get);
+    if (get)
+        for (size_t i = 0; i < n; i++) k[i] = be_kv_get(hk, c->dt, i), v[i] = be_kv_get(hv, c->dt, i);
+    free(hk);
+}
+
+static void dense_page_get(kv_cache *base, int id, float *k, float *v) { dense_page_io((kv_dense *)base, id, k, v, 1); }
+static void dense_page_put(kv_cache *base, int id, const float *k, const float *v) {
+    dense_page_io((kv_dense *)base, id, (float *)k, (float *)v, 0);
+}
 
 static void dense_free(kv_cache *base) {
     kv_dense *c = (kv_dense *)base;
@@ -102,8 +132,17 @@ static void dense_free(kv_cache *base) {
     free(c);
 }
 
-static const kv_vtab dense_vt = {"dense",         dense_page_bytes, dense_resize, dense_copy_page, dense_update_attend,
-                                 dense_read,      dense_write,      dense_dtype,  dense_free};
+static const kv_vtab dense_vt = {.kind = "dense",
+                                 .page_bytes = dense_page_bytes,
+                                 .resize = dense_resize,
+                                 .copy_page = dense_copy_page,
+                                 .update_attend = dense_update_attend,
+                                 .parts = dense_parts,
+                                 .read = dense_read,
+                                 .write = dense_write,
+                                 .page_get = dense_page_get,
+                                 .page_put = dense_page_put,
+                                 .free = dense_free};
 
 kv_cache *kv_dense_new(const be_ops *be, be_ctx *bc, int n_kv, int hd, be_dtype dt, int page) {
     kv_dense *c = calloc(1, sizeof *c);

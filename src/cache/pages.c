@@ -416,3 +416,32 @@ cinfer_status kv_group_restore(kv_group *g, int s, int n_sink, int run, int len,
     g->dirty[s] = 1;
     return CINFER_OK;
 }
+
+int kv_group_max_len(const kv_group *g) {
+    int m = 0;
+    for (int s = 0; s < g->n_seq; s++) m = g->len[s] > m ? g->len[s] : m;
+    return m;
+}
+
+cinfer_status kv_group_convert(kv_group *g, int i, kv_cache *nc) {
+    kv_cache *old = g->layers[i];
+    size_t n = (size_t)old->n_kv * g->page * old->head_dim;
+    float *k = g->cap ? malloc(2 * n * sizeof(float)) : NULL;
+    if ((g->cap && !k) || (g->cap && nc->vt->resize(nc, 0, g->cap))) {
+        free(k);
+        nc->vt->free(nc);
+        return CINFER_ENOMEM;
+    }
+    for (int id = 0; id < g->cap; id++)
+        if (g->ref[id] > 0) {
+            old->vt->page_get(old, id, k, k + n);
+            nc->vt->page_put(nc, id, k, k + n);
+        }
+    free(k);
+    size_t ob = old->vt->page_bytes(old), nb = nc->vt->page_bytes(nc);
+    if (g->budget) g->budget->used = g->budget->used - (size_t)g->cap * ob + (size_t)g->cap * nb;
+    g->page_bytes = g->page_bytes - ob + nb;
+    old->vt->free(old);
+    g->layers[i] = nc;
+    return CINFER_OK;
+}

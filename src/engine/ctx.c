@@ -31,6 +31,8 @@ void cinfer_ctx_free(cinfer_ctx *c) {
     free(c->groups);
     free(c->layer_group);
     free(c->layer_cache);
+    free(c->kvq_bits);
+    free(c->kvq_group);
     if (c->bc) {
         be->free(c->bc, c->x);
         be->free(c->bc, c->scratch);
@@ -75,7 +77,7 @@ static cinfer_status build_groups(cinfer_ctx *c, char *err, size_t n) {
             if (!g) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
             c->groups[c->n_groups++] = g;
         }
-        kv_cache *kc = kv_dense_new(c->m->be, c->bc, cfg->n_kv_head, cfg->head_dim, c->kv_dt, c->kv_page);
+        kv_cache *kc = ctx_kvq_layer(c, l);
         if (!kc || kv_group_add(g, kc)) return cf_err(err, n, CINFER_ENOMEM, "out of memory");
         c->layer_group[l] = g;
         c->layer_cache[l] = kc;
@@ -112,6 +114,7 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
     int nt = o && o->n_threads > 0 ? o->n_threads : m->n_threads;
     if (m->be->ctx_new(&c->bc, nt)) { free(c); return cf_err(err, n, CINFER_EBACKEND, "%s backend failed to start", m->be->name); }
     cinfer_status st = kv_options(c, o, err, n);
+    if (!st) st = ctx_kvq_options(c, o, err, n);
     if (!st) st = build_groups(c, err, n);
     if (!st && o && o->batch_invariant && m->be->batch_invariant) m->be->batch_invariant(c->bc, 1);
     if (st) {
@@ -301,7 +304,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     if (step) be->step_end(c->bc);
     st = backend_status(c);
     finish_groups(c, st == CINFER_OK);
-    return st;
+    return st ? st : ctx_kvq_convert(c);
 }
 
 /* NaN/Inf logits mean the weights or activations overflowed: an error, never

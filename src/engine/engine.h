@@ -39,6 +39,11 @@ struct cinfer_ctx {
     be_dtype kv_dt;
     int kv_page, max_kv;
     int prefill_step;         /* cinfer_generate's prompt step (mlx-lm's prefill_step_size) */
+    /* quantized KV (kvquant.c): each layer's scheme, NULL / bits 0 = stays dense */
+    int *kvq_bits, *kvq_group;   /* [n_layer] */
+    int kvq_start;               /* quantized_kv_start: -1 = quantized from the first write */
+    int kvq_pending;             /* layers still dense that will convert */
+    kv_kernels kvq_kernels;
     /* backend buffers, grown on demand to the largest batch seen */
     size_t cap_tokens;      /* tokens the buffers below hold */
     float *x;               /* [cap_tokens][hidden] */
@@ -54,6 +59,13 @@ struct cinfer_ctx {
     int *rows;              /* [3][cap_rows]: lengths, start positions, sequences */
     char err[512];
 };
+
+/* the quantized-KV scheme of opts (kvquant.c): parse and validate */
+cinfer_status ctx_kvq_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err, size_t n);
+/* layer l's storage at creation: quantized (start -1) or dense */
+kv_cache *ctx_kvq_layer(cinfer_ctx *c, int l);
+/* after a forward: converts the pending layers once a sequence reaches the start */
+cinfer_status ctx_kvq_convert(cinfer_ctx *c);
 
 /* sets the context's message (printf-style) and returns s */
 cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

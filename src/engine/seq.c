@@ -87,26 +87,28 @@ static int held_ranges(const kv_group *g, int seq, int r[4]) {
     return n_sink + len - run;
 }
 
-/* moves a layer's positions between the pool and a tensor [n_kv][T][hd] (to_host: pool -> tensor) */
-static cinfer_status layer_xfer(kv_cache *kc, const kv_group *g, int seq, void *k, void *v, int to_host) {
-    int r[4], page, T = held_ranges(g, seq, r), hd = kc->head_dim;
-    size_t el = be_dtype_size(kc->vt->dtype(kc)), col = 0;
+/* moves part `part` of a layer's positions between the pool and a tensor [n_kv][T][width] (to_host: pool -> tensor) */
+static cinfer_status layer_xfer(kv_cache *kc, const kv_group *g, int seq, int part, void *k, void *v, int to_host) {
+    kv_part pp[KV_MAX_PARTS];
+    kc->vt->parts(kc, pp);
+    int r[4], page, T = held_ranges(g, seq, r);
+    size_t row = (size_t)pp[part].width * pp[part].el, col = 0;
     const int32_t *pt = kv_group_table(g, seq, &page);
     for (int i = 0; i < 4; i += 2) {
         int n = r[i + 1];
         if (!n) continue;
-        size_t run = (size_t)kc->n_kv * n * hd * el;
+        size_t run = (size_t)kc->n_kv * n * row;
         char *tk = malloc(run), *tv = malloc(run);
         if (!tk || !tv) { free(tk); free(tv); return CINFER_ENOMEM; }
         for (int h = 0; !to_host && h < kc->n_kv; h++) {
-            memcpy(tk + (size_t)h * n * hd * el, (char *)k + ((size_t)h * T + col) * hd * el, (size_t)n * hd * el);
-            memcpy(tv + (size_t)h * n * hd * el, (char *)v + ((size_t)h * T + col) * hd * el, (size_t)n * hd * el);
+            memcpy(tk + (size_t)h * n * row, (char *)k + ((size_t)h * T + col) * row, (size_t)n * row);
+            memcpy(tv + (size_t)h * n * row, (char *)v + ((size_t)h * T + col) * row, (size_t)n * row);
         }
-        if (to_host) kc->vt->read(kc, pt, page, r[i], n, tk, tv);
-        else kc->vt->write(kc, pt, page, r[i], n, tk, tv);
+        if (to_host) kc->vt->read(kc, part, pt, page, r[i], n, tk, tv);
+        else kc->vt->write(kc, part, pt, page, r[i], n, tk, tv);
         for (int h = 0; to_host && h < kc->n_kv; h++) {
-            memcpy((char *)k + ((size_t)h * T + col) * hd * el, tk + (size_t)h * n * hd * el, (size_t)n * hd * el);
-            memcpy((char *)v + ((size_t)h * T + col) * hd * el, tv + (size_t)h * n * hd * el, (size_t)n * hd * el);
+            memcpy((char *)k + ((size_t)h * T + col) * row, tk + (size_t)h * n * row, (size_t)n * row);
+            memcpy((char *)v + ((size_t)h * T + col) * row, tv + (size_t)h * n * row, (size_t)n * row);
         }
         free(tk);
         free(tv);
@@ -115,17 +117,24 @@ static cinfer_status layer_xfer(kv_cache *kc, const kv_group *g, int seq, void *
     return CINFER_OK;
 }
 
-static cinfer_status add_tensor(cinfer_snapshot *s, const char *name, be_dtype dt, int n_kv, int T, int hd) {
+/* the tensor name of part p of K (kv 0) or V (kv 1) of layer l: "L.kv" for a
+ * one-part format, "L.kv.p" for the quantized triple (mlx-lm's names) */
+static void part_name(char *name, size_t n, int l, int kv, int p, int n_parts) {
+    if (n_parts == 1) snprintf(name, n, "%d.%d", l, kv);
+    else snprintf(name, n, "%d.%d.%d", l, kv, p);
+}
+
+static cinfer_status add_tensor(cinfer_snapshot *s, const char *name, const kv_part *p, int n_kv, int T) {
     cinfer_tensor *t = &s->tensors[s->n_tensors];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = be_dtype_name(dt);
+    t->dtype = p->dtype;
     t->ndim = 4;
     t->shape[0] = 1;
     t->shape[1] = n_kv;
     t->shape[2] = T;
-    t->shape[3] = hd;
-    t->bytes = (size_t)n_kv * T * hd * be_dtype_size(dt);
+    t->shape[3] = p->width;
+    t->bytes = (size_t)n_kv * T * p->width * p->el;
     t->data = malloc(t->bytes ? t->bytes : 1);
     if (!t->data) return CINFER_ENOMEM;
     s->n_tensors++;
@@ -138,20 +147,24 @@ cinfer_status cinfer_seq_snapshot(cinfer_ctx *c, int seq, cinfer_snapshot **out)
     int nl = c->m->cfg.n_layer;
     cinfer_snapshot *s = calloc(1, sizeof *s);
     json_t *root = json_object(), *layers = json_array();
-    cinfer_status st = s && root && layers && (s->tensors = calloc((size_t)nl * 2, sizeof *s->tensors)) ? CINFER_OK : CINFER_ENOMEM;
+    cinfer_status st = s && root && layers && (s->tensors = calloc((size_t)nl * 2 * KV_MAX_PARTS, sizeof *s->tensors))
+                           ? CINFER_OK : CINFER_ENOMEM;
     for (int l = 0; !st && l < nl; l++) {
         kv_cache *kc = c->layer_cache[l];
         kv_group *g = c->layer_group[l];
-        int r[4], keep, T = held_ranges(g, seq, r), window = kv_group_window(g, &keep);
-        be_dtype dt = kc->vt->dtype(kc);
-        char name[32];
-        snprintf(name, sizeof name, "%d.0", l);
-        st = add_tensor(s, name, dt, kc->n_kv, T, kc->head_dim);
-        snprintf(name, sizeof name, "%d.1", l);
-        if (!st) st = add_tensor(s, name, dt, kc->n_kv, T, kc->head_dim);
-        if (!st) st = layer_xfer(kc, g, seq, s->tensors[2 * l].data, s->tensors[2 * l + 1].data, 1);
+        kv_part pp[KV_MAX_PARTS];
+        int r[4], keep, T = held_ranges(g, seq, r), window = kv_group_window(g, &keep), np = kc->vt->parts(kc, pp);
+        for (int p = 0; !st && p < np; p++) {
+            char name[32];
+            int at = s->n_tensors;
+            part_name(name, sizeof name, l, 0, p, np);
+            st = add_tensor(s, name, &pp[p], kc->n_kv, T);
+            part_name(name, sizeof name, l, 1, p, np);
+            if (!st) st = add_tensor(s, name, &pp[p], kc->n_kv, T);
+            if (!st) st = layer_xfer(kc, g, seq, p, s->tensors[at].data, s->tensors[at + 1].data, 1);
+        }
         json_t *o = json_pack("{s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "layer", l, "kind", kc->vt->kind,
-                              "dtype", be_dtype_name(dt), "n_kv", kc->n_kv, "head_dim", kc->head_dim, "window", window,
+                              "dtype", pp[np - 1].dtype, "n_kv", kc->n_kv, "head_dim", kc->head_dim, "window", window,
                               "keep", keep, "sinks", r[1], "run", r[2], "offset", cinfer_seq_len(c, seq));
         if (!o || json_array_append_new(layers, o)) st = CINFER_ENOMEM;
     }
@@ -176,11 +189,14 @@ static const cinfer_tensor *find_tensor(const cinfer_snapshot *s, const char *na
     return NULL;
 }
 
-/* checks layer l's header entry and tensors against the context; *conv gets a
- * malloc'd copy of the tensor in the layer's dtype when they differ */
+/* checks layer l's header entry and tensors against the context; kv[p][0..1]
+ * get part p's K and V data, *conv a malloc'd copy when a dense tensor's
+ * float dtype differs from the layer's */
 static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t *e, int l, int tokens, int *sinks,
-                                 int *run, const void *kv[2], void *conv[2]) {
+                                 int *run, const void *kv[][2], void *conv[2]) {
     kv_cache *kc = c->layer_cache[l];
+    kv_part pp[KV_MAX_PARTS];
+    int np = kc->vt->parts(kc, pp);
     int keep, window = kv_group_window(c->layer_group[l], &keep), lw = -1, lk = -1, nkv = -1, hd = -1, off = -1;
     const char *kind = NULL;
     *sinks = *run = -1;
@@ -193,24 +209,28 @@ static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t
                         "n_kv %d head_dim %d window %d keep %d offset %d", l, kind, nkv, hd, lw, lk, off, kc->vt->kind,
                         kc->n_kv, kc->head_dim, window, keep, tokens);
     int T = (*run ? *sinks : 0) + tokens - *run;
-    be_dtype want = kc->vt->dtype(kc);
-    for (int i = 0; i < 2; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "%d.%d", l, i);
-        const cinfer_tensor *t = find_tensor(s, name);
-        be_dtype dt;
-        if (!t || !be_dtype_from_name(t->dtype, &dt) || t->ndim != 4 || t->shape[0] != 1 || t->shape[1] != nkv ||
-            t->shape[2] != T || t->shape[3] != hd || t->bytes != (size_t)nkv * T * hd * be_dtype_size(dt) || !t->data)
-            return ctx_fail(c, CINFER_EFORMAT, "restore: tensor %s is missing or not [1][%d][%d][%d] of f32/f16/bf16", name,
-                            nkv, T, hd);
-        kv[i] = t->data;
-        if (dt == want) continue;
-        size_t n = (size_t)nkv * T * hd;
-        conv[i] = malloc(n * be_dtype_size(want) + 1);
-        if (!conv[i]) return ctx_fail(c, CINFER_ENOMEM, "restore: out of memory");
-        for (size_t j = 0; j < n; j++) be_kv_put(conv[i], want, j, be_kv_get(t->data, dt, j));
-        kv[i] = conv[i];
-    }
+    for (int p = 0; p < np; p++)
+        for (int i = 0; i < 2; i++) {
+            char name[32];
+            part_name(name, sizeof name, l, i, p, np);
+            const cinfer_tensor *t = find_tensor(s, name);
+            be_dtype dt = BE_F32, want = BE_F32;
+            /* a dense layer takes any float dtype; a quantized one its own parts exactly */
+            int dense = np == 1 && be_dtype_from_name(pp[p].dtype, &want), okdt = t && t->dtype &&
+                        (dense ? be_dtype_from_name(t->dtype, &dt) : !strcmp(t->dtype, pp[p].dtype));
+            size_t el = dense ? be_dtype_size(dt) : pp[p].el;
+            if (!okdt || t->ndim != 4 || t->shape[0] != 1 || t->shape[1] != nkv || t->shape[2] != T ||
+                t->shape[3] != pp[p].width || t->bytes != (size_t)nkv * T * pp[p].width * el || !t->data)
+                return ctx_fail(c, CINFER_EFORMAT, "restore: tensor %s is missing or not [1][%d][%d][%d] of %s", name, nkv, T,
+                                pp[p].width, dense ? "f32/f16/bf16" : pp[p].dtype);
+            kv[p][i] = t->data;
+            if (!dense || dt == want) continue;
+            size_t n = (size_t)nkv * T * hd;
+            conv[i] = malloc(n * be_dtype_size(want) + 1);
+            if (!conv[i]) return ctx_fail(c, CINFER_ENOMEM, "restore: out of memory");
+            for (size_t j = 0; j < n; j++) be_kv_put(conv[i], want, j, be_kv_get(t->data, dt, j));
+            kv[p][i] = conv[i];
+        }
     return CINFER_OK;
 }
 
@@ -231,7 +251,7 @@ cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *
         return ctx_fail(c, CINFER_EFORMAT, "restore: the snapshot has %d layers, the model %d", (int)json_array_size(layers), nl);
     }
     /* check everything first: a refused snapshot leaves the sequence as it was */
-    const void *(*kv)[2] = calloc((size_t)nl, sizeof *kv);
+    const void *(*kv)[KV_MAX_PARTS][2] = calloc((size_t)nl, sizeof *kv);
     void *(*conv)[2] = calloc((size_t)nl, sizeof *conv);
     int *sr = calloc((size_t)nl * 2, sizeof *sr);
     cinfer_status st = kv && conv && sr ? CINFER_OK : ctx_fail(c, CINFER_ENOMEM, "restore: out of memory");
@@ -244,8 +264,12 @@ cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *
         if ((st = kv_group_restore(c->groups[g], seq, sr[2 * l + 1] ? sr[2 * l] : 0, sr[2 * l + 1], tokens, msg, sizeof msg)))
             ctx_fail(c, st, "restore: %s", msg);
     }
-    for (int l = 0; !st && l < nl; l++)
-        st = layer_xfer(c->layer_cache[l], c->layer_group[l], seq, (void *)kv[l][0], (void *)kv[l][1], 0);
+    for (int l = 0; !st && l < nl; l++) {
+        kv_part pp[KV_MAX_PARTS];
+        int np = c->layer_cache[l]->vt->parts(c->layer_cache[l], pp);
+        for (int p = 0; !st && p < np; p++)
+            st = layer_xfer(c->layer_cache[l], c->layer_group[l], seq, p, (void *)kv[l][p][0], (void *)kv[l][p][1], 0);
+    }
     if (st) cinfer_seq_free(c, seq);
     for (int l = 0; conv && l < nl; l++) free(conv[l][0]), free(conv[l][1]);
     free(kv);

@@ -207,6 +207,13 @@ int cli_size(const char *v, size_t *out) {
     return 1;
 }
 
+int cli_scoring_kv(const char *cmd, const cinfer_ctx_opts *co) {
+    if (co->quantized_kv_start == -1) return 1;
+    fprintf(stderr, "cinfer %s: --quantized-kv-start does not apply to scoring: with --kv-bits or --kv-config every key "
+            "is quantized from token 0, before any query reads it (mlx-lm's QuantizedKVCache)\n", cmd);
+    return 0;
+}
+
 int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co) {
     switch (code) {
     case KV_MEMORY:
@@ -219,6 +226,22 @@ int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co) {
         return -1;
     case KV_MAX_SIZE: return cli_int(cmd, "--max-kv-size", v, 2, 1 << 30, &co->max_kv_size) ? 1 : -1;
     case KV_PREFILL: return cli_int(cmd, "--prefill-step-size", v, 1, 1 << 30, &co->prefill_step_size) ? 1 : -1;
+    case KV_BITS:
+        if (!cli_int(cmd, "--kv-bits", v, 2, 8, &co->kv_bits)) return -1;
+        if (co->kv_bits != 7) return 1;
+        fprintf(stderr, "cinfer %s: bad value for --kv-bits: '%s' (2, 3, 4, 5, 6 or 8)\n", cmd, v);
+        return -1;
+    case KV_GROUP:
+        if (!cli_int(cmd, "--kv-group-size", v, 32, 128, &co->kv_group_size)) return -1;
+        if (co->kv_group_size == 32 || co->kv_group_size == 64 || co->kv_group_size == 128) return 1;
+        fprintf(stderr, "cinfer %s: bad value for --kv-group-size: '%s' (32, 64 or 128)\n", cmd, v);
+        return -1;
+    case KV_QSTART: return cli_int(cmd, "--quantized-kv-start", v, 0, 1 << 30, &co->quantized_kv_start) ? 1 : -1;
+    case KV_CONFIG: co->kv_config = v; return 1;
+    case KV_KERNELS:
+        if (!strcmp(v, "unfused") || !strcmp(v, "tiled-causal") || !strcmp(v, "tiled")) { co->kv_kernels = v; return 1; }
+        fprintf(stderr, "cinfer %s: bad value for --kv-kernels: '%s' (unfused, tiled-causal or tiled)\n", cmd, v);
+        return -1;
     case KV_PAGE:
         if (cli_int(cmd, "--kv-page", v, 1, 65536, &co->kv_page) && !(co->kv_page & (co->kv_page - 1))) return 1;
         fprintf(stderr, "cinfer %s: bad value for --kv-page: '%s' (a power of two up to 65536)\n", cmd, v);

@@ -52,10 +52,12 @@ void cli_bad_option(const char *cmd, char **argv, int opt);
  * to the option table and CLI_KV_HELP to the help, and pass each option to
  * cli_kv_flag first: 1 = taken into *co, 0 = not a KV flag, -1 = bad value
  * (message printed). */
-enum { KV_MEMORY = 0x200, KV_DTYPE, KV_MAX_SIZE, KV_PREFILL, KV_PAGE };
+enum { KV_MEMORY = 0x200, KV_DTYPE, KV_MAX_SIZE, KV_PREFILL, KV_PAGE, KV_BITS, KV_GROUP, KV_QSTART, KV_CONFIG, KV_KERNELS };
 #define CLI_KV_LONGOPTS                                                                                      \
     {"kv-memory", 1, 0, KV_MEMORY}, {"kv-dtype", 1, 0, KV_DTYPE}, {"max-kv-size", 1, 0, KV_MAX_SIZE},       \
-        {"prefill-step-size", 1, 0, KV_PREFILL}, {"kv-page", 1, 0, KV_PAGE}
+        {"prefill-step-size", 1, 0, KV_PREFILL}, {"kv-page", 1, 0, KV_PAGE}, {"kv-bits", 1, 0, KV_BITS},     \
+        {"kv-group-size", 1, 0, KV_GROUP}, {"quantized-kv-start", 1, 0, KV_QSTART},                          \
+        {"kv-config", 1, 0, KV_CONFIG}, {"kv-kernels", 1, 0, KV_KERNELS}
 #define CLI_KV_HELP                                                                                          \
     "      --kv-memory SIZE       memory the KV cache may use, e.g. 4G, 512M (default: 75%% of what\n"       \
     "                             is available when the model starts)\n"                                     \
@@ -63,8 +65,20 @@ enum { KV_MEMORY = 0x200, KV_DTYPE, KV_MAX_SIZE, KV_PREFILL, KV_PAGE };
     "      --max-kv-size N        keep the first 4 tokens and the most recent N-4 (mlx-lm's rotating\n"    \
     "                             cache): memory stays bounded and generation may pass the context\n"       \
     "      --prefill-step-size N  prompt tokens per forward when generating (default 2048)\n"               \
-    "      --kv-page N            token slots per KV page, a power of two (default 128)\n"
+    "      --kv-page N            token slots per KV page, a power of two (default 128)\n"               \
+    "      --kv-bits B            quantize the KV cache to B bits (2, 3, 4, 5, 6, 8; mlx-lm's\n"          \
+    "                             QuantizedKVCache: MLX affine codes along head_dim; default off)\n"     \
+    "      --kv-group-size G      values per scale and bias of the quantized cache (32, 64, 128;\n"      \
+    "                             default 64)\n"                                                        \
+    "      --quantized-kv-start N  generation: the cache converts once it holds N tokens (default\n"    \
+    "                             5000 in generate/chat, 0 in serve); scoring quantizes from token 0\n" \
+    "      --kv-config FILE       per-layer scheme instead of --kv-bits: a JSON list\n"                 \
+    "                             [{\"layer_idx\": 0, \"bits\": 8, \"group_size\": 64}, ...]\n"     \
+    "      --kv-kernels K         unfused (mlx-lm's quantized SDPA; default with --kv-bits),\n"         \
+    "                             tiled-causal (default with --kv-config) or tiled\n"
 int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co);
+/* scoring commands: --kv-bits quantizes from token 0, so --quantized-kv-start is refused (0 + message) */
+int cli_scoring_kv(const char *cmd, const cinfer_ctx_opts *co);
 /* "4G", "512M", "1.5GiB", "1000000" -> bytes; 0 on a malformed or absurd size */
 int cli_size(const char *v, size_t *out);
 /* loads a model dir, printing the error; NULL on failure */

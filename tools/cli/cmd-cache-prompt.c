@@ -178,7 +178,7 @@ int cmd_cache_prompt(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *tokens = NULL, *system = NULL, *device = NULL;
     int templ = 1, threads = 0, c;   /* 1: when the tokenizer has one, -1: required, 0: never */
     cli_cache cc = {0};
-    cinfer_ctx_opts co = {0};
+    cinfer_ctx_opts co = {.quantized_kv_start = 5000};   /* mlx_lm.cache_prompt's default */
     if (!cli_getopt_begin("cache-prompt", argc, argv, "m:p:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:p:t:h", lo, NULL)) != -1) {
         int k = cli_kv_flag("cache-prompt", c, optarg, &co);

@@ -122,7 +122,7 @@ int cmd_kl(int argc, char **argv) {
     const char *base = NULL, *model = NULL, *data = NULL, *save = NULL, *blp = NULL, *ptf = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();
-    cinfer_ctx_opts co = {0};
+    cinfer_ctx_opts co = {.quantized_kv_start = -1};   /* scoring: QuantizedKVCache from token 0 */
     if (!cli_getopt_begin("kl", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag("kl", c, optarg, &co);
@@ -148,7 +148,7 @@ int cmd_kl(int argc, char **argv) {
         default: fprintf(stderr, "cinfer kl: unknown or incomplete option '%s'\n", argv[optind - 1]); kl_help(stderr); return 2;
         }
     }
-    if (!cli_no_more_args("kl", argc, argv)) return 2;
+    if (!cli_no_more_args("kl", argc, argv) || !cli_scoring_kv("kl", &co)) return 2;
     const char *use = NULL;
     if (save && (!base || !data || blp)) use = "--save-base needs --base DIR and --data FILE (and no --base-logprobs)";
     else if (!save && !model) use = "need --model DIR (try --help)";
@@ -178,7 +178,10 @@ int cmd_kl(int argc, char **argv) {
         fprintf(stderr, "cinfer kl: %s\n", err);
         rc = 1;
     }
-    if (!rc && mb && cinfer_ctx_new(mb, &co, &cb, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
+    cinfer_ctx_opts cob = co;   /* the KV quantization flags apply to --model: the base runs unquantized */
+    cob.kv_bits = 0;
+    cob.kv_config = cob.kv_kernels = NULL;
+    if (!rc && mb && cinfer_ctx_new(mb, &cob, &cb, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
     if (!rc && mm && cinfer_ctx_new(mm, &co, &cm, err, sizeof err)) { fprintf(stderr, "cinfer kl: %s\n", err); rc = 1; }
     score_progress p;
     score_cli_progress_init(&p, prog, save ? "base" : "kl");

@@ -78,7 +78,7 @@ int cmd_logprobs(int argc, char **argv) {
                                        {"threads", 1, 0, 't'}, {"device", 1, 0, 6}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS, CLI_TIER_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
-    cinfer_ctx_opts co = {0};
+    cinfer_ctx_opts co = {.quantized_kv_start = -1};   /* scoring: QuantizedKVCache from token 0 */
     cli_cache cc = {0};
     if (!cli_getopt_begin("logprobs", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
@@ -99,7 +99,7 @@ int cmd_logprobs(int argc, char **argv) {
         default: fprintf(stderr, "cinfer logprobs: unknown or incomplete option '%s'\n", argv[optind - 1]); lp_help(stderr); return 2;
         }
     }
-    if (!cli_no_more_args("logprobs", argc, argv)) return 2;
+    if (!cli_no_more_args("logprobs", argc, argv) || !cli_scoring_kv("logprobs", &co)) return 2;
     if (!model || !data) { fprintf(stderr, "cinfer logprobs: need -m DIR and --data FILE (try --help)\n"); return 2; }
     size_t len;
     const char *why;

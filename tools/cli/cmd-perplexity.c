@@ -114,7 +114,7 @@ int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *device = NULL;
     int batch = 8, json = 0, prog = -1, threads = 0, c;
     cinfer_data_opts o = cinfer_data_defaults();
-    cinfer_ctx_opts co = {0};
+    cinfer_ctx_opts co = {.quantized_kv_start = -1};   /* scoring: QuantizedKVCache from token 0 */
     if (!cli_getopt_begin("perplexity", argc, argv, "m:t:h", lo)) return 2;
     while ((c = getopt_long(argc, argv, "m:t:h", lo, NULL)) != -1) {
         int kv = cli_kv_flag("perplexity", c, optarg, &co);
@@ -136,7 +136,7 @@ int cmd_perplexity(int argc, char **argv) {
         default: fprintf(stderr, "cinfer perplexity: unknown or incomplete option '%s'\n", argv[optind - 1]); ppl_help(stderr); return 2;
         }
     }
-    if (!cli_no_more_args("perplexity", argc, argv)) return 2;
+    if (!cli_no_more_args("perplexity", argc, argv) || !cli_scoring_kv("perplexity", &co)) return 2;
     if (!model || !data) { fprintf(stderr, "cinfer perplexity: need -m DIR and --data FILE (try --help)\n"); return 2; }
     cinfer_model *m = cli_load_model("perplexity", model, device, threads);
     if (!m) return 1;

@@ -83,6 +83,7 @@ int gen_parse(const char *cmd, int argc, char **argv, gen_opts *o) {
     o->max_tokens = chat ? 256 : 100;
     o->sp = cinfer_sampler_defaults();
     o->sp.rep_last_n = 20;
+    o->co.quantized_kv_start = 5000;   /* mlx_lm.generate's default */
     if (!cli_getopt_begin(cmd, argc, argv, shortopts, lo)) return 2;
     int c, seed = -1;
     while ((c = getopt_long(argc, argv, shortopts, lo, NULL)) != -1) {

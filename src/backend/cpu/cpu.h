@@ -46,6 +46,12 @@ void be_ref_softcap(float *x, size_t n, float cap);
 void be_ref_attention(const be_attn *a, const float *q, const void *k, const void *v,
                       be_dtype kv_dt, float *out);
 void be_ref_kv_write(const be_attn *a, const float *src, void *pool, be_dtype kv_dt);
+/* be_ops.kvq_write and kvq_attention (ref-kvq.c) */
+void be_ref_kvq_write(const be_attn *a, const float *src, const be_kvq *pool);
+void be_ref_kvq_attention(const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
+/* one query (row b, query i, head h) of be_ref_kvq_attention -> out[hd]; s[max_span], qs[2*hd] scratch */
+void be_ref_kvq_query(const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, int b, int i,
+                      int h, float *s, float *qs, float *out);
 /* be_ops.score for one row (base row bi; codes: that row's code or NULL) and for n rows */
 void be_ref_score_row(const float *z, int V, int tgt, const be_score_base *base, int bi, uint16_t *codes,
                       be_score_row *o);
