@@ -13,17 +13,20 @@
  *     _update_in_place writes a ring that wraps to keep, make_mask's
  *     window over buffer indices for multi-token steps, no mask for one
  *     token); the visible keys are the positions its buffer shows.
- * Keys and values are rounded to the pool dtype in the reference too, so
- * the comparison is of the attention arithmetic and the mask alone.
+ * Keys and values are rounded to the pool dtype in the reference too (for
+ * the quantized page format: quantized and dequantized per row, so the
+ * reference is the dense equivalent), so the comparison is of the attention
+ * arithmetic and the mask alone.
  */
 #include "check.h"
 #include "backend/cpu/cpu.h"
 #include "cache/cache.h"
+#include "quant/affine.h"
 
 static const be_ops *test_backend(void) { return test_on_cuda() ? be_cuda() : be_cpu(); }
 
 #define NSEQ 5
-#define HD 8
+#define HD 32
 #define NKV 2
 #define NH 4
 #define MAXP 400
@@ -146,11 +149,29 @@ typedef struct rig {
     kv_group *g;
     kv_cache *layer;
     be_dtype dt;
+    int bits;       /* 0: dense pages of dt; else quantized pages (group 32, f32 scales) */
+    int tiled;
     policy pol;
     ref_seq *ref;   /* [NSEQ] */
     double worst;
     int steps, refused;
 } rig;
+
+/* dst[HD] = a row as the pool keeps it: rounded to the dtype, or quantized and dequantized */
+static void store_ref(const rig *R, const float *x, float *dst) {
+    if (R->bits) {
+        uint8_t codes[HD];
+        float sc[HD / 32], bi[HD / 32];
+        aq_quantize_row(x, HD, R->bits, 32, AQ_ROUND_GPU, BE_F32, codes, sc, bi);
+        aq_dequant_row(codes, sc, bi, BE_F32, R->bits, 32, 0, HD, dst);
+        return;
+    }
+    for (int e = 0; e < HD; e++) {
+        float t;
+        be_kv_put(&t, R->dt, 0, x[e]);
+        dst[e] = be_kv_get(&t, R->dt, 0);
+    }
+}
 
 /* one step: rows on distinct sequences, each appending n[b] tokens */
 static int step(rig *R, int B, const int *seq, const int *n) {
@@ -167,17 +188,12 @@ static int step(rig *R, int B, const int *seq, const int *n) {
     for (int b = 0; b < B; b++)
         for (int i = 0; i < n[b]; i++) {
             ref_seq *r = &R->ref[seq[b]];
-            for (int h = 0; h < NKV; h++)
-                for (int e = 0; e < HD; e++) {
-                    float kk = frand(), vv = frand();
-                    k[(((size_t)b * L + i) * NKV + h) * HD + e] = kk;
-                    v[(((size_t)b * L + i) * NKV + h) * HD + e] = vv;
-                    float rk, rv;   /* what the pool keeps */
-                    be_kv_put(&rk, R->dt, 0, kk);
-                    be_kv_put(&rv, R->dt, 0, vv);
-                    r->k[pos0[b] + i][h][e] = be_kv_get(&rk, R->dt, 0);
-                    r->v[pos0[b] + i][h][e] = be_kv_get(&rv, R->dt, 0);
-                }
+            for (int h = 0; h < NKV; h++) {
+                float *kk = &k[(((size_t)b * L + i) * NKV + h) * HD], *vv = &v[(((size_t)b * L + i) * NKV + h) * HD];
+                for (int e = 0; e < HD; e++) kk[e] = frand(), vv[e] = frand();
+                store_ref(R, kk, r->k[pos0[b] + i][h]);   /* what the pool keeps */
+                store_ref(R, vv, r->v[pos0[b] + i][h]);
+            }
             for (int e = 0; e < NH * HD; e++) q[((size_t)b * L + i) * NH * HD + e] = 2 * frand();
         }
     be_attn a = {.B = B, .L = L, .n_head = NH, .n_kv_head = NKV, .head_dim = HD, .pos0 = pos0, .len = n,
@@ -212,37 +228,46 @@ static int step(rig *R, int B, const int *seq, const int *n) {
     return ok;
 }
 
-/* snapshot of sequence s through the layer codec, restored into d */
+/* snapshot of sequence s through the layer codec (every part), restored into d */
 static int snap_restore(rig *R, int s, int d) {
-    int n_sink, run, len, page;
+    int n_sink, run, len, page, ok = 1;
     kv_group_held(R->g, s, &n_sink, &run, &len);
     int T = n_sink + len - run;
-    size_t bytes = (size_t)NKV * (T ? T : 1) * HD * 4;
-    float *k = malloc(bytes), *v = malloc(bytes), *k2 = malloc(bytes), *v2 = malloc(bytes);
+    kv_part pp[KV_MAX_PARTS];
+    int np = R->layer->vt->parts(R->layer, pp);
+    char *k[KV_MAX_PARTS], *v[KV_MAX_PARTS];
     const int32_t *pt = kv_group_table(R->g, s, &page);
-    /* two ranges, one call each, kept as [range][n_kv][n][hd] */
-    size_t el = be_dtype_size(R->dt), part = (size_t)NKV * n_sink * HD * el;
-    if (n_sink) R->layer->vt->read(R->layer, pt, page, 0, n_sink, k, v);
-    if (len > run) R->layer->vt->read(R->layer, pt, page, run, len - run, (char *)k + part, (char *)v + part);
+    /* two ranges, one call each, kept as [range][n_kv][n][width] */
+    for (int p = 0; p < np; p++) {
+        size_t row = pp[p].width * pp[p].el, bytes = (size_t)NKV * (T ? T : 1) * row, part = (size_t)NKV * n_sink * row;
+        k[p] = malloc(bytes), v[p] = malloc(bytes);
+        if (n_sink) R->layer->vt->read(R->layer, p, pt, page, 0, n_sink, k[p], v[p]);
+        if (len > run) R->layer->vt->read(R->layer, p, pt, page, run, len - run, k[p] + part, v[p] + part);
+    }
     char err[300];
-    int ok = !kv_group_restore(R->g, d, n_sink, run, len, err, sizeof err);
+    ok = !kv_group_restore(R->g, d, n_sink, run, len, err, sizeof err);
     if (!ok) printf("# restore: %s\n", err);
     pt = kv_group_table(R->g, d, &page);
-    if (ok && n_sink) R->layer->vt->write(R->layer, pt, page, 0, n_sink, k, v);
-    if (ok && len > run) R->layer->vt->write(R->layer, pt, page, run, len - run, (char *)k + part, (char *)v + part);
-    /* the round trip is exact: read back what was written */
-    if (ok && n_sink) R->layer->vt->read(R->layer, pt, page, 0, n_sink, k2, v2);
-    if (ok && len > run) R->layer->vt->read(R->layer, pt, page, run, len - run, (char *)k2 + part, (char *)v2 + part);
-    if (ok && T && (memcmp(k, k2, (size_t)NKV * T * HD * el) || memcmp(v, v2, (size_t)NKV * T * HD * el))) ok = 0;
-    free(k); free(v); free(k2); free(v2);
+    for (int p = 0; p < np; p++) {
+        size_t row = pp[p].width * pp[p].el, bytes = (size_t)NKV * (T ? T : 1) * row, part = (size_t)NKV * n_sink * row;
+        char *k2 = malloc(bytes), *v2 = malloc(bytes);
+        if (ok && n_sink) R->layer->vt->write(R->layer, p, pt, page, 0, n_sink, k[p], v[p]);
+        if (ok && len > run) R->layer->vt->write(R->layer, p, pt, page, run, len - run, k[p] + part, v[p] + part);
+        /* the round trip is exact: read back what was written */
+        if (ok && n_sink) R->layer->vt->read(R->layer, p, pt, page, 0, n_sink, k2, v2);
+        if (ok && len > run) R->layer->vt->read(R->layer, p, pt, page, run, len - run, k2 + part, v2 + part);
+        if (ok && T && (memcmp(k[p], k2, (size_t)NKV * T * row) || memcmp(v[p], v2, (size_t)NKV * T * row))) ok = 0;
+        free(k[p]); free(v[p]); free(k2); free(v2);
+    }
     return ok;
 }
 
-static void run_policy(const policy *pol, int page, be_dtype dt, int n_ops) {
-    rig R = {.be = test_backend(), .dt = dt, .pol = *pol, .budget = {(size_t)64 << 20, 0}};
+static void run_policy(const policy *pol, int page, be_dtype dt, int bits, int tiled, int n_ops) {
+    rig R = {.be = test_backend(), .dt = dt, .bits = bits, .tiled = tiled, .pol = *pol, .budget = {(size_t)64 << 20, 0}};
     R.be->ctx_new(&R.bc, 1);
     R.g = kv_group_new(R.be, R.bc, &R.budget, NSEQ, page, pol->window, pol->keep);
-    R.layer = kv_dense_new(R.be, R.bc, NKV, HD, dt, page);
+    R.layer = bits ? kv_quant_new(R.be, R.bc, NKV, HD, bits, 32, BE_F32, page, tiled ? KV_TILED : KV_UNFUSED)
+                   : kv_dense_new(R.be, R.bc, NKV, HD, dt, page);
     kv_group_add(R.g, R.layer);
     R.ref = calloc(NSEQ, sizeof *R.ref);
     for (int s = 0; s < NSEQ; s++) R.ref[s].rot = (mlx_rot){.max_size = pol->window, .keep = pol->keep};
@@ -296,8 +321,10 @@ static void run_policy(const policy *pol, int page, be_dtype dt, int n_ops) {
     size_t held = kv_group_bytes(R.g), bound = pol->window
         ? (size_t)NSEQ * ((pol->window + pol->keep) / page + 3) * R.layer->vt->page_bytes(R.layer) : (size_t)-1;
     CHECK(ok && R.worst <= 2e-6 && held <= bound,
-          "cache conformance (%s) %s, page %d, %s: %d steps, %d forks, %d trims (%d refused), %d snapshots, %d frees; worst "
-          "|attention - reference| %.2g; %zu bytes held", R.be->name, pol->name, page, be_dtype_name(dt), R.steps, forks, trims,
+          "cache conformance (%s) %s, page %d, %s%s%s: %d steps, %d forks, %d trims (%d refused), %d snapshots, %d frees; "
+          "worst |attention - reference| %.2g; %zu bytes held", R.be->name, pol->name, page,
+          be_dtype_name(bits && be_dtype_affine(bits, &dt) ? dt : dt), bits ? " g32" : "",
+          bits ? (tiled ? " tiled" : " unfused") : "", R.steps, forks, trims,
           R.refused, snaps, frees, R.worst, held);
     kv_group_free(R.g);
     R.be->ctx_free(R.bc);
@@ -312,6 +339,12 @@ int main(void) {
     if (!test_backend()) return CHECK_DONE();
     for (size_t p = 0; p < sizeof pols / sizeof *pols; p++)
         for (size_t g = 0; g < sizeof pages / sizeof *pages; g++)
-            for (int dt = 0; dt < 3; dt++) run_policy(&pols[p], pages[g], (be_dtype)dt, dt == 0 ? 160 : 60);
+            for (int dt = 0; dt < 3; dt++) run_policy(&pols[p], pages[g], (be_dtype)dt, 0, 0, dt == 0 ? 160 : 60);
+    /* the quantized page format against its dense equivalent, every policy (the rotating and
+     * multi-sequence quantized caches mlx-lm cannot build), both kernel sets */
+    static const int qbits[] = {8, 4, 3, 2};
+    for (size_t p = 0; p < sizeof pols / sizeof *pols; p++)
+        for (size_t i = 0; i < sizeof qbits / sizeof *qbits; i++)
+            run_policy(&pols[p], pages[(p + i) % 4], BE_F32, qbits[i], qbits[i] == 4 || qbits[i] == 8 ? (int)(i & 1) : 0, 60);
     return CHECK_DONE();
 }
