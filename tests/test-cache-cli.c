@@ -80,9 +80,29 @@ int main(int argc, char **argv) {
     snprintf(args, sizeof args, "generate -m %s/models/stories260k --prompt-cache-file %s/pc.safetensors -p x -n 2", shared_dir(), tmp);
     rc = run(args, out, er, sizeof out);
     CHECK(rc == 1 && strstr(er, "another model"), "another model's file: exit 1, %s", er);
-    snprintf(args, sizeof args, "cache-prompt -m %s --tokens 1,2,3 --prompt-cache-file %s/q --kv-bits 8", m, tmp);
+    /* QuantizedKVCache files: mlx-lm's own (to_quantized(64, 8) of a 32-token prefill) continues exactly as its
+     * KVCache twin quantized by cinfer at load (--quantized-kv-start 0); cinfer writes the same classes, names,
+     * shapes and dtypes, and reads them back */
+    static char qa[4096], qb[4096], qc[4096];
+#define PC "generate -m %s --prompt-cache-file %s/reference/mlx/promptcache/%s -p ' and' -n 12 --temp 0 -q --kv-bits 8 %s"
+    snprintf(args, sizeof args, PC, m, shared_dir(), "kv_q8g64.safetensors", "--kv-dtype bf16");
+    int ra = run(args, qa, er, sizeof qa);
+    snprintf(args, sizeof args, PC, m, shared_dir(), "kv_bf16.safetensors", "--kv-dtype bf16 --quantized-kv-start 0");
+    int rb = run(args, qb, er, sizeof qb);
+    CHECK(ra == 0 && rb == 0 && strlen(qa) > 8 && !strcmp(qa, qb), "mlx-lm's QuantizedKVCache file continues as its KVCache "
+          "twin quantized at load: '%s' vs '%s'", qa, qb);
+    snprintf(args, sizeof args, PC, m, shared_dir(), "kv_q8g64.safetensors", "--kv-group-size 32");
     rc = run(args, out, er, sizeof out);
-    CHECK(rc == 2 && strstr(er, "issue 15"), "--kv-bits: usage error naming the missing quantized caches");
+    CHECK(rc == 1 && strstr(er, "QuantizedKVCache of 8 bits, group 64") && strstr(er, "--kv-group-size 64"),
+          "a QuantizedKVCache file into another scheme: refused, naming the flags: %s", er);
+    snprintf(args, sizeof args, "cache-prompt -m %s --tokens 1,450,29871,1576,310,263,2217,1058 --prompt-cache-file %s/q8 "
+             "--kv-bits 8 --quantized-kv-start 0 --kv-dtype bf16", m, tmp);
+    rc = run(args, out, er, sizeof out);
+    snprintf(args, sizeof args, "generate -m %s --prompt-cache-file %s/q8.safetensors -p ' and' -n 12 --temp 0 -q --kv-bits 8 "
+             "--kv-dtype bf16", m, tmp);
+    int rq = run(args, qc, er, sizeof qc);
+    CHECK(rc == 0 && rq == 0 && strlen(qc) > 8, "cache-prompt --kv-bits 8 writes a QuantizedKVCache file that generate "
+          "continues from: '%s'", qc);
 
     snprintf(args, sizeof args, "generate -m %s --prompt '%s%s' -n 24 --json --cache-dir %s/cd", m, pre, suf, tmp);
     static char first[1 << 16];

@@ -304,7 +304,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     if (step) be->step_end(c->bc);
     st = backend_status(c);
     finish_groups(c, st == CINFER_OK);
-    return st ? st : ctx_kvq_convert(c);
+    return st ? st : ctx_kvq_convert(c, 0);
 }
 
 /* NaN/Inf logits mean the weights or activations overflowed: an error, never

@@ -64,8 +64,9 @@ struct cinfer_ctx {
 cinfer_status ctx_kvq_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err, size_t n);
 /* layer l's storage at creation: quantized (start -1) or dense */
 kv_cache *ctx_kvq_layer(cinfer_ctx *c, int l);
-/* after a forward: converts the pending layers once a sequence reaches the start */
-cinfer_status ctx_kvq_convert(cinfer_ctx *c);
+/* after a forward: converts the pending layers once a sequence reaches the start
+ * (now: at once, e.g. before a quantized cache file is restored) */
+cinfer_status ctx_kvq_convert(cinfer_ctx *c, int now);
 
 /* sets the context's message (printf-style) and returns s */
 cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -104,7 +104,7 @@ kv_cache *ctx_kvq_layer(cinfer_ctx *c, int l) {
 }
 
 
-cinfer_status ctx_kvq_convert(cinfer_ctx *c) {
+cinfer_status ctx_kvq_convert(cinfer_ctx *c, int now) {
     if (c->kvq_start < 0 || !c->kvq_pending) return CINFER_OK;
     const model_config *cfg = &c->m->cfg;
     int longest = 0;
@@ -112,7 +112,7 @@ cinfer_status ctx_kvq_convert(cinfer_ctx *c) {
         int len = kv_group_max_len(c->groups[g]);
         longest = len > longest ? len : longest;
     }
-    if (longest < c->kvq_start || longest == 0) return CINFER_OK;
+    if (!now && (longest < c->kvq_start || longest == 0)) return CINFER_OK;
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!c->kvq_bits[l] || strcmp(c->layer_cache[l]->vt->kind, "dense")) continue;
         kv_group *g = c->layer_group[l];

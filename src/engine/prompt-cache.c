@@ -9,9 +9,11 @@
  * mlx-lm's own ring holds after a prefill and continues from identically
  * (padded to max_size when the window has dropped tokens, see pad_ring); it
  * reads a wrapped ring back into temporal order as RotatingKVCache's
- * _temporal_order does. Everything in a file is checked before the sequence
- * is touched; quantized caches are refused here until cinfer has them
- * (QuantizedKVCache: the seam is class_kind()).
+ * _temporal_order does. QuantizedKVCache layers (cinfer's quantized pages)
+ * are the triples "L.i.0" packed uint32 codes [1][n_kv][T][hd*bits/32],
+ * "L.i.1" scales and "L.i.2" biases [1][n_kv][T][hd/group], meta state
+ * "0.L.0".."0.L.2" = offset, group_size, bits. Everything in a file is
+ * checked before the sequence is touched.
  */
 #include <jansson.h>
 #include <string.h>
@@ -20,11 +22,13 @@
 #include "util.h"
 
 static const char *st_name_of(const char *dt) {
-    return !strcmp(dt, "f32") ? "F32" : !strcmp(dt, "f16") ? "F16" : !strcmp(dt, "bf16") ? "BF16" : NULL;
+    return !strcmp(dt, "f32") ? "F32" : !strcmp(dt, "f16") ? "F16" : !strcmp(dt, "bf16") ? "BF16" : !strcmp(dt, "u32") ? "U32" : NULL;
 }
 static const char *dt_of_st(const char *st) {
-    return !strcmp(st, "F32") ? "f32" : !strcmp(st, "F16") ? "f16" : !strcmp(st, "BF16") ? "bf16" : NULL;
+    return !strcmp(st, "F32") ? "f32" : !strcmp(st, "F16") ? "f16" : !strcmp(st, "BF16") ? "bf16" : !strcmp(st, "U32") ? "u32" : NULL;
 }
+/* the layer of a snapshot tensor "L.i" / "L.i.j" */
+static int tensor_layer(const cinfer_tensor *t) { return atoi(t->name); }
 
 static int set_str(json_t *o, const char *k, const char *v) { return json_object_set_new(o, k, json_string(v)); }
 
@@ -81,15 +85,31 @@ cinfer_status cinfer_prompt_cache_encode(cinfer_ctx *c, int seq, const char *use
     json_error_t je;
     json_t *hdr = json_loads(s->header, 0, &je), *layers = json_object_get(hdr, "layers"), *meta = json_object();
     st_wtensor *wt = calloc((size_t)s->n_tensors + 1, sizeof *wt);
-    st = hdr && meta && wt && json_array_size(layers) == (size_t)nl && s->n_tensors == 2 * nl ? CINFER_OK : CINFER_ENOMEM;
+    st = hdr && meta && wt && json_array_size(layers) == (size_t)nl ? CINFER_OK : CINFER_ENOMEM;
     char k[48], v[48];
+    int *quant = st ? NULL : calloc((size_t)nl, sizeof *quant), *first = st ? NULL : calloc((size_t)nl, sizeof *first);
+    if (!st && (!quant || !first)) st = CINFER_ENOMEM;
+    for (int i = s->n_tensors - 1; !st && i >= 0; i--) first[tensor_layer(&s->tensors[i])] = i;
     for (int l = 0; !st && l < nl; l++) {   /* "0.*": meta states, in layer order */
-        int window = 0, keep = 0, offset = 0;
+        int window = 0, keep = 0, offset = 0, hd = c->m->cfg.head_dim;
         json_unpack(json_array_get(layers, l), "{s:i, s:i, s:i}", "window", &window, "keep", &keep, "offset", &offset);
-        if (!window) { snprintf(k, sizeof k, "0.%d", l); st = set_str(meta, k, "") ? CINFER_ENOMEM : CINFER_OK; continue; }
-        int T = (int)s->tensors[2 * l].shape[2];
+        const cinfer_tensor *t0 = &s->tensors[first[l]];
+        quant[l] = !strcmp(t0->dtype, "u32");
+        if (quant[l] && window) {
+            st = ctx_fail(c, CINFER_EUNSUPPORTED, "prompt cache: layer %d is a quantized window (--max-kv-size or a sliding "
+                          "layer with --kv-bits); mlx-lm has no class for that cache, so it cannot be written as a prompt-cache file", l);
+            break;
+        }
+        int T = (int)t0->shape[2], nv = quant[l] ? 3 : 4;
+        /* QuantizedKVCache: offset, group_size, bits (from the codes' and scales' widths) */
         int vals[4] = {keep, window, offset, offset > T && T < window ? window : T};
-        for (int j = 0; j < 4 && !st; j++) {
+        if (quant[l]) {   /* tensors K codes, V codes, K scales, ...: group from the scales, bits from the codes */
+            vals[0] = offset;
+            vals[1] = hd / (int)s->tensors[first[l] + 2].shape[3];
+            vals[2] = (int)t0->shape[3] * 32 / hd;
+        }
+        if (!window && !quant[l]) { snprintf(k, sizeof k, "0.%d", l); st = set_str(meta, k, "") ? CINFER_ENOMEM : CINFER_OK; continue; }
+        for (int j = 0; j < nv && !st; j++) {
             snprintf(k, sizeof k, "0.%d.%d", l, j);
             snprintf(v, sizeof v, "%d", vals[j]);
             if (set_str(meta, k, v)) st = CINFER_ENOMEM;
@@ -108,7 +128,8 @@ cinfer_status cinfer_prompt_cache_encode(cinfer_ctx *c, int seq, const char *use
     if (!st) st = add_fingerprints(c, meta, tokens, n_tokens);
     for (int l = 0; !st && l < nl; l++) {
         snprintf(k, sizeof k, "2.%d", l);
-        if (set_str(meta, k, json_integer_value(json_object_get(json_array_get(layers, l), "window")) ? "RotatingKVCache" : "KVCache"))
+        if (set_str(meta, k, quant[l] ? "QuantizedKVCache"
+                             : json_integer_value(json_object_get(json_array_get(layers, l), "window")) ? "RotatingKVCache" : "KVCache"))
             st = CINFER_ENOMEM;
     }
     void **pads = st ? NULL : calloc((size_t)s->n_tensors + 1, sizeof *pads);
@@ -119,8 +140,8 @@ cinfer_status cinfer_prompt_cache_encode(cinfer_ctx *c, int seq, const char *use
         memcpy(shapes[i], t->shape, sizeof shapes[i]);
         wt[i] = (st_wtensor){t->name, st_name_of(t->dtype), t->ndim, shapes[i], t->data, t->bytes};
         int window = 0, keep = 0, offset = 0, sinks = 0;
-        json_unpack(json_array_get(layers, i / 2), "{s:i, s:i, s:i, s:i}", "window", &window, "keep", &keep, "offset", &offset,
-                    "sinks", &sinks);
+        json_unpack(json_array_get(layers, tensor_layer(t)), "{s:i, s:i, s:i, s:i}", "window", &window, "keep", &keep,
+                    "offset", &offset, "sinks", &sinks);
         if (!window || offset <= t->shape[2] || t->shape[2] >= window) continue;
         if (!(pads[i] = pad_ring(t, sinks, window, &wt[i].nbytes))) st = CINFER_ENOMEM;
         shapes[i][2] = window;
@@ -130,12 +151,14 @@ cinfer_status cinfer_prompt_cache_encode(cinfer_ctx *c, int seq, const char *use
     if (!st && !mj) st = CINFER_ENOMEM;
     if (!st && (st = st_write_mem(wt, s->n_tensors, mj, buf, len, err, sizeof err))) ctx_fail(c, st, "prompt cache: %s", err);
     else if (st == CINFER_EINVAL) ctx_fail(c, st, "prompt cache: user metadata values must be strings");
-    else if (st) ctx_fail(c, st, "prompt cache: out of memory");
+    else if (st == CINFER_ENOMEM) ctx_fail(c, st, "prompt cache: out of memory");
     free(mj);
     for (int i = 0; pads && i < s->n_tensors; i++) free(pads[i]);
     free(pads);
     free(shapes);
     free(wt);
+    free(quant);
+    free(first);
     json_decref(meta);
     json_decref(hdr);
     json_decref(user);
@@ -158,7 +181,23 @@ cinfer_status cinfer_prompt_cache_save(cinfer_ctx *c, int seq, const char *path,
 
 typedef struct pc_layer {
     int rotating, keep, max_size, offset, idx;
+    int quant, group, bits;   /* QuantizedKVCache */
 } pc_layer;
+
+/* meta state "0.L.j" for j < n into vals (counts) */
+static cinfer_status meta_counts(cinfer_ctx *c, json_t *meta, int l, int n, int *const *vals, const char *cls) {
+    char k[48];
+    for (int j = 0; j < n; j++) {
+        snprintf(k, sizeof k, "0.%d.%d", l, j);
+        const char *s = json_string_value(json_object_get(meta, k));
+        char *end;
+        long x = s ? strtol(s, &end, 10) : -1;
+        if (!s || !*s || *end || x < 0 || x > (1L << 30))
+            return ctx_fail(c, CINFER_EFORMAT, "prompt cache: %s layer %d: meta state \"%s\" is missing or not a count", cls, l, k);
+        *vals[j] = (int)x;
+    }
+    return CINFER_OK;
+}
 
 /* the class of layer l: 0 ok (kind filled), else a refusal. The seam for
  * QuantizedKVCache (issue 15: affine KV pages) is here. */
@@ -169,24 +208,27 @@ static cinfer_status class_kind(cinfer_ctx *c, json_t *meta, int l, pc_layer *pl
     if (!cls) return ctx_fail(c, CINFER_EFORMAT, "prompt cache: no class name \"%s\" for layer %d", k, l);
     memset(pl, 0, sizeof *pl);
     if (!strcmp(cls, "KVCache")) return CINFER_OK;
-    if (!strcmp(cls, "QuantizedKVCache"))
-        return ctx_fail(c, CINFER_EUNSUPPORTED, "prompt cache: layer %d is a QuantizedKVCache (written with --kv-bits); "
-                        "cinfer has no quantized KV caches yet (issue 15), so it cannot load this file", l);
+    if (!strcmp(cls, "QuantizedKVCache")) {
+        int *vals[3] = {&pl->offset, &pl->group, &pl->bits};
+        cinfer_status st = meta_counts(c, meta, l, 3, vals, cls);
+        if (st) return st;
+        const int *kb = c->kvq_bits, *kg = c->kvq_group;
+        if (!kb || kb[l] != pl->bits || kg[l] != pl->group) {
+            char what[64] = "not quantized";
+            if (kb && kb[l]) snprintf(what, sizeof what, "quantized to %d bits, group %d", kb[l], kg[l]);
+            return ctx_fail(c, CINFER_EFORMAT, "prompt cache: layer %d is a QuantizedKVCache of %d bits, group %d; this context's "
+                            "layer is %s: pass --kv-bits %d --kv-group-size %d", l, pl->bits, pl->group, what, pl->bits, pl->group);
+        }
+        pl->quant = 1;
+        return CINFER_OK;
+    }
     if (strcmp(cls, "RotatingKVCache"))
         return ctx_fail(c, CINFER_EUNSUPPORTED, "prompt cache: layer %d is a %s, which cinfer cannot load "
-                        "(KVCache and RotatingKVCache only)", l, cls);
+                        "(KVCache, RotatingKVCache and QuantizedKVCache only)", l, cls);
     int *vals[4] = {&pl->keep, &pl->max_size, &pl->offset, &pl->idx};
-    for (int j = 0; j < 4; j++) {
-        snprintf(k, sizeof k, "0.%d.%d", l, j);
-        const char *s = json_string_value(json_object_get(meta, k));
-        char *end;
-        long x = s ? strtol(s, &end, 10) : -1;
-        if (!s || !*s || *end || x < 0 || x > (1L << 30))
-            return ctx_fail(c, CINFER_EFORMAT, "prompt cache: RotatingKVCache layer %d: meta state \"%s\" is missing or not a count", l, k);
-        *vals[j] = (int)x;
-    }
+    cinfer_status st = meta_counts(c, meta, l, 4, vals, cls);
     pl->rotating = 1;
-    return CINFER_OK;
+    return st;
 }
 
 /* checks cinfer's fingerprints when the file has them */
@@ -204,22 +246,27 @@ static cinfer_status check_fp(cinfer_ctx *c, json_t *meta, int *fingerprinted) {
     return CINFER_OK;
 }
 
-/* a layer's tensor "L.i" checked against the model; its T in *T */
-static const st_tensor *layer_tensor(cinfer_ctx *c, const st_set *ss, int l, int i, cinfer_status *st) {
+/* a layer's tensor "L.i" (j < 0) or "L.i.j" checked against the model: dtype (codes: U32, else a
+ * float), [1, kv_heads, T, width] */
+static const st_tensor *layer_tensor(cinfer_ctx *c, const st_set *ss, int l, int i, int j, int width, cinfer_status *st) {
     char name[32];
-    snprintf(name, sizeof name, "%d.%d", l, i);
+    if (j < 0) snprintf(name, sizeof name, "%d.%d", l, i);
+    else snprintf(name, sizeof name, "%d.%d.%d", l, i, j);
     const st_tensor *t = st_find(ss, name);
     kv_cache *kc = c->layer_cache[l];
+    const char *d = t ? dt_of_st(t->dtype) : NULL;
     *st = CINFER_EFORMAT;
     if (!t) return ctx_fail(c, CINFER_EFORMAT, "prompt cache: tensor %s (layer %d's %s) is missing", name, l, i ? "values" : "keys"), NULL;
-    if (!dt_of_st(t->dtype))
-        return ctx_fail(c, CINFER_EUNSUPPORTED, "prompt cache: tensor %s is %s; K/V must be F32, F16 or BF16", name, t->dtype), NULL;
+    if (!d || (j == 0) != !strcmp(d, "u32"))
+        return ctx_fail(c, CINFER_EUNSUPPORTED, "prompt cache: tensor %s is %s; it must be %s", name, t->dtype,
+                        j == 0 ? "U32 (packed codes)" : "F32, F16 or BF16"), NULL;
     if (t->ndim != 4 || t->shape[0] != 1)
-        return ctx_fail(c, CINFER_EFORMAT, "prompt cache: tensor %s is not [1, kv_heads, tokens, head_dim]", name), NULL;
+        return ctx_fail(c, CINFER_EFORMAT, "prompt cache: tensor %s is not [1, kv_heads, tokens, %d]", name, width), NULL;
     if (t->shape[1] != kc->n_kv)
         return ctx_fail(c, CINFER_EFORMAT, "prompt cache: tensor %s has %lld KV heads, the model %d", name, (long long)t->shape[1], kc->n_kv), NULL;
-    if (t->shape[3] != kc->head_dim)
-        return ctx_fail(c, CINFER_EFORMAT, "prompt cache: tensor %s has head_dim %lld, the model %d", name, (long long)t->shape[3], kc->head_dim), NULL;
+    if (t->shape[3] != width)
+        return ctx_fail(c, CINFER_EFORMAT, "prompt cache: tensor %s has %lld columns; the model's head_dim %d makes %d", name,
+                        (long long)t->shape[3], kc->head_dim, width), NULL;
     *st = CINFER_OK;
     return t;
 }
@@ -246,21 +293,40 @@ static cinfer_status decode_layers(cinfer_ctx *c, int seq, const st_set *ss, jso
     json_t *v;
     json_object_foreach(meta, k, v) n_cls += k[0] == '2' && k[1] == '.';
     if (n_cls != nl) return ctx_fail(c, CINFER_EFORMAT, "prompt cache: the file has %d cache layers, the model %d", n_cls, nl);
+    /* a QuantizedKVCache file restores into quantized pages: layers that would convert later convert now */
+    pc_layer pl;
+    cinfer_status st = CINFER_OK;
+    for (int l = 0; !st && l < nl; l++) {
+        if ((st = class_kind(c, meta, l, &pl))) return st;
+        if (!pl.quant && !strcmp(c->layer_cache[l]->vt->kind, "quant"))
+            return ctx_fail(c, CINFER_EFORMAT, "prompt cache: layer %d of the file is not quantized (a %s), this context's is "
+                            "already: load it into a fresh context, or with --quantized-kv-start above its length", l,
+                            pl.rotating ? "RotatingKVCache" : "KVCache");
+        if (pl.quant && (st = ctx_kvq_convert(c, 1))) return st;
+    }
     cinfer_snapshot snap = {0};
     json_t *root = json_pack("{s:s, s:i, s:i}", "format", "cinfer-kv", "version", 1, "tokens", 0), *layers = json_array();
-    snap.tensors = calloc((size_t)nl * 2, sizeof *snap.tensors);
+    snap.tensors = calloc((size_t)nl * 2 * KV_MAX_PARTS, sizeof *snap.tensors);
     void **owned = calloc((size_t)nl * 2, sizeof *owned);
-    cinfer_status st = root && layers && snap.tensors && owned ? CINFER_OK : ctx_fail(c, CINFER_ENOMEM, "prompt cache: out of memory");
+    st = root && layers && snap.tensors && owned ? CINFER_OK : ctx_fail(c, CINFER_ENOMEM, "prompt cache: out of memory");
     for (int l = 0; !st && l < nl; l++) {
-        pc_layer pl;
-        int keep, window = kv_group_window(c->layer_group[l], &keep);
+        int keep, window = kv_group_window(c->layer_group[l], &keep), hd = c->layer_cache[l]->head_dim, at = snap.n_tensors;
         if ((st = class_kind(c, meta, l, &pl))) break;
-        const st_tensor *t[2];
-        for (int i = 0; i < 2 && !st; i++) t[i] = layer_tensor(c, ss, l, i, &st);
+        int np = pl.quant ? 3 : 1;
+        const st_tensor *t[2][KV_MAX_PARTS];
+        for (int j = 0; j < np && !st; j++)
+            for (int i = 0; i < 2 && !st; i++)
+                t[i][j] = layer_tensor(c, ss, l, i, pl.quant ? j : -1, !pl.quant ? hd : j ? hd / pl.group : hd * pl.bits / 32, &st);
         if (st) break;
-        int T = (int)t[0]->shape[2];
-        if (t[1]->shape[2] != T || strcmp(t[0]->dtype, t[1]->dtype)) {
+        int T = (int)t[0][0]->shape[2], same = 1;
+        for (int j = 0; j < np; j++) same &= t[0][j]->shape[2] == T && t[1][j]->shape[2] == T && !strcmp(t[0][j]->dtype, t[1][j]->dtype);
+        if (!same) {
             st = ctx_fail(c, CINFER_EFORMAT, "prompt cache: layer %d's keys and values differ in length or dtype", l);
+            break;
+        }
+        if (pl.quant && (window || pl.offset != T)) {
+            st = ctx_fail(c, CINFER_EFORMAT, "prompt cache: layer %d: a QuantizedKVCache of offset %d holds %d tokens%s", l,
+                          pl.offset, T, window ? " and this context keeps a window (--max-kv-size): run without it" : "");
             break;
         }
         if (!pl.rotating && window) {
@@ -288,18 +354,20 @@ static cinfer_status decode_layers(cinfer_ctx *c, int seq, const st_set *ss, jso
             break;
         }
         tokens = offset;
-        for (int i = 0; i < 2; i++) {
-            cinfer_tensor *o = &snap.tensors[snap.n_tensors++];
-            snprintf(o->name, sizeof o->name, "%d.%d", l, i);
-            o->dtype = dt_of_st(t[i]->dtype);
-            o->ndim = 4;
-            memcpy(o->shape, t[i]->shape, sizeof o->shape);
-            o->bytes = t[i]->nbytes;
-            o->data = (void *)t[i]->data;
-            if (pl.rotating && pl.idx < T && !(o->data = owned[2 * l + i] = temporal(t[i], &pl))) st = CINFER_ENOMEM;
-        }
+        for (int j = 0; j < np; j++)
+            for (int i = 0; i < 2; i++) {
+                cinfer_tensor *o = &snap.tensors[snap.n_tensors++];
+                if (pl.quant) snprintf(o->name, sizeof o->name, "%d.%d.%d", l, i, j);
+                else snprintf(o->name, sizeof o->name, "%d.%d", l, i);
+                o->dtype = dt_of_st(t[i][j]->dtype);
+                o->ndim = 4;
+                memcpy(o->shape, t[i][j]->shape, sizeof o->shape);
+                o->bytes = t[i][j]->nbytes;
+                o->data = (void *)t[i][j]->data;
+                if (pl.rotating && pl.idx < T && !(o->data = owned[2 * l + i] = temporal(t[i][j], &pl))) st = CINFER_ENOMEM;
+            }
         json_t *e = json_pack("{s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "layer", l, "kind", c->layer_cache[l]->vt->kind,
-                              "dtype", snap.tensors[2 * l].dtype, "n_kv", c->layer_cache[l]->n_kv, "head_dim",
+                              "dtype", snap.tensors[at].dtype, "n_kv", c->layer_cache[l]->n_kv, "head_dim",
                               c->layer_cache[l]->head_dim, "window", window, "keep", keep, "sinks", sinks, "run", run,
                               "offset", offset);
         if (st || !e || json_array_append_new(layers, e)) st = ctx_fail(c, CINFER_ENOMEM, "prompt cache: out of memory");

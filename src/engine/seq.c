@@ -190,10 +190,10 @@ static const cinfer_tensor *find_tensor(const cinfer_snapshot *s, const char *na
 }
 
 /* checks layer l's header entry and tensors against the context; kv[p][0..1]
- * get part p's K and V data, *conv a malloc'd copy when a dense tensor's
- * float dtype differs from the layer's */
+ * get part p's K and V data, conv[p][0..1] a malloc'd copy when a float
+ * part's dtype differs from the layer's (packed codes must match exactly) */
 static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t *e, int l, int tokens, int *sinks,
-                                 int *run, const void *kv[][2], void *conv[2]) {
+                                 int *run, const void *kv[][2], void *conv[][2]) {
     kv_cache *kc = c->layer_cache[l];
     kv_part pp[KV_MAX_PARTS];
     int np = kc->vt->parts(kc, pp);
@@ -215,21 +215,21 @@ static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t
             part_name(name, sizeof name, l, i, p, np);
             const cinfer_tensor *t = find_tensor(s, name);
             be_dtype dt = BE_F32, want = BE_F32;
-            /* a dense layer takes any float dtype; a quantized one its own parts exactly */
-            int dense = np == 1 && be_dtype_from_name(pp[p].dtype, &want), okdt = t && t->dtype &&
-                        (dense ? be_dtype_from_name(t->dtype, &dt) : !strcmp(t->dtype, pp[p].dtype));
-            size_t el = dense ? be_dtype_size(dt) : pp[p].el;
+            /* a float part (values, scales, biases) takes any float dtype; packed codes their own exactly */
+            int fl = be_dtype_from_name(pp[p].dtype, &want), okdt = t && t->dtype &&
+                     (fl ? be_dtype_from_name(t->dtype, &dt) : !strcmp(t->dtype, pp[p].dtype));
+            size_t el = fl ? be_dtype_size(dt) : pp[p].el;
             if (!okdt || t->ndim != 4 || t->shape[0] != 1 || t->shape[1] != nkv || t->shape[2] != T ||
                 t->shape[3] != pp[p].width || t->bytes != (size_t)nkv * T * pp[p].width * el || !t->data)
                 return ctx_fail(c, CINFER_EFORMAT, "restore: tensor %s is missing or not [1][%d][%d][%d] of %s", name, nkv, T,
-                                pp[p].width, dense ? "f32/f16/bf16" : pp[p].dtype);
+                                pp[p].width, fl ? "f32/f16/bf16" : pp[p].dtype);
             kv[p][i] = t->data;
-            if (!dense || dt == want) continue;
-            size_t n = (size_t)nkv * T * hd;
-            conv[i] = malloc(n * be_dtype_size(want) + 1);
-            if (!conv[i]) return ctx_fail(c, CINFER_ENOMEM, "restore: out of memory");
-            for (size_t j = 0; j < n; j++) be_kv_put(conv[i], want, j, be_kv_get(t->data, dt, j));
-            kv[p][i] = conv[i];
+            if (!fl || dt == want) continue;
+            size_t n = (size_t)nkv * T * pp[p].width;
+            conv[p][i] = malloc(n * be_dtype_size(want) + 1);
+            if (!conv[p][i]) return ctx_fail(c, CINFER_ENOMEM, "restore: out of memory");
+            for (size_t j = 0; j < n; j++) be_kv_put(conv[p][i], want, j, be_kv_get(t->data, dt, j));
+            kv[p][i] = conv[p][i];
         }
     return CINFER_OK;
 }
@@ -252,7 +252,7 @@ cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *
     }
     /* check everything first: a refused snapshot leaves the sequence as it was */
     const void *(*kv)[KV_MAX_PARTS][2] = calloc((size_t)nl, sizeof *kv);
-    void *(*conv)[2] = calloc((size_t)nl, sizeof *conv);
+    void *(*conv)[KV_MAX_PARTS][2] = calloc((size_t)nl, sizeof *conv);
     int *sr = calloc((size_t)nl * 2, sizeof *sr);
     cinfer_status st = kv && conv && sr ? CINFER_OK : ctx_fail(c, CINFER_ENOMEM, "restore: out of memory");
     for (int l = 0; !st && l < nl; l++)
@@ -271,7 +271,8 @@ cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *
             st = layer_xfer(c->layer_cache[l], c->layer_group[l], seq, p, (void *)kv[l][p][0], (void *)kv[l][p][1], 0);
     }
     if (st) cinfer_seq_free(c, seq);
-    for (int l = 0; conv && l < nl; l++) free(conv[l][0]), free(conv[l][1]);
+    for (int l = 0; conv && l < nl; l++)
+        for (int p = 0; p < KV_MAX_PARTS; p++) free(conv[l][p][0]), free(conv[l][p][1]);
     free(kv);
     free(conv);
     free(sr);

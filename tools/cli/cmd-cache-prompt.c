@@ -162,7 +162,6 @@ static void cp_help(FILE *f) {
         "      --chat                 require the chat template\n"
         "      --system-prompt TEXT   system message (through the template)\n"
         "      --prompt-cache-file F  the file to write (.safetensors appended when missing)\n"
-        "      --kv-bits N            quantized KV cache (not supported yet: issue 15)\n"
         "  -t, --threads N            CPU threads\n"
         "      --device cpu|cuda      backend (default cpu)\n"
         CLI_KV_HELP
@@ -173,7 +172,7 @@ int cmd_cache_prompt(int argc, char **argv) {
     static const struct option lo[] = {
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"tokens", 1, 0, 1}, {"chat", 0, 0, 2}, {"system", 1, 0, 3},
         {"system-prompt", 1, 0, 3}, {"ignore-chat-template", 0, 0, 6},
-        {"threads", 1, 0, 't'}, {"device", 1, 0, 4}, {"kv-bits", 1, 0, 5}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS,
+        {"threads", 1, 0, 't'}, {"device", 1, 0, 4}, {"help", 0, 0, 'h'}, CLI_KV_LONGOPTS,
         CLI_CACHE_LONGOPTS, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *tokens = NULL, *system = NULL, *device = NULL;
     int templ = 1, threads = 0, c;   /* 1: when the tokenizer has one, -1: required, 0: never */
@@ -194,10 +193,6 @@ int cmd_cache_prompt(int argc, char **argv) {
         case 3: system = optarg; break;
         case 't': if (!cli_int("cache-prompt", "--threads", optarg, 1, 1024, &threads)) return 2; break;
         case 4: device = optarg; break;
-        case 5:
-            fprintf(stderr, "cinfer cache-prompt: --kv-bits: cinfer has no quantized KV caches yet (issue 15); "
-                    "leave it out to cache K/V in --kv-dtype\n");
-            return 2;
         case 'h': cp_help(stdout); return 0;
         default:
             cli_bad_option("cache-prompt", argv, optopt);
