@@ -293,17 +293,8 @@ static cinfer_status decode_layers(cinfer_ctx *c, int seq, const st_set *ss, jso
     json_t *v;
     json_object_foreach(meta, k, v) n_cls += k[0] == '2' && k[1] == '.';
     if (n_cls != nl) return ctx_fail(c, CINFER_EFORMAT, "prompt cache: the file has %d cache layers, the model %d", n_cls, nl);
-    /* a QuantizedKVCache file restores into quantized pages: layers that would convert later convert now */
     pc_layer pl;
-    cinfer_status st = CINFER_OK;
-    for (int l = 0; !st && l < nl; l++) {
-        if ((st = class_kind(c, meta, l, &pl))) return st;
-        if (!pl.quant && !strcmp(c->layer_cache[l]->vt->kind, "quant"))
-            return ctx_fail(c, CINFER_EFORMAT, "prompt cache: layer %d of the file is not quantized (a %s), this context's is "
-                            "already: load it into a fresh context, or with --quantized-kv-start above its length", l,
-                            pl.rotating ? "RotatingKVCache" : "KVCache");
-        if (pl.quant && (st = ctx_kvq_convert(c, 1))) return st;
-    }
+    cinfer_status st;
     cinfer_snapshot snap = {0};
     json_t *root = json_pack("{s:s, s:i, s:i}", "format", "cinfer-kv", "version", 1, "tokens", 0), *layers = json_array();
     snap.tensors = calloc((size_t)nl * 2 * KV_MAX_PARTS, sizeof *snap.tensors);

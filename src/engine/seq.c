@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <string.h>
 #include "engine/engine.h"
+#include "quant/affine.h"
 #include "util.h"
 
 int cinfer_seq_len(const cinfer_ctx *c, int seq) { return kv_group_len(c->groups[0], seq); }
@@ -189,6 +190,39 @@ static const cinfer_tensor *find_tensor(const cinfer_snapshot *s, const char *na
     return NULL;
 }
 
+/* layer l's dense tensors "L.0" / "L.1" (any float dtype) quantized into the
+ * layer's three parts (codes, scales, biases) in conv[p][i] */
+static cinfer_status requantize(cinfer_ctx *c, const cinfer_snapshot *s, int l, int T, const kv_part *pp,
+                                const void *kv[][2], void *conv[][2]) {
+    kv_cache *kc = c->layer_cache[l];
+    int hd = kc->head_dim, bits = pp[0].width * 32 / hd, group = hd / pp[1].width;
+    be_dtype sdt = BE_F32, dt = BE_F32;
+    be_dtype_from_name(pp[1].dtype, &sdt);
+    size_t rows = (size_t)kc->n_kv * T;
+    float *x = malloc(sizeof(float) * (size_t)hd);
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%d.%d", l, i);
+        const cinfer_tensor *t = find_tensor(s, name);
+        if (!t || !t->dtype || !be_dtype_from_name(t->dtype, &dt) || t->ndim != 4 || t->shape[1] != kc->n_kv ||
+            t->shape[2] != T || t->shape[3] != hd || t->bytes != rows * hd * be_dtype_size(dt) || !t->data) {
+            free(x);
+            return ctx_fail(c, CINFER_EFORMAT, "restore: tensor %s is missing or not [1][%d][%d][%d] of f32/f16/bf16", name,
+                            kc->n_kv, T, hd);
+        }
+        for (int p = 0; p < 3; p++)
+            if (!(conv[p][i] = malloc(rows * pp[p].width * pp[p].el + 1))) { free(x); return ctx_fail(c, CINFER_ENOMEM, "restore: out of memory"); }
+        for (size_t r = 0; r < rows; r++) {
+            for (int d = 0; d < hd; d++) x[d] = be_kv_get(t->data, dt, r * hd + d);
+            aq_quantize_row(x, hd, bits, group, AQ_ROUND_GPU, sdt, (uint8_t *)conv[0][i] + r * pp[0].width * pp[0].el,
+                            (char *)conv[1][i] + r * pp[1].width * pp[1].el, (char *)conv[2][i] + r * pp[2].width * pp[2].el);
+        }
+        for (int p = 0; p < 3; p++) kv[p][i] = conv[p][i];
+    }
+    free(x);
+    return CINFER_OK;
+}
+
 /* checks layer l's header entry and tensors against the context; kv[p][0..1]
  * get part p's K and V data, conv[p][0..1] a malloc'd copy when a float
  * part's dtype differs from the layer's (packed codes must match exactly) */
@@ -203,12 +237,16 @@ static cinfer_status check_layer(cinfer_ctx *c, const cinfer_snapshot *s, json_t
     if (json_unpack(e, "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "kind", &kind, "n_kv", &nkv, "head_dim", &hd, "window",
                     &lw, "keep", &lk, "sinks", sinks, "run", run, "offset", &off))
         return ctx_fail(c, CINFER_EFORMAT, "restore: layer %d: header entry lacks a field", l);
-    if (strcmp(kind, kc->vt->kind) || nkv != kc->n_kv || hd != kc->head_dim || lw != window || lk != keep || off != tokens)
+    /* a dense snapshot restores into quantized pages (quantized here, as a forward would write them) */
+    int requant = !strcmp(kind, "dense") && np == 3;
+    if ((strcmp(kind, kc->vt->kind) && !requant) || nkv != kc->n_kv || hd != kc->head_dim || lw != window || lk != keep ||
+        off != tokens)
         return ctx_fail(c, CINFER_EFORMAT,
                         "restore: layer %d is %s n_kv %d head_dim %d window %d keep %d offset %d; this context's is %s "
                         "n_kv %d head_dim %d window %d keep %d offset %d", l, kind, nkv, hd, lw, lk, off, kc->vt->kind,
                         kc->n_kv, kc->head_dim, window, keep, tokens);
     int T = (*run ? *sinks : 0) + tokens - *run;
+    if (requant) return requantize(c, s, l, T, pp, kv, conv);
     for (int p = 0; p < np; p++)
         for (int i = 0; i < 2; i++) {
             char name[32];
@@ -249,6 +287,12 @@ cinfer_status cinfer_seq_restore(cinfer_ctx *c, int seq, const cinfer_snapshot *
     if ((int)json_array_size(layers) != nl) {
         json_decref(root);
         return ctx_fail(c, CINFER_EFORMAT, "restore: the snapshot has %d layers, the model %d", (int)json_array_size(layers), nl);
+    }
+    /* quantized layers restore into quantized pages: layers that would convert later convert now */
+    for (size_t l = 0; l < json_array_size(layers); l++) {
+        const char *kind = json_string_value(json_object_get(json_array_get(layers, l), "kind"));
+        cinfer_status cs = kind && !strcmp(kind, "quant") ? ctx_kvq_convert(c, 1) : CINFER_OK;
+        if (cs) { json_decref(root); return cs; }
     }
     /* check everything first: a refused snapshot leaves the sequence as it was */
     const void *(*kv)[KV_MAX_PARTS][2] = calloc((size_t)nl, sizeof *kv);

@@ -82,8 +82,13 @@ void tier_entry_clear(tier_entry *e) {
     memset(e, 0, sizeof *e);
 }
 
-static int dtype_size(const char *d) { return !strcmp(d, "f32") ? 4 : !strcmp(d, "f16") || !strcmp(d, "bf16") ? 2 : 0; }
-static const char *dtype_static(const char *d) { return !strcmp(d, "f32") ? "f32" : !strcmp(d, "f16") ? "f16" : "bf16"; }
+/* the snapshot dtypes: float K/V (or scales and biases) and packed codes */
+static int dtype_size(const char *d) {
+    return !strcmp(d, "f32") || !strcmp(d, "u32") ? 4 : !strcmp(d, "f16") || !strcmp(d, "bf16") ? 2 : 0;
+}
+static const char *dtype_static(const char *d) {
+    return !strcmp(d, "f32") ? "f32" : !strcmp(d, "u32") ? "u32" : !strcmp(d, "f16") ? "f16" : "bf16";
+}
 
 /* the "tensors" list against the data block [data, data+dlen) */
 static cinfer_status tensors_decode(json_t *tens, const uint8_t *data, size_t dlen, tier_entry *e, char *err, size_t n_err) {

@@ -126,6 +126,8 @@ static uint64_t config_of(const cinfer_tier *t, const cinfer_ctx *c, char *cfg, 
         int keep, w = kv_group_window(c->layer_group[l], &keep);
         o += snprintf(cfg + o, n - (size_t)o, "%s%d/%d/%d/%d", l ? "," : "", c->layer_cache[l]->n_kv,
                       c->layer_cache[l]->head_dim, w, keep);
+        if (c->kvq_bits && c->kvq_bits[l] && o > 0 && (size_t)o < n)   /* the layer's KV quantization: bits, group */
+            o += snprintf(cfg + o, n - (size_t)o, "/q%dg%d", c->kvq_bits[l], c->kvq_group[l]);
     }
     return XXH3_64bits(cfg, strlen(cfg));
 }
