@@ -208,11 +208,30 @@ static void test_reference(cinfer_model *m, const char *ref) {
     CHECK(ok && same && sum / same < 1e-2 && dlp < 2e-2, "chosen-token log-probs: mean |diff| %.3g (< 1e-2), max %.3g (< 2e-2)",
           same ? sum / same : 0.0, dlp);
     if (!strcmp(dt, "bf16")) test_noise_floor(m, path, mi.n_vocab);
-    /* the quantized file: a clear refusal naming why */
+    /* the quantized file: refused by an unquantized context, naming the flags; a context of its scheme
+     * takes MLX's triples byte for byte (a snapshot of the loaded sequence holds the file's tensors) */
     snprintf(path, sizeof path, "%s/kv_q8g64.safetensors", ref);
     st = cinfer_prompt_cache_load(c, 0, path, NULL, NULL);
-    CHECK(st == CINFER_EUNSUPPORTED && strstr(cinfer_ctx_error(c), "QuantizedKVCache") && cinfer_seq_len(c, 0) == 0,
-          "QuantizedKVCache file refused: %s", cinfer_ctx_error(c));
+    CHECK(st == CINFER_EFORMAT && strstr(cinfer_ctx_error(c), "QuantizedKVCache of 8 bits, group 64") &&
+          strstr(cinfer_ctx_error(c), "--kv-bits 8 --kv-group-size 64") && cinfer_seq_len(c, 0) == 0,
+          "QuantizedKVCache file into an unquantized context refused: %s", cinfer_ctx_error(c));
+    cinfer_ctx_opts qo = {.kv_dtype = dt, .kv_bits = 8, .kv_group_size = 64, .quantized_kv_start = 5000};
+    cinfer_ctx *q = NULL;
+    int same_bytes = 0, n_t = 0;
+    if (!cinfer_ctx_new(m, &qo, &q, err, sizeof err) && !cinfer_prompt_cache_load(q, 0, path, NULL, NULL) &&
+        !cinfer_seq_snapshot(q, 0, &s) && !st_open_file(path, &ss, err, sizeof err)) {
+        n_t = s->n_tensors;
+        for (int i = 0; i < s->n_tensors; i++) {
+            const st_tensor *t = st_find(&ss, s->tensors[i].name);
+            same_bytes += t && t->nbytes == s->tensors[i].bytes && !memcmp(t->data, s->tensors[i].data, t->nbytes);
+        }
+    }
+    CHECK(!strcmp(dt, "f32") || (n_t == 36 && same_bytes == 36), "%s context, kv_bits 8 group 64 (start 5000: the layers "
+          "convert at load): mlx-lm's QuantizedKVCache loads, %d of %d tensors byte-identical in a snapshot", dt, same_bytes, n_t);
+    cinfer_snapshot_free(s);
+    s = NULL;
+    st_close(&ss);
+    cinfer_ctx_free(q);
     cinfer_ctx_free(c);
     cinfer_ctx_free(u);
 }

@@ -357,7 +357,7 @@ static cinfer_status decode_layers(cinfer_ctx *c, int seq, const st_set *ss, jso
                 o->data = (void *)t[i][j]->data;
                 if (pl.rotating && pl.idx < T && !(o->data = owned[2 * l + i] = temporal(t[i][j], &pl))) st = CINFER_ENOMEM;
             }
-        json_t *e = json_pack("{s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "layer", l, "kind", c->layer_cache[l]->vt->kind,
+        json_t *e = json_pack("{s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "layer", l, "kind", pl.quant ? "quant" : "dense",
                               "dtype", snap.tensors[at].dtype, "n_kv", c->layer_cache[l]->n_kv, "head_dim",
                               c->layer_cache[l]->head_dim, "window", window, "keep", keep, "sinks", sinks, "run", run,
                               "offset", offset);
