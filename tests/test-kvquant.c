@@ -12,6 +12,9 @@
  *   - quantized layers with a window (max_kv_size) decode past the window;
  *   - kv_config: listed layers quantize (snapshot kinds), the others stay dense;
  *   - KV bytes held: 4-bit pages take the expected fraction of f32 ones;
+ *   - softcapped attention (Gemma 2) on the unfused port equals dense
+ *     attention over the dequantized keys and values; the tiled port refuses
+ *     a softcapped model;
  *   - refused requests name the problem: tiled with 3 bits, group 48, a group
  *     that does not divide head_dim, kv_bits with kv_config, malformed
  *     kv_config entries, kv_kernels without a quantized cache, an unknown
@@ -23,6 +26,8 @@
 #include "check.h"
 #include <string.h>
 #include "cinfer.h"
+#include "backend/cpu/cpu.h"
+#include "quant/affine.h"
 
 static cinfer_model *M;
 static int V;
@@ -189,6 +194,63 @@ static void test_config(void) {
     cinfer_ctx_free(c);
 }
 
+/* the CPU kvq_attention with a softcap against be_ref_attention over f32 pools holding the dequantized
+ * values: 2 rows, 5 queries each, GQA 4:2, head_dim 64, group 32, every bit width */
+static void test_softcap(void) {
+    enum { B = 2, L = 5, NH = 4, NKV = 2, HD = 64, SPAN = 40, G = 32 };
+    static const int bitss[] = {2, 3, 4, 5, 6, 8};
+    const be_ops *be = be_cpu();
+    be_ctx *bc = NULL;
+    be->ctx_new(&bc, 2);
+    int pos0[B] = {35, 20}, len[B] = {5, 3}, seq[B] = {0, 1}, run0[B] = {0, 0}, pos[B * L];
+    int32_t pt[B] = {0, 1};   /* one page of SPAN slots per sequence */
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < L; i++) pos[b * L + i] = pos0[b] + i;
+    be_attn a = {.B = B, .L = L, .n_head = NH, .n_kv_head = NKV, .head_dim = HD, .pos0 = pos0, .len = len,
+                 .scale = 0.125f, .page = SPAN, .n_pt = 1, .pt = pt, .pt_host = pt, .seq = seq, .run0 = run0,
+                 .max_span = SPAN, .pos = pos, .softcap = 4.0f};
+    size_t slots = (size_t)B * NKV * SPAN;
+    float *kv = malloc(sizeof(float) * slots * HD * 2), *dk = malloc(sizeof(float) * slots * HD * 2), *dv = dk + slots * HD;
+    float *q = malloc(sizeof(float) * B * L * NH * HD), *o = malloc(sizeof(float) * B * L * NH * HD),
+          *r = malloc(sizeof(float) * B * L * NH * HD);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < slots * HD * 2; i++) kv[i] = (float)((x = x * 1664525u + 1013904223u) >> 8) / (1 << 24) * 4 - 2;
+    for (int i = 0; i < B * L * NH * HD; i++) q[i] = (float)((x = x * 1664525u + 1013904223u) >> 8) / (1 << 24) * 8 - 4;
+    double worst = 0;
+    for (size_t t = 0; t < sizeof bitss / sizeof *bitss; t++) {
+        int bits = bitss[t];
+        size_t row = aq_row_bytes(HD, bits);
+        be_kvq pk = {malloc(slots * row), malloc(slots * 8), malloc(slots * 8), bits, G, BE_F32}, pv = pk;
+        pv.codes = malloc(slots * row), pv.scales = malloc(slots * 8), pv.biases = malloc(slots * 8);
+        for (size_t s = 0; s < slots; s++)   /* every slot quantized, then its dense equivalent */
+            for (int w = 0; w < 2; w++) {
+                be_kvq *p = w ? &pv : &pk;
+                aq_quantize_row(kv + (w * slots + s) * HD, HD, bits, G, AQ_ROUND_GPU, BE_F32, (uint8_t *)p->codes + s * row,
+                                (float *)p->scales + s * 2, (float *)p->biases + s * 2);
+                aq_dequant_row((uint8_t *)p->codes + s * row, (float *)p->scales + s * 2, (float *)p->biases + s * 2, BE_F32,
+                               bits, G, 0, HD, (w ? dv : dk) + s * HD);
+            }
+        be->kvq_attention(bc, &a, q, &pk, &pv, BE_KVQ_UNFUSED, o);
+        be_ref_attention(&a, q, dk, dv, BE_F32, r);
+        for (int i = 0; i < B * L * NH * HD; i++) worst = fmax(worst, fabs((double)o[i] - r[i]));
+        free(pk.codes); free(pk.scales); free(pk.biases); free(pv.codes); free(pv.scales); free(pv.biases);
+    }
+    CHECK(worst < 1e-5, "softcap 4: the CPU unfused port equals dense attention over the dequantized K/V, bits 2..8 "
+          "(max |diff| %.2g)", worst);
+    free(kv); free(dk); free(q); free(o); free(r);
+    be->ctx_free(bc);
+    /* the tiled port refuses a softcapped model (Gemma 2 fixture: attn_logit_softcapping 4) */
+    char path[1024], err[512];
+    cinfer_model *g = NULL;
+    cinfer_ctx *c = NULL;
+    snprintf(path, sizeof path, "tests/fixtures/gemma/gemma2-f32");
+    cinfer_status st = cinfer_model_load(path, NULL, &g, err, sizeof err);
+    if (!st) st = cinfer_ctx_new(g, &(cinfer_ctx_opts){.kv_bits = 4, .kv_kernels = "tiled"}, &c, err, sizeof err);
+    CHECK(st && strstr(err, "do not take softcapped attention"), "gemma2 with the tiled port: refused: %s", err);
+    cinfer_ctx_free(c);
+    cinfer_model_free(g);
+}
+
 static void refused(const cinfer_ctx_opts *o, const char *want, const char *what) {
     char err[512];
     cinfer_ctx *c = ctx(o, err, sizeof err);
@@ -232,6 +294,7 @@ int main(void) {
     test_window();
     test_config();
     test_refusals();
+    test_softcap();
     cinfer_model_free(M);
     return CHECK_DONE();
 }

@@ -80,9 +80,6 @@ cinfer_status ctx_kvq_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err
     else return cf_err(err, n, CINFER_EINVAL, "kv_kernels '%s' is not one of unfused, tiled-causal, tiled", kern);
     for (int l = 0; l < cfg->n_layer; l++) {
         if (!c->kvq_bits[l]) continue;
-        if (cfg->head_dim % c->kvq_group[l])
-            return cf_err(err, n, CINFER_EINVAL, "KV quantization of layer %d: head_dim %d is not divisible by the group "
-                          "size %d", l, cfg->head_dim, c->kvq_group[l]);
         if (c->kvq_kernels != KV_UNFUSED && c->kvq_bits[l] != 4 && c->kvq_bits[l] != 8)
             return cf_err(err, n, CINFER_EINVAL, "the tiled KV kernels take 4- and 8-bit caches with group 32, 64 or 128 "
                           "and f32, bf16 or f16 queries; layer %d asks for %d-bit (use kv_kernels unfused)", l,
@@ -90,6 +87,9 @@ cinfer_status ctx_kvq_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err
         if (c->kvq_kernels != KV_UNFUSED && cfg->attn_softcap > 0)
             return cf_err(err, n, CINFER_EINVAL, "the tiled KV kernels do not take softcapped attention (this model's "
                           "attn_logit_softcapping is %g); use kv_kernels unfused", (double)cfg->attn_softcap);
+        if (cfg->head_dim % c->kvq_group[l])
+            return cf_err(err, n, CINFER_EINVAL, "KV quantization of layer %d: head_dim %d is not divisible by the group "
+                          "size %d", l, cfg->head_dim, c->kvq_group[l]);
         c->kvq_pending++;
     }
     return CINFER_OK;
