@@ -249,7 +249,7 @@ static cinfer_status check_fp(cinfer_ctx *c, json_t *meta, int *fingerprinted) {
 /* a layer's tensor "L.i" (j < 0) or "L.i.j" checked against the model: dtype (codes: U32, else a
  * float), [1, kv_heads, T, width] */
 static const st_tensor *layer_tensor(cinfer_ctx *c, const st_set *ss, int l, int i, int j, int width, cinfer_status *st) {
-    char name[32];
+    char name[48];
     if (j < 0) snprintf(name, sizeof name, "%d.%d", l, i);
     else snprintf(name, sizeof name, "%d.%d.%d", l, i, j);
     const st_tensor *t = st_find(ss, name);
@@ -348,8 +348,10 @@ static cinfer_status decode_layers(cinfer_ctx *c, int seq, const st_set *ss, jso
         for (int j = 0; j < np; j++)
             for (int i = 0; i < 2; i++) {
                 cinfer_tensor *o = &snap.tensors[snap.n_tensors++];
-                if (pl.quant) snprintf(o->name, sizeof o->name, "%d.%d.%d", l, i, j);
-                else snprintf(o->name, sizeof o->name, "%d.%d", l, i);
+                char nm[48] = {0};   /* "L.i" or "L.i.j", at most 13 characters for the layer counts cinfer takes */
+                if (pl.quant) snprintf(nm, sizeof nm, "%d.%d.%d", l, i, j);
+                else snprintf(nm, sizeof nm, "%d.%d", l, i);
+                memcpy(o->name, nm, sizeof o->name - 1);
                 o->dtype = dt_of_st(t[i][j]->dtype);
                 o->ndim = 4;
                 memcpy(o->shape, t[i][j]->shape, sizeof o->shape);
