@@ -89,7 +89,7 @@ class RotatingKVCache:
         prev = self.offset
         if self.keys is None or (prev >= self.keys.shape[1] and self.keys.shape[1] < self.max_size):
             new = min(self.step, self.max_size - prev)
-            z = np.zeros((k.shape[0], new, k.shape[2]), np.float32)
+            z = np.zeros((k.shape[0], new, k.shape[2]), k.dtype)
             self.keys = z.copy() if self.keys is None else np.concatenate([self.keys, z], axis=1)
             self.values = z.copy() if self.values is None else np.concatenate([self.values, z], axis=1)
             self._idx = prev
@@ -126,31 +126,51 @@ class RotatingKVCache:
 
 
 class Llama:
-    def __init__(self, d, cfg):
+    """models/llama.py in NumPy; dt is the arithmetic dtype (float32; make_kvquant_fixtures.py
+    also runs it in float64 to measure how much float32 rounding moves its results).
+    attention() is the hook for other caches: it writes k, v and attends."""
+    def __init__(self, d, cfg, dt=np.float32):
+        self.dt = dt
         self.w = {}
         for f in sorted(__import__("glob").glob(d + "/*.safetensors")):
-            self.w.update(load_safetensors(f))
+            self.w.update({k: v.astype(dt) for k, v in load_safetensors(f).items()})
         self.cfg = cfg
         self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.nh
         theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
-        self.inv = (1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd)).astype(np.float32)
+        self.inv = (1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float32) / self.hd)).astype(np.float32).astype(dt)
         self.eps = cfg["rms_norm_eps"]
 
     def norm(self, x, w):
-        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w).astype(np.float32)
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w).astype(self.dt)
 
     def rope(self, x, off):  # x [heads][L][hd], rotate-half (nn.RoPE traditional=False)
         L = x.shape[1]
-        ang = (np.arange(off, off + L, dtype=np.float32)[:, None] * self.inv[None]).astype(np.float32)
+        ang = (np.arange(off, off + L, dtype=self.dt)[:, None] * self.inv[None]).astype(self.dt)
         c, s = np.cos(ang), np.sin(ang)
         h = self.hd // 2
         a, b = x[..., :h], x[..., h:]
-        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1).astype(np.float32)
+        return np.concatenate([a * c - b * s, b * c + a * s], axis=-1).astype(self.dt)
 
-    def forward(self, ids, caches):
+    def attention(self, q, k, v, cache, mask):
+        """q [heads][L][hd], k/v [kv heads][L][hd]: the cache's keys and values after this
+        write, attended as mx.fast.scaled_dot_product_attention (queries scaled first,
+        softmax in the arithmetic dtype); mask boolean [L][keys] or None"""
+        K, V = cache.update_and_fetch(k, v)
+        g = self.nh // self.nkv
+        out = np.empty(q.shape, self.dt)
+        for hh in range(self.nh):
+            s = (q[hh] * self.dt(self.hd ** -0.5)) @ K[hh // g].T
+            if mask is not None:
+                s = np.where(mask, s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            out[hh] = (s / s.sum(-1, keepdims=True)) @ V[hh // g]
+        return out
+
+    def forward(self, ids, caches, all_logits=False):
+        """logits (float64) of the last position [vocab], or of every position [L][vocab]"""
         x = self.w["model.embed_tokens.weight"][ids]
-        L, g = len(ids), self.nh // self.nkv
+        L = len(ids)
         mask = caches[0].make_mask(L)
         for i, cache in enumerate(caches):
             p = "model.layers.%d." % i
@@ -159,22 +179,16 @@ class Llama:
             k = (h @ self.w[p + "self_attn.k_proj.weight"].T).reshape(L, self.nkv, self.hd).transpose(1, 0, 2)
             v = (h @ self.w[p + "self_attn.v_proj.weight"].T).reshape(L, self.nkv, self.hd).transpose(1, 0, 2)
             q, k = self.rope(q, cache.offset), self.rope(k, cache.offset)
-            K, V = cache.update_and_fetch(k, v)
-            out = np.empty((self.nh, L, self.hd), np.float32)
-            for hh in range(self.nh):
-                s = (q[hh] * np.float32(self.hd ** -0.5)) @ K[hh // g].T
-                if mask is not None:
-                    s = np.where(mask, s, -np.inf)
-                s = np.exp(s - s.max(-1, keepdims=True))
-                out[hh] = (s / s.sum(-1, keepdims=True)) @ V[hh // g]
+            out = self.attention(q, k, v, cache, mask)
             x = x + out.transpose(1, 0, 2).reshape(L, -1) @ self.w[p + "self_attn.o_proj.weight"].T
             h = self.norm(x, self.w[p + "post_attention_layernorm.weight"])
             a = h @ self.w[p + "mlp.gate_proj.weight"].T
             b = h @ self.w[p + "mlp.up_proj.weight"].T
             x = x + ((a / (1 + np.exp(-a))) * b) @ self.w[p + "mlp.down_proj.weight"].T
-        x = self.norm(x[-1:], self.w["model.norm.weight"])
+        x = self.norm(x if all_logits else x[-1:], self.w["model.norm.weight"])
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
-        return (x @ head.T)[0].astype(np.float64)
+        lg = (x @ head.T).astype(np.float64)
+        return lg if all_logits else lg[0]
 
 
 def generate(model, prompt, n_gen, max_kv, step):
