@@ -22,6 +22,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/gemv.h"
 #include "check.h"
+#include "quant/affine.h"
 #include "paged.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -299,6 +300,92 @@ static void test_attention(int threads) {
     ops->ctx_free(c);
 }
 
+/* quantized-KV attention (cpu_kvq_attention through the backend table) against be_ref_kvq_attention,
+ * both kernels: bits 2..8, groups 32/64/128, f32/f16/bf16 scales, GQA with 1..10 query heads per kv
+ * head (pad lanes, two head blocks), padding, windows with sinks, spans over BE_KVQ_TILE (tiles,
+ * key blocks merged across threads). Every slot of the pool holds a quantized random row; the pages
+ * no query may read have NaN scales, so a read outside the mask poisons the output; guard words
+ * around the output catch writes outside it. Bound: |out - ref| <= 1e-5 (outputs are convex
+ * combinations of values of magnitude <= 1; measured worst about 1e-6). */
+#define KVQ_GUARD 16
+static void test_kvq_attention(int threads) {
+    const be_ops *ops = be_cpu();
+    be_ctx *c = NULL;
+    if (ops->ctx_new(&c, threads) || !c) return;
+    static const struct { int B, L, nh, nkv, hd, win, keep, p0, p1, len1, page; } cs[] = {
+        { 1, 1, 32, 4, 64, 0, 0, 1500, 0, 1, 128 },  /* TinyLlama decode, span over 2 tiles */
+        { 1, 1, 8, 1, 64, 0, 0, 1300, 0, 1, 64 },     /* MQA decode: the keys split into blocks */
+        { 2, 1, 8, 2, 128, 0, 0, 37, 700, 1, 16 },    /* batched decode, hd 128 */
+        { 1, 9, 4, 4, 128, 0, 0, 0, 0, 9, 128 },      /* MHA prefill */
+        { 2, 7, 12, 2, 64, 0, 0, 3, 0, 4, 2 },        /* 6 heads per kv head, second row padded */
+        { 1, 3, 20, 2, 32, 0, 0, 520, 0, 3, 8 },      /* 10 heads per kv head: two head blocks */
+        { 2, 40, 6, 2, 64, 5, 0, 10, 0, 33, 8 },      /* sliding window */
+        { 2, 40, 4, 2, 32, 16, 4, 60, 90, 1, 4 },     /* rotating window with 4 sinks, run0 > keep */
+        { 2, 1, 4, 2, 64, 600, 4, 1400, 17, 1, 8 },   /* window with sinks, its run over a tile edge */
+    };
+    static const int bits_all[] = { 2, 3, 4, 5, 6, 8 }, groups[] = { 32, 64, 128 };
+    double worst[2] = { 0, 0 };
+    int ok = 1, runs = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++)
+        for (int bi = 0; bi < 6; bi++)
+            for (int gi = 0; gi < 3; gi++) {
+                int bits = bits_all[bi], G = groups[gi], hd = cs[ci].hd;
+                if (hd % G) continue;
+                be_dtype sdt = (be_dtype)((ci + bi + gi) % 3);   /* f32, f16, bf16 in turn */
+                int pos0[2] = { cs[ci].p0, cs[ci].p1 }, len[2] = { cs[ci].L, cs[ci].len1 };
+                if (cs[ci].B == 1) len[0] = cs[ci].len1;
+                be_attn a = { .B = cs[ci].B, .L = cs[ci].L, .n_head = cs[ci].nh, .n_kv_head = cs[ci].nkv,
+                              .head_dim = hd, .pos0 = pos0, .len = len, .scale = 1.0f / sqrtf((float)hd) };
+                paged_layout pl;
+                uint64_t seed = 777 + ci * 31 + bi * 7 + gi;
+                paged_run0(&pl, &a, cs[ci].win, cs[ci].keep);
+                paged_new(&pl, &a, cs[ci].page, &seed, NULL, NULL);
+                size_t slots = (size_t)pl.n_pages * a.n_kv_head * a.page, rb = aq_row_bytes(hd, bits);
+                size_t ng = (size_t)(hd / G), es = be_dtype_size(sdt);
+                be_kvq pk = { malloc(slots * rb), malloc(slots * ng * es), malloc(slots * ng * es), bits, G, sdt };
+                be_kvq pv = { malloc(slots * rb), malloc(slots * ng * es), malloc(slots * ng * es), bits, G, sdt };
+                float *row = malloc(sizeof(float) * hd);
+                for (size_t sl = 0; sl < slots; sl++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        be_kvq *p = kv ? &pv : &pk;
+                        for (int d = 0; d < hd; d++) row[d] = frand();
+                        aq_quantize_row(row, hd, bits, G, AQ_ROUND_GPU, sdt, (uint8_t *)p->codes + sl * rb,
+                                        (char *)p->scales + sl * ng * es, (char *)p->biases + sl * ng * es);
+                    }
+                char *held = calloc((size_t)pl.n_pages, 1);
+                for (int e = 0; e < (a.B + 2) * a.n_pt; e++) if (pl.pt[e] >= 0) held[pl.pt[e]] = 1;
+                for (size_t sl = 0; sl < slots; sl++)
+                    if (!held[sl / ((size_t)a.n_kv_head * a.page)])
+                        for (size_t g = 0; g < ng; g++) {
+                            be_kv_put(pk.scales, sdt, sl * ng + g, NAN);
+                            be_kv_put(pv.scales, sdt, sl * ng + g, NAN);
+                        }
+                size_t nq = (size_t)a.B * a.L * a.n_head * hd;
+                float *q = malloc(nq * sizeof(float)), *ref = malloc(nq * sizeof(float));
+                float *ob = malloc((nq + 2 * KVQ_GUARD) * sizeof(float)), *o = ob + KVQ_GUARD;
+                for (size_t i = 0; i < nq; i++) q[i] = 2 * frand();
+                for (int kern = 0; kern < 2; kern++) {
+                    for (size_t i = 0; i < nq + 2 * KVQ_GUARD; i++) ob[i] = -7.0f;
+                    be_ref_kvq_attention(&a, q, &pk, &pv, kern, ref);
+                    ops->kvq_attention(c, &a, q, &pk, &pv, kern, o);
+                    runs++;
+                    for (int g = 0; g < KVQ_GUARD; g++)
+                        if (ob[g] != -7.0f || o[nq + g] != -7.0f) ok = 0;
+                    for (size_t i = 0; i < nq; i++) {
+                        double e = fabs((double)o[i] - ref[i]);
+                        if (!(e <= worst[kern])) worst[kern] = e;
+                    }
+                }
+                free(q); free(ref); free(ob); free(row); free(held);
+                free(pk.codes); free(pk.scales); free(pk.biases); free(pv.codes); free(pv.scales); free(pv.biases);
+                paged_free(&pl);
+            }
+    CHECK(ok && worst[0] <= 1e-5, "kvq_attention (unfused), %d threads, %d layouts x bits x groups: worst |err| %.3g "
+          "(bound 1e-5), guards %s", threads, runs / 2, worst[0], ok ? "intact" : "WRITTEN");
+    CHECK(ok && worst[1] <= 1e-5, "kvq_attention (tiled), %d threads: worst |err| %.3g (bound 1e-5)", threads, worst[1]);
+    ops->ctx_free(c);
+}
+
 /* the pool: each (ith, nth) exactly once per run, over many back-to-back runs */
 typedef struct { atomic_int hits[8]; int nth_seen[8]; } pool_probe;
 static void probe_task(void *arg, int ith, int nth) {
@@ -329,6 +416,7 @@ int main(void) {
     for (int t = 1; t <= 3; t++) test_matmul(t);
     for (int t = 1; t <= 2; t++) test_matmul_multi(t);
     for (int t = 1; t <= 2; t++) test_attention(t);
+    for (int t = 1; t <= 2; t++) test_kvq_attention(t);
     test_gemm_bf16();
     for (int n = 1; n <= 4; n++) test_pool(n);
     cpu_pool_free(NULL);

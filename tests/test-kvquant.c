@@ -197,19 +197,19 @@ static void test_config(void) {
 /* the CPU kvq_attention with a softcap against be_ref_attention over f32 pools holding the dequantized
  * values: 2 rows, 5 queries each, GQA 4:2, head_dim 64, group 32, every bit width */
 static void test_softcap(void) {
-    enum { B = 2, L = 5, NH = 4, NKV = 2, HD = 64, SPAN = 40, G = 32 };
+    enum { B = 2, L = 5, NH = 4, NKV = 2, HD = 64, SPAN = 40, PAGE = 64, G = 32 };
     static const int bitss[] = {2, 3, 4, 5, 6, 8};
     const be_ops *be = be_cpu();
     be_ctx *bc = NULL;
     be->ctx_new(&bc, 2);
     int pos0[B] = {35, 20}, len[B] = {5, 3}, seq[B] = {0, 1}, run0[B] = {0, 0}, pos[B * L];
-    int32_t pt[B] = {0, 1};   /* one page of SPAN slots per sequence */
+    int32_t pt[B] = {0, 1};   /* one page of PAGE slots per sequence */
     for (int b = 0; b < B; b++)
         for (int i = 0; i < L; i++) pos[b * L + i] = pos0[b] + i;
     be_attn a = {.B = B, .L = L, .n_head = NH, .n_kv_head = NKV, .head_dim = HD, .pos0 = pos0, .len = len,
-                 .scale = 0.125f, .page = SPAN, .n_pt = 1, .pt = pt, .pt_host = pt, .seq = seq, .run0 = run0,
+                 .scale = 0.125f, .page = PAGE, .n_pt = 1, .pt = pt, .pt_host = pt, .seq = seq, .run0 = run0,
                  .max_span = SPAN, .pos = pos, .softcap = 4.0f};
-    size_t slots = (size_t)B * NKV * SPAN;
+    size_t slots = (size_t)B * NKV * PAGE;
     float *kv = malloc(sizeof(float) * slots * HD * 2), *dk = malloc(sizeof(float) * slots * HD * 2), *dv = dk + slots * HD;
     float *q = malloc(sizeof(float) * B * L * NH * HD), *o = malloc(sizeof(float) * B * L * NH * HD),
           *r = malloc(sizeof(float) * B * L * NH * HD);

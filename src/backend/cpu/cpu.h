@@ -36,6 +36,11 @@ void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat 
 /* converts row r of w (any dtype) to f32 dst[cols] */
 void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst);
 
+/* be_ops.kvq_attention (attention-kvq.c): from the codes, GQA heads in one pass, within
+ * float rounding of be_ref_kvq_attention (either kernel) */
+void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel,
+                       float *out);
+
 /* scalar references (ref.c): the definitions the fast ops are tested against */
 void be_ref_matmul(const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 void be_ref_rmsnorm(const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);

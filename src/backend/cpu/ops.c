@@ -252,44 +252,10 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
     else cpu_pool_run(c->pool, att_task, &j);
 }
 
-/* quantized KV: the writes are the reference; attention splits the queries over the pool */
+/* quantized KV: the writes are the reference; attention is attention-kvq.c */
 static void cpu_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool) {
     (void)c;
     be_ref_kvq_write(a, src, pool);
-}
-
-typedef struct kvq_job {
-    const be_attn *a;
-    const float *q;
-    const be_kvq *k, *v;
-    int kernel;
-    float *out, *scr;   /* scr [nth][max_span + 2 hd] */
-} kvq_job;
-
-static void kvq_task(void *arg, int ith, int nth) {
-    const kvq_job *j = arg;
-    const be_attn *a = j->a;
-    int hd = a->head_dim, span = a->max_span > 0 ? a->max_span : 1;
-    float *s = j->scr + (size_t)ith * (span + 2 * hd);
-    size_t total = (size_t)a->B * a->L * a->n_head, w0 = total * ith / nth, w1 = total * (ith + 1) / nth;
-    for (size_t w = w0; w < w1; w++)
-        be_ref_kvq_query(a, j->q, j->k, j->v, j->kernel, (int)(w / a->n_head / a->L), (int)(w / a->n_head % a->L),
-                         (int)(w % a->n_head), s, s + span, j->out + w * hd);
-}
-
-static void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel,
-                              float *out) {
-    size_t need = (size_t)c->n_threads * ((a->max_span > 0 ? a->max_span : 1) + 2 * a->head_dim);
-    if (c->att_n < need) {
-        float *p = realloc(c->att, need * sizeof(float));
-        if (!p) { be_ref_kvq_attention(a, q, k, v, kernel, out); return; }
-        c->att = p;
-        c->att_n = need;
-    }
-    kvq_job j = {a, q, k, v, kernel, out, c->att};
-    double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->max_span > 0 ? a->max_span : 1);
-    if (work < 65536.0) kvq_task(&j, 0, 1);
-    else cpu_pool_run(c->pool, kvq_task, &j);
 }
 
 /* be_ops.score: the reference per row, rows split over the pool (each row's
