@@ -143,6 +143,40 @@ static void test_noise_floor(cinfer_model *m, const char *path, int V) {
     cinfer_ctx_free(c);
 }
 
+/* greedy continuation of IDS + 3 tokens from a loaded file (context c, the file's 32 tokens in sequence 0)
+ * against the uncached prompt in u: one forward of all 35 ids, or (split) the file's 32 ids first, as the
+ * file was made, then the 3 */
+static void continuation(cinfer_ctx *c, cinfer_ctx *u, int V, const char *what, int split, double max_bar) {
+    enum { STEPS = 24 };
+    int32_t tc[STEPS], tu[STEPS], suffix[3] = {278, 2217, 1058};
+    float lc[STEPS], lu[STEPS], mc[STEPS], mu[STEPS];
+    cinfer_ctx_reset(u);
+    int32_t full[35];
+    memcpy(full, IDS, sizeof IDS);
+    memcpy(full + 32, suffix, sizeof suffix);
+    int ok = greedy(c, suffix, 3, STEPS, V, tc, lc, mc) && (!split || !cinfer_eval(u, IDS, 32, 0, NULL)) &&
+             greedy(u, split ? suffix : full, split ? 3 : 35, STEPS, V, tu, lu, mu);
+    int same = 0;
+    float dlp = 0, sum = 0;
+    for (int i = 0; getenv("PC_DEBUG") && i < STEPS; i++) printf("# step %d: %d %d lp %.5f %.5f margin %.3f\n", i, tc[i], tu[i], lc[i], lu[i], mu[i]);
+    while (ok && same < STEPS && tc[same] == tu[same]) {
+        if (fabsf(lc[same] - lu[same]) > dlp) dlp = fabsf(lc[same] - lu[same]);
+        sum += fabsf(lc[same] - lu[same]);
+        same++;
+    }
+    /* a divergence is allowed only where the uncached run's top two are within bf16 rounding */
+    int fair = same == STEPS || mu[same] < 0.05f;
+    CHECK(ok && fair && same >= 8, "greedy from %s == from the uncached prompt: %d/%d tokens equal%s", what, same, STEPS,
+          same < STEPS ? " (then a top-two tie within bf16 rounding)" : "");
+    /* MLX computed the file's K/V with bf16 activations, which moves them by ~1% of their range against
+     * cinfer's f32 forward (the K/V check above): the first token after the cache sees that whole
+     * difference; measured 1.08e-2 there, <= 7.5e-3 at every later step. Both sides hold bf16 K/V here
+     * (dt), so storage rounding is common to both; what is left is MLX's bf16 activations, which cinfer
+     * does not emulate. test_noise_floor shows 1.08e-2 is what K/V noise of that size does. */
+    CHECK(ok && same && sum / same < 1e-2 && dlp < max_bar, "%s: chosen-token log-probs: mean |diff| %.3g (< 1e-2), max %.3g "
+          "(< %.0e)", what, same ? sum / same : 0.0, dlp, max_bar);
+}
+
 static void test_reference(cinfer_model *m, const char *ref) {
     cinfer_model_info mi;
     cinfer_model_get_info(m, &mi);
@@ -179,34 +213,7 @@ static void test_reference(cinfer_model *m, const char *ref) {
     } else CHECK(0, "snapshot / open the reference: %s", err);
     cinfer_snapshot_free(s);
     st_close(&ss);
-    /* continuation from the file vs from the uncached prompt */
-    enum { STEPS = 24 };
-    int32_t tc[STEPS], tu[STEPS], suffix[3] = {278, 2217, 1058};
-    float lc[STEPS], lu[STEPS], mc[STEPS], mu[STEPS];
-    cinfer_ctx_reset(u);
-    int32_t full[35];
-    memcpy(full, IDS, sizeof IDS);
-    memcpy(full + 32, suffix, sizeof suffix);
-    int ok = greedy(c, suffix, 3, STEPS, mi.n_vocab, tc, lc, mc) && greedy(u, full, 35, STEPS, mi.n_vocab, tu, lu, mu);
-    int same = 0;
-    float dlp = 0, sum = 0;
-    for (int i = 0; getenv("PC_DEBUG") && i < STEPS; i++) printf("# step %d: %d %d lp %.5f %.5f margin %.3f\n", i, tc[i], tu[i], lc[i], lu[i], mu[i]);
-    while (ok && same < STEPS && tc[same] == tu[same]) {
-        if (fabsf(lc[same] - lu[same]) > dlp) dlp = fabsf(lc[same] - lu[same]);
-        sum += fabsf(lc[same] - lu[same]);
-        same++;
-    }
-    /* a divergence is allowed only where the uncached run's top two are within bf16 rounding */
-    int fair = same == STEPS || mu[same] < 0.05f;
-    CHECK(ok && fair && same >= 8, "greedy from mlx-lm's file == from the uncached prompt: %d/%d tokens equal%s", same, STEPS,
-          same < STEPS ? " (then a top-two tie within bf16 rounding)" : "");
-    /* MLX computed the file's K/V with bf16 activations, which moves them by ~1% of their range against
-     * cinfer's f32 forward (the K/V check above): the first token after the cache sees that whole
-     * difference; measured 1.08e-2 there, <= 7.5e-3 at every later step. Both sides hold bf16 K/V here
-     * (dt), so storage rounding is common to both; what is left is MLX's bf16 activations, which cinfer
-     * does not emulate. test_noise_floor shows 1.08e-2 is what K/V noise of that size does. */
-    CHECK(ok && same && sum / same < 1e-2 && dlp < 2e-2, "chosen-token log-probs: mean |diff| %.3g (< 1e-2), max %.3g (< 2e-2)",
-          same ? sum / same : 0.0, dlp);
+    continuation(c, u, mi.n_vocab, "mlx-lm's kv_bf16 file", 0, 2e-2);
     if (!strcmp(dt, "bf16")) test_noise_floor(m, path, mi.n_vocab);
     /* the quantized file: refused by an unquantized context, naming the flags; a context of its scheme
      * takes MLX's triples byte for byte (a snapshot of the loaded sequence holds the file's tensors) */
@@ -231,6 +238,20 @@ static void test_reference(cinfer_model *m, const char *ref) {
     cinfer_snapshot_free(s);
     s = NULL;
     st_close(&ss);
+    /* and continues as the uncached prompt does under --kv-bits 8 --quantized-kv-start 0 fed as the file was
+     * made (the 32 ids attend unquantized, the cache converts, then the rest) */
+    cinfer_ctx_opts uo = qo;
+    uo.quantized_kv_start = 0;
+    cinfer_ctx *u8 = NULL;
+    if (q && cinfer_seq_len(q, 0) == 32 && !cinfer_ctx_new(m, &uo, &u8, err, sizeof err))
+        /* MLX's K/V differ from cinfer's by its bf16 activations (~1% of their range, above), which at 8 bits
+         * is a different code for ~25% of the bytes (MLX's CPU rounding rule adds its own); such code
+         * differences cascade through later steps (tests/test-kvquant-ref.c measures the cascade of a single
+         * flip against the NumPy reference), so the bar on a single step is that test's 5e-2 for log-probs
+         * read through codes. Measured: mean 6.0e-3, max 4.2e-2 (one step, a newline). */
+        continuation(q, u8, mi.n_vocab, "mlx-lm's kv_q8g64 file (QuantizedKVCache)", 1, 5e-2);
+    else CHECK(0, "kv_q8g64 continuation: %s", q ? cinfer_ctx_error(q) : err);
+    cinfer_ctx_free(u8);
     cinfer_ctx_free(q);
     cinfer_ctx_free(c);
     cinfer_ctx_free(u);
