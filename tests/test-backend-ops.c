@@ -23,6 +23,7 @@
 #include "paged.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
+#include "quant/affine.h"
 #ifdef CINFER_CUDA
 #include "backend/cuda/cuda-api.h"
 #endif
@@ -730,6 +731,176 @@ static void test_attention(void) {
     for (size_t ci = 0; ci < sizeof ATT_CASES / sizeof *ATT_CASES; ci++) attention_case(&ATT_CASES[ci]);
 }
 
+
+/* ---------------------------------------------------------- quantized KV */
+
+/* a quantized pool of n slots (be_kvq): host copy and a device copy framed by guards */
+typedef struct qpool {
+    be_kvq h, d;            /* host pools; device pools (the gbufs' payloads) */
+    gbuf g[3];              /* codes, scales, biases */
+    size_t bytes[3];
+} qpool;
+
+static void qpool_new(qpool *p, size_t n, int hd, int bits, int group, be_dtype sdt) {
+    p->bytes[0] = n * (size_t)hd * bits / 8;
+    p->bytes[1] = p->bytes[2] = n * (size_t)(hd / group) * be_dtype_size(sdt);
+    void *hp[3];
+    for (int i = 0; i < 3; i++) {
+        size_t w = (p->bytes[i] + 3) / 4;
+        hp[i] = poisoned(w);
+        p->g[i] = gb_new(w);
+    }
+    p->h = (be_kvq){hp[0], hp[1], hp[2], bits, group, sdt};
+    p->d = (be_kvq){p->g[0].p, p->g[1].p, p->g[2].p, bits, group, sdt};
+}
+static void qpool_put(qpool *p) {
+    void *hp[3] = {p->h.codes, p->h.scales, p->h.biases};
+    for (int i = 0; i < 3; i++) be->from_host(bc, p->g[i].p, hp[i], p->bytes[i]);
+}
+/* the device pools equal the host ones byte for byte (the words around them included); guards intact */
+static int qpool_same(qpool *p, int *guards) {
+    void *hp[3] = {p->h.codes, p->h.scales, p->h.biases};
+    int same = 1;
+    for (int i = 0; i < 3; i++) {
+        size_t w = (p->bytes[i] + 3) / 4;
+        uint32_t *got = malloc(w * 4);
+        *guards &= gb_get(&p->g[i], (float *)got);
+        same &= !memcmp(got, hp[i], w * 4);
+        free(got);
+    }
+    return same;
+}
+static void qpool_free(qpool *p) {
+    free(p->h.codes); free(p->h.scales); free(p->h.biases);
+    for (int i = 0; i < 3; i++) gb_free(&p->g[i]);
+}
+
+/* kvq_write into scattered pages: codes, scales and biases equal be_ref_kvq_write's bit for bit (slots it
+ * does not write keep their poison), every bit width, group and scale dtype */
+static void test_kvq_write(void) {
+    if (!have((const void *)be->kvq_write, "kvq_write")) return;
+    static const int BITS[] = {2, 3, 4, 5, 6, 8}, GROUPS[] = {32, 64, 128}, HDS[] = {128, 64, 256, 32};
+    int n = 0, fails = 0;
+    for (int bi = 0; bi < 6; bi++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int dt = 0; dt < 3; dt++) {
+                int hd = HDS[(bi + gi + dt) % 4], group = GROUPS[gi];
+                if (hd % group) hd = 128;
+                int B = 3, L = 5, nkv = 2, pos0[3] = {0, 3, 17}, len[3] = {5, 2, 4}, run0[3] = {0, 0, 0};
+                be_attn a = {.B = B, .L = L, .n_head = nkv, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len, .run0 = run0};
+                paged_layout ly;
+                paged_new(&ly, &a, (bi + dt) % 2 ? 4 : 16, &rng, be, bc);
+                size_t nsrc = (size_t)B * L * nkv * hd, slots = paged_pool_elems(&a, &ly) / hd;
+                /* values of several magnitudes, with all-zero and constant rows (the eps and q0 = 0 branches) */
+                float *src = rnd(nsrc, (float)(1 << (bi % 3)) * 0.5f);
+                for (int d = 0; d < hd; d++) { src[d] = 0.0f; src[hd + d] = 0.25f; src[2 * hd + d] = d % 2 ? -3.0f : 1.5f; }
+                qpool qp;
+                qpool_new(&qp, slots, hd, BITS[bi], group, (be_dtype)dt);
+                qpool_put(&qp);
+                be_ref_kvq_write(&a, src, &qp.h);
+                gbuf gs = gb_new(nsrc);
+                gb_put(&gs, src);
+                be->kvq_write(bc, &a, gs.p, &qp.d);
+                int guards = 1, same = qpool_same(&qp, &guards);
+                n++;
+                if (!(same && guards)) {
+                    fails++;
+                    printf("# kvq_write %d-bit group %d %s hd %d page %d: %s, guards %s\n", BITS[bi], group, DTN[dt], hd, a.page,
+                           same ? "same" : "DIFFERENT", guards ? "intact" : "WRITTEN");
+                }
+                gb_free(&gs);
+                qpool_free(&qp);
+                paged_free(&ly);
+                free(src);
+            }
+    CHECK(fails == 0, "kvq_write: codes, scales and biases equal the reference bit for bit in %d/%d cases (bits 2-8 x group 32/64/128 "
+          "x f32/f16/bf16 scales, head_dim 32-256, pages 4 and 16), other slots untouched, guards intact", n - fails, n);
+}
+
+typedef struct kvq_case {
+    int B, L, H, nkv, hd, page, window, keep, bits, group, sdt, kernel;
+    int pos0[3], len[3], run0[3];
+    float softcap;
+} kvq_case;
+
+/* one kvq_attention case over a random paged layout, pools quantized on the host, against be_ref_kvq_attention */
+static int kvq_attention_case(const kvq_case *t) {
+    be_attn a = {.B = t->B, .L = t->L, .n_head = t->H, .n_kv_head = t->nkv, .head_dim = t->hd, .pos0 = t->pos0, .len = t->len,
+                 .window = t->window, .keep = t->keep, .run0 = t->run0, .scale = 1.0f / sqrtf((float)t->hd), .softcap = t->softcap};
+    if (t->softcap > 0) a.scale *= 8.0f;
+    paged_layout ly;
+    paged_new(&ly, &a, t->page, &rng, be, bc);
+    size_t nq = (size_t)t->B * t->L * t->H * t->hd, slots = paged_pool_elems(&a, &ly) / t->hd;
+    qpool kp, vp;
+    qpool_new(&kp, slots, t->hd, t->bits, t->group, (be_dtype)t->sdt);
+    qpool_new(&vp, slots, t->hd, t->bits, t->group, (be_dtype)t->sdt);
+    float *row = malloc(sizeof(float) * t->hd);
+    for (int kv = 0; kv < 2; kv++) {
+        be_kvq *p = kv ? &vp.h : &kp.h;
+        size_t rb = (size_t)t->hd * t->bits / 8, sb = (size_t)(t->hd / t->group) * be_dtype_size(p->sdt);
+        for (size_t sl = 0; sl < slots; sl++) {
+            for (int d = 0; d < t->hd; d++) row[d] = (kv ? 1.0f : 2.0f) * frand();
+            aq_quantize_row(row, t->hd, t->bits, t->group, AQ_ROUND_GPU, p->sdt, (uint8_t *)p->codes + sl * rb,
+                            (char *)p->scales + sl * sb, (char *)p->biases + sl * sb);
+        }
+    }
+    qpool_put(&kp);
+    qpool_put(&vp);
+    float *q = rnd(nq, 2.0f), *got = malloc(nq * 4), *ref = malloc(nq * 4);
+    gbuf gq = gb_new(nq), go = gb_new(nq);
+    gb_put(&gq, q);
+    be->kvq_attention(bc, &a, gq.p, &kp.d, &vp.d, t->kernel, go.p);
+    int guards = gb_get(&go, got);
+    char msg[256] = "";
+    int err = be->status ? be->status(bc, msg, sizeof msg) : 0;
+    be_ref_kvq_attention(&a, q, &kp.h, &vp.h, t->kernel, ref);
+    double e = relerr(got, ref, nq);
+    /* CUDA: prefill (L >= 16, no softcap) runs flash on f16 tensor cores; the rest (and the CPU's
+     * attention-kvq.c) f32 sums with the scale/bias terms factored per group */
+    int flash = on_cuda && t->L >= 16 && t->hd >= 64 && !(t->softcap > 0);
+    double tol = flash ? 6e-3 : 5e-5;
+    int ok = guards && !err && e <= tol;
+    CHECK(ok, "kvq_attention %s %s %d-bit g%d %s B=%d L=%d H=%d/%d hd=%d page=%d window=%d keep=%d softcap=%g span=%d: err %.2e "
+          "(tol %.0e), guards %s%s%s", t->kernel == BE_KVQ_TILED ? "tiled" : "unfused", !on_cuda ? "cpu" : flash ? "flash" : "split",
+          t->bits, t->group, DTN[t->sdt], t->B, t->L, t->H, t->nkv, t->hd, t->page, t->window, t->keep, t->softcap, a.max_span, e, tol,
+          guards ? "intact" : "WRITTEN", err ? "; error: " : "", msg);
+    gb_free(&gq); gb_free(&go);
+    qpool_free(&kp); qpool_free(&vp);
+    paged_free(&ly);
+    free(row); free(q); free(got); free(ref);
+    return ok;
+}
+
+enum { UNF = BE_KVQ_UNFUSED, TIL = BE_KVQ_TILED };
+static const kvq_case KVQ_CASES[] = {
+    /* B  L   H  kv  hd  page win keep bits grp sdt kernel  pos0              len          run0 */
+    {3, 1, 32, 8, 128, 16, 0, 0, 4, 64, 2, UNF, {200, 5, 1000}, {1, 1, 1}, {0}, 0},          /* decode, llama-3-8b heads, KV4 bf16 */
+    {3, 1, 32, 8, 128, 128, 0, 0, 8, 64, 2, UNF, {1300, 600, 2000}, {1, 1, 1}, {0}, 0},      /* KV8, several slices */
+    {3, 1, 32, 8, 128, 16, 0, 0, 8, 64, 2, TIL, {1300, 600, 2000}, {1, 1, 1}, {0}, 0},       /* tiled: tiles of 512 */
+    {2, 1, 8, 2, 128, 32, 640, 4, 4, 32, 1, UNF, {1500, 900}, {1, 1}, {865, 265}, 0},        /* window 640 with 4 sinks, f16 */
+    {2, 1, 8, 2, 128, 32, 640, 4, 4, 32, 1, TIL, {1500, 900}, {1, 1}, {865, 265}, 0},        /* ... tiled: the run cut at 1024 */
+    {1, 1, 4, 4, 64, 8, 0, 0, 2, 64, 0, UNF, {300}, {1}, {0}, 0},                            /* 2-bit, g = 1, f32 scales */
+    {2, 3, 12, 4, 128, 16, 0, 0, 3, 32, 2, UNF, {100, 250}, {3, 2}, {0}, 0},                 /* 3-bit, g = 3, a padded query */
+    {2, 2, 8, 4, 64, 4, 0, 0, 5, 64, 1, UNF, {40, 700}, {2, 2}, {0}, 0},                     /* 5-bit, page 4 */
+    {2, 1, 8, 4, 256, 16, 16, 0, 6, 32, 0, UNF, {40, 9}, {1, 1}, {0}, 50.0f},                /* 6-bit, head_dim 256, softcap, window */
+    {2, 2, 16, 2, 128, 64, 0, 0, 8, 128, 1, TIL, {517, 60}, {2, 1}, {0}, 0},                 /* g = 8, group 128 */
+    {1, 1, 8, 2, 128, 256, 0, 0, 4, 64, 2, UNF, {5000}, {1}, {0}, 0},                        /* long span */
+    {1, 1, 8, 2, 128, 256, 0, 0, 4, 64, 2, TIL, {5000}, {1}, {0}, 0},                        /* ... tiled: 10 tiles */
+    {2, 5, 8, 2, 128, 16, 700, 4, 4, 64, 2, TIL, {1020, 1600}, {5, 3}, {328, 908}, 0},       /* few queries, window across tiles */
+    {2, 70, 8, 2, 128, 64, 0, 0, 4, 64, 2, UNF, {0, 600}, {70, 70}, {0}, 0},                 /* prefill (flash on CUDA) */
+    {1, 40, 8, 2, 64, 16, 64, 4, 8, 32, 1, TIL, {300}, {40}, {250}, 0},                      /* ... sinks and a gap before the run */
+    {2, 20, 4, 2, 64, 1, 0, 0, 3, 64, 0, TIL, {0, 530}, {20, 11}, {0}, 0},                   /* ... 3-bit, page 1, padded row */
+    {1, 24, 8, 4, 256, 32, 0, 0, 4, 128, 2, UNF, {100}, {24}, {0}, 0},                       /* ... head_dim 256 */
+    {1, 20, 8, 4, 128, 16, 0, 0, 4, 64, 1, UNF, {30}, {20}, {0}, 30.0f},                     /* ... softcap: split on CUDA */
+    {2, 3, 4, 2, 32, 4, 0, 0, 4, 32, 0, UNF, {600, 7}, {3, 2}, {0}, 0},                      /* head_dim 32 (test-cache's), split */
+    {1, 20, 4, 2, 32, 8, 24, 4, 8, 32, 0, TIL, {700}, {20}, {680}, 0},                       /* ... prefill: split too, window + sinks */
+};
+
+static void test_kvq_attention(void) {
+    if (!have((const void *)be->kvq_attention, "kvq_attention")) return;
+    for (size_t ci = 0; ci < sizeof KVQ_CASES / sizeof *KVQ_CASES; ci++) kvq_attention_case(&KVQ_CASES[ci]);
+}
+
 #ifdef CINFER_CUDA
 /* Item 9: an op's failure is reported once by status and cleared; inside a graph step the
  * capture is closed and nothing runs; afterwards ops, split-K attention (its counters) and
@@ -749,6 +920,89 @@ static void test_errors(void) {
     int e3 = be->status(bc, m3, sizeof m3), e4 = be->status(bc, m3, sizeof m3);
     CHECK(e3 && !e4, "an error inside a graph step: reported, the capture closed, cleared");
     CHECK(attention_case(&ATT_CASES[0]) && attention_case(&ATT_CASES[1]), "split-K and decode attention correct after the errors");
+}
+
+/* decode steps over quantized pools as graphs: each step writes a new key and value per row and attends;
+ * captured once, replayed with new positions; pools and outputs equal the reference at every step. And
+ * shapes the kernels do not take fail with a message. */
+static void test_kvq_graph(void) {
+    int B = 2, H = 8, nkv = 2, hd = 128, steps = 6, base[2] = {300, 41}, lenS[2] = {steps, steps}, run0[2] = {0, 0};
+    be_attn a = {.B = B, .L = steps, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = base, .len = lenS, .run0 = run0,
+                 .scale = 1.0f / sqrtf((float)hd)};
+    paged_layout ly;
+    paged_new(&ly, &a, 16, &rng, be, bc);   /* pages for every step's position */
+    size_t slots = paged_pool_elems(&a, &ly) / hd, nq = (size_t)B * H * hd, nk = (size_t)B * nkv * hd;
+    qpool kp, vp;
+    qpool_new(&kp, slots, hd, 4, 64, BE_BF16);
+    qpool_new(&vp, slots, hd, 4, 64, BE_BF16);
+    /* the prefix: every slot quantized from random rows (one write of all positions before the steps) */
+    {
+        int pz[2] = {0, 0}, lz[2] = {base[0], base[1]};
+        be_attn w = a;
+        w.L = base[0];
+        w.pos0 = pz;
+        w.len = lz;
+        float *src = rnd((size_t)B * w.L * nkv * hd, 1.0f);
+        gbuf gs = gb_new((size_t)B * w.L * nkv * hd);
+        gb_put(&gs, src);
+        be_ref_kvq_write(&w, src, &kp.h);
+        be->kvq_write(bc, &w, gs.p, &kp.d);
+        for (size_t i = 0; i < (size_t)B * w.L * nkv * hd; i++) src[i] = frand();
+        gb_put(&gs, src);
+        be_ref_kvq_write(&w, src, &vp.h);
+        be->kvq_write(bc, &w, gs.p, &vp.d);
+        gb_free(&gs);
+        free(src);
+    }
+    gbuf gq = gb_new(nq), gk = gb_new(nk), gv = gb_new(nk), go = gb_new(nq);
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *got = malloc(nq * 4), *ref = malloc(nq * 4);
+    long cap0, rep0, cap1, rep1;
+    cuda_graph_stats(bc, &cap0, &rep0);
+    double worst = 0;
+    int pools = 1, guards = 1;
+    for (int st = 0; st < steps; st++) {
+        int p0[2] = {base[0] + st, base[1] + st}, one[2] = {1, 1};
+        be_attn d = a;
+        d.L = 1;
+        d.pos0 = p0;
+        d.len = one;
+        d.max_span = base[0] + steps;   /* the cache's bound: one bucket for every step */
+        for (size_t i = 0; i < nq; i++) q[i] = 2.0f * frand();
+        for (size_t i = 0; i < nk; i++) { k[i] = 2.0f * frand(); v[i] = frand(); }
+        gb_put(&gq, q); gb_put(&gk, k); gb_put(&gv, v);
+        be->step_begin(bc);
+        be->kvq_write(bc, &d, gk.p, &kp.d);
+        be->kvq_write(bc, &d, gv.p, &vp.d);
+        be->kvq_attention(bc, &d, gq.p, &kp.d, &vp.d, BE_KVQ_UNFUSED, go.p);
+        be->step_end(bc);
+        guards &= gb_get(&go, got);
+        be_ref_kvq_write(&d, k, &kp.h);
+        be_ref_kvq_write(&d, v, &vp.h);
+        be_ref_kvq_attention(&d, q, &kp.h, &vp.h, BE_KVQ_UNFUSED, ref);
+        double e = relerr(got, ref, nq);
+        if (!(e <= worst)) worst = e;
+    }
+    pools &= qpool_same(&kp, &guards) & qpool_same(&vp, &guards);
+    cuda_graph_stats(bc, &cap1, &rep1);
+    CHECK(worst <= 5e-5 && pools && guards && cap1 - cap0 >= 1 && rep1 - rep0 >= steps - 2,
+          "kvq decode steps as graphs: captured %ld, replayed %ld; output err %.2e (tol 5e-05), pools %s, guards %s", cap1 - cap0,
+          rep1 - rep0, worst, pools ? "equal the reference" : "DIFFERENT", guards ? "intact" : "WRITTEN");
+    /* refused shapes: a clear error from status, then the context works again */
+    char msg[256] = "";
+    be_attn bad = a;
+    bad.head_dim = 96;
+    be->kvq_attention(bc, &bad, gq.p, &kp.d, &vp.d, BE_KVQ_UNFUSED, go.p);
+    int e1 = be->status(bc, msg, sizeof msg);
+    CHECK(e1 && strstr(msg, "head_dim 96"), "kvq_attention with head_dim 96: refused (\"%s\")", msg);
+    be_kvq b7 = kp.d;
+    b7.bits = 7;
+    be->kvq_write(bc, &a, gk.p, &b7);
+    int e2 = be->status(bc, msg, sizeof msg);
+    CHECK(e2 && strstr(msg, "7-bit"), "kvq_write of 7-bit codes: refused (\"%s\")", msg);
+    gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&go);
+    qpool_free(&kp); qpool_free(&vp);
+    paged_free(&ly);
+    free(q); free(k); free(v); free(got); free(ref);
 }
 
 /* a little "step": rope(x, pos) then add(x, y); captured, replayed with new positions, then changed */
@@ -797,23 +1051,30 @@ int main(void) {
     if (!be) return CHECK_DONE();
     CHECK(be->ctx_new(&bc, on_cuda ? 1 : 2) == 0, "%s context", be->name);
     if (!bc) return CHECK_DONE();
-    test_matmul();
-    test_matmul_multi();
-    test_norm_matmul();
-    test_matmul_add();
-    test_rmsnorm();
-    test_rope();
-    test_elementwise();
-    test_score();
-    test_kv_write();
-    test_rope_kv_write();
-    test_attention();
+    /* CINFER_TEST_ONLY=WORD: only the tests whose name holds WORD (a sanitizer run of a few kernels) */
+    const char *only = getenv("CINFER_TEST_ONLY");
+#define RUN(t) do { if (!only || strstr(#t, only)) t(); } while (0)
+    RUN(test_matmul);
+    RUN(test_matmul_multi);
+    RUN(test_norm_matmul);
+    RUN(test_matmul_add);
+    RUN(test_rmsnorm);
+    RUN(test_rope);
+    RUN(test_elementwise);
+    RUN(test_score);
+    RUN(test_kv_write);
+    RUN(test_rope_kv_write);
+    RUN(test_attention);
+    RUN(test_kvq_write);
+    RUN(test_kvq_attention);
 #ifdef CINFER_CUDA
     if (on_cuda) {
-        test_errors();
-        test_graph();
+        RUN(test_errors);
+        RUN(test_graph);
+        RUN(test_kvq_graph);
     }
 #endif
+#undef RUN
     if (on_cuda) {   /* (on the CPU, calloc of 2^50 bytes aborts under AddressSanitizer instead of returning NULL) */
         void *huge = be->alloc(bc, (size_t)1 << 50);
         char msg[256];

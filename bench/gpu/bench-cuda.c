@@ -22,7 +22,10 @@
  * KV bytes a step reads against copy bandwidth (agg_decode); BENCH_LONG="4096
  * 32768 131000" — one sequence decoding after a context of that many tokens
  * (prefilled in chunks of 4096), same measures (long_decode). BENCH_ONLY=1
- * skips the prefill/decode/breakdown part. With it, BENCH_SCORE="512 2048" (issue 18):
+ * skips the prefill/decode/breakdown part. BENCH_KVQ="4096 32768 131000" (issue 15): the same
+ * long-context decode with bf16 pages, then KV8 and KV4 (MLX affine codes, group 64, bf16 scales,
+ * quantized from the first write: quantized_kv_start -1), each against copy bandwidth with the
+ * weight + KV bytes a step reads, and each quantized rate against the bf16 one (kvq_decode). With it, BENCH_SCORE="512 2048" (issue 18):
  * cinfer_perplexity's scored positions/s at those tokens per row against the
  * same forward with logits at every position left on the device (LM head
  * included, nothing reduced: the same plan and chunks through
@@ -30,7 +33,9 @@
  * model in a second context) against two such forwards (score_bench).
  *
  * usage: bench-cuda SHAPE DIR [prefill_tokens=2048] [gen_tokens=128]
- *   SHAPE: llama-3.2-1b | llama-3-8b | gemma-3-4b.  Prints a table and JSON lines.
+ *   SHAPE: llama-3.2-1b | llama-3-8b | llama-3.1-8b | gemma-3-4b (every Llama row is written with
+ *   Llama-3.1's context: max_position_embeddings 131072, rope_scaling llama3 factor 8; so
+ *   llama-3.1-8b is llama-3-8b's shape under its own name).  Prints a table and JSON lines.
  *   BENCH_LONG also prints the KV bytes held after the context against a cache
  *   keeping every layer whole (gemma-3-4b: its sliding layers hold their window).
  *   BENCH_AB=VAR (environment): also compares the decode step with the
@@ -64,6 +69,7 @@ static const shape SHAPES[] = {
     {"prose-13m", 256, 6, 4, 2, 768, 32000, 1, 10000.0, 8.0f, 0, 0},
     {"llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, 1, 500000.0, 32.0f, 0, 0},
     {"llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f, 0, 0},
+    {"llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, 0, 500000.0, 8.0f, 0, 0},
     {"gemma-3-4b", 2560, 34, 8, 4, 10240, 262208, 1, 1000000.0, 8.0f, 256, 1024},   /* google/gemma-3-4b-it's text config */
 };
 
@@ -477,8 +483,16 @@ static int next_int(const char **p, int *v) {
     return 1;
 }
 
-/* f16 K + V bytes of one position over all layers */
-static size_t kv_bytes_per_pos(const model_config *c) { return (size_t)c->n_layer * 2 * c->n_kv_head * c->head_dim * 2; }
+/* a KV cache format: dense pages of `dtype` (bits 0), or MLX affine codes of `bits` bits, group `group`, scales
+ * and biases in `dtype`, quantized from the first write */
+typedef struct kv_fmt { const char *dtype; int bits, group; } kv_fmt;
+
+/* K + V bytes of one position over all layers in that format */
+static double kv_fmt_bytes(const model_config *c, const kv_fmt *f) {
+    double row = f->bits ? c->head_dim * f->bits / 8.0 + 2.0 * (c->head_dim / f->group) * 2 : c->head_dim * 2.0;
+    return (double)c->n_layer * 2 * c->n_kv_head * row;
+}
+
 
 /* BENCH_AGG: for each N of the list, N sequences with prompts of 64..511 tokens (prefilled 8
  * rows per forward), then G decode steps of N rows: greedy on the device (ctx_decode_greedy),
@@ -526,7 +540,8 @@ static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
         double tl = cf_now() - a;
         if (bad) { fprintf(stderr, "agg decode N=%d: %s\n", N, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
         /* keys and values read per step: every sequence's positions at the middle of the timed steps */
-        double kv = (double)kv_bytes_per_pos(c) * ((double)held + N * (3.0 + G / 2.0));
+        kv_fmt f16 = {"f16", 0, 0};
+        double kv = kv_fmt_bytes(c, &f16) * ((double)held + N * (3.0 + G / 2.0));
         double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
         printf("aggregate decode N=%d (prompts 64..511, %ld tokens held): %.3f ms/step, %.0f tok/s; reads %.2f GB weights + %.2f GB KV "
                "per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld; with logits to the host: %.3f ms/step, "
@@ -541,57 +556,100 @@ static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
     return bad;
 }
 
-/* BENCH_LONG: for each context length P of the list, one sequence prefilled in chunks of
- * 4096 tokens (no logits), then G greedy decode steps timed as a whole; a step reads the
- * weights and P keys and values per layer. */
-static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
+/* one sequence prefilled with P tokens in chunks of 4096 (no logits), then G greedy decode steps timed as a
+ * whole and the step's graph replayed alone; a step reads the weights and every held key and value once.
+ * tok_s: the decode rate. */
+static int one_long(cinfer_model *m, int P, const kv_fmt *f, int G, double copy_gbs, size_t step_bytes, double *tok_s) {
     const model_config *c = &m->cfg;
     int V = c->n_vocab, bad = 0, CH = 4096;
+    cinfer_ctx_opts co = {.kv_dtype = f->dtype, .max_seqs = 1};
+    if (f->bits) {
+        co.kv_bits = f->bits;
+        co.kv_group_size = f->group;
+        co.quantized_kv_start = -1;
+    }
+    cinfer_ctx *ctx = NULL;
+    char err[512], name[32];
+    if (f->bits) snprintf(name, sizeof name, "KV%d g%d %s", f->bits, f->group, f->dtype);
+    else snprintf(name, sizeof name, "%s KV", f->dtype);
+    if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "long ctx (%s): %s\n", name, err); return 1; }
     int32_t *ids = malloc(sizeof(int32_t) * CH);
+    int seq = 0, none[2] = {0, 0};
+    double a = cf_now();
+    for (int p0 = 0; p0 < P && !bad; p0 += CH) {
+        int n = P - p0 < CH ? P - p0 : CH;
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)(((unsigned)(p0 + i) * 104729u + 13u) % (unsigned)V);
+        bad = cinfer_forward_seqs(ctx, ids, 1, n, &seq, NULL, NULL, none, 0, NULL);
+    }
+    bad = bad || cudaDeviceSynchronize() != cudaSuccess;
+    double tp = cf_now() - a;
+    int32_t tok = 17;
+    for (int w = 0; w < 3 && !bad; w++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+    a = cf_now();
+    for (int i = 0; i < G && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+    double t = cf_now() - a, tg = 0;
+    if (!bad && cuda_graph_replay_time(ctx->bc, 10, &tg)) tg = 0;
+    free(ids);
+    if (bad) { fprintf(stderr, "long decode P=%d (%s): %s\n", P, name, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
+    long caps = 0, reps = 0;
+    cuda_graph_stats(ctx->bc, &caps, &reps);
+    /* KV the cache holds (a sliding layer only its window's pages) against a cache keeping every layer whole
+     * (every position of every layer); a step reads about what is held */
+    cinfer_kv_info ki;
+    cinfer_ctx_kv_info(ctx, &ki);
+    double per = kv_fmt_bytes(c, f), whole = per * (P + 3 + G), kv = per * (P + 3 + G / 2.0);
+    if ((double)ki.bytes_held < kv) kv = (double)ki.bytes_held;
+    printf("KV at %d tokens of context (%s): %.3f GB held (pool %.3f GB) vs %.3f GB for a cache keeping every layer whole (%.1f%%)\n",
+           P + 3 + G, name, ki.bytes_held / 1e9, ki.bytes_pool / 1e9, whole / 1e9, 100.0 * ki.bytes_held / whole);
+    double step = t / G, gbs = (step_bytes + kv) / step / 1e9, ggbs = tg > 0 ? (step_bytes + kv) / tg / 1e9 : 0;
+    printf("long-context decode, %s, after %d tokens (prefilled in %.1f s, %.0f tok/s): %.3f ms/token, %.1f tok/s; reads %.2f GB weights + "
+           "%.2f GB KV per step = %.0f GB/s (%.0f%% of copy bandwidth); the step's graph alone %.3f ms (%.0f GB/s, %.0f%%); graph captured "
+           "%ld, replayed %ld\n", name, P, tp, P / tp, step * 1e3, 1 / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, tg * 1e3,
+           ggbs, 100.0 * ggbs / copy_gbs, caps, reps);
+    printf("{\"engine\":\"cinfer\",\"mode\":\"long_decode\",\"kv\":\"%s\",\"kv_bits\":%d,\"context\":%d,\"tok_s\":%.2f,\"step_ms\":%.4f,"
+           "\"graph_ms\":%.4f,\"weight_bytes\":%zu,\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"pct_copy\":%.1f,\"prefill_s\":%.2f}\n",
+           name, f->bits, P, 1 / step, step * 1e3, tg * 1e3, step_bytes, kv, gbs, copy_gbs, 100.0 * gbs / copy_gbs, tp);
+    fflush(stdout);
+    *tok_s = 1 / step;
+    cinfer_ctx_free(ctx);
+    return 0;
+}
+
+/* BENCH_LONG: for each context length P of the list, one_long with f16 pages. */
+static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
     const char *p = list;
-    int P;
+    int P, bad = 0;
+    kv_fmt f16 = {"f16", 0, 0};
+    double r;
+    while (!bad && next_int(&p, &P))
+        if (P > 0) bad = one_long(m, P, &f16, G, copy_gbs, step_bytes, &r);
+    return bad;
+}
+
+/* BENCH_KVQ (issue 15): for each context length P of the list, one_long with bf16 pages, then KV8 and KV4
+ * (group 64, bf16 scales as MLX keeps them, quantized from the first write); BENCH_KVQ_BITS overrides the
+ * quantized formats ("8 4"), BENCH_KVQ_BF16=0 skips the bf16 row. Prints each quantized rate against the bf16 one. */
+static int kvq_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
+    const char *p = list, *bl = getenv("BENCH_KVQ_BITS");
+    int P, bad = 0;
     while (!bad && next_int(&p, &P)) {
         if (P < 1) continue;
-        cinfer_ctx_opts co = {.kv_f16 = 1, .max_seqs = 1};
-        cinfer_ctx *ctx = NULL;
-        char err[512];
-        if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "long ctx: %s\n", err); return 1; }
-        int seq = 0, none[2] = {0, 0};
-        double a = cf_now();
-        for (int p0 = 0; p0 < P && !bad; p0 += CH) {
-            int n = P - p0 < CH ? P - p0 : CH;
-            for (int i = 0; i < n; i++) ids[i] = (int32_t)(((unsigned)(p0 + i) * 104729u + 13u) % (unsigned)V);
-            bad = cinfer_forward_seqs(ctx, ids, 1, n, &seq, NULL, NULL, none, 0, NULL);
+        kv_fmt f = {"bf16", 0, 0};
+        double base = 0, r = 0;
+        const char *b16 = getenv("BENCH_KVQ_BF16");   /* "0": skip the bf16 row (a rerun of the quantized ones) */
+        if (!b16 || strcmp(b16, "0")) bad = one_long(m, P, &f, G, copy_gbs, step_bytes, &base);
+        const char *q = bl && *bl ? bl : "8 4";
+        int bits;
+        while (!bad && next_int(&q, &bits)) {
+            f.bits = bits;
+            f.group = 64;
+            bad = one_long(m, P, &f, G, copy_gbs, step_bytes, &r);
+            if (!bad && base > 0) {
+                printf("KV%d at %d tokens: %.2fx the bf16-KV decode rate\n", bits, P, r / base);
+                printf("{\"engine\":\"cinfer\",\"mode\":\"kvq_ratio\",\"kv_bits\":%d,\"context\":%d,\"ratio\":%.4f}\n", bits, P, r / base);
+            }
         }
-        double tp = cf_now() - a;
-        int32_t tok = 17;
-        for (int w = 0; w < 3 && !bad; w++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
-        a = cf_now();
-        for (int i = 0; i < G && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
-        double t = cf_now() - a;
-        if (bad) { fprintf(stderr, "long decode P=%d: %s\n", P, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
-        long caps = 0, reps = 0;
-        cuda_graph_stats(ctx->bc, &caps, &reps);
-        /* KV the cache holds (a sliding layer only its window's pages) against a cache keeping
-         * every layer whole (f16, every position of every layer); a step reads about what is held */
-        cinfer_kv_info ki;
-        cinfer_ctx_kv_info(ctx, &ki);
-        double whole = (double)kv_bytes_per_pos(c) * (P + 3 + G), kv = (double)kv_bytes_per_pos(c) * (P + 3 + G / 2.0);
-        if ((double)ki.bytes_held < kv) kv = (double)ki.bytes_held;
-        printf("KV at %d tokens of context: %.3f GB held (pool %.3f GB) vs %.3f GB for a cache keeping every layer whole (%.1f%%)\n",
-               P + 3 + G, ki.bytes_held / 1e9, ki.bytes_pool / 1e9, whole / 1e9, 100.0 * ki.bytes_held / whole);
-        printf("{\"engine\":\"cinfer\",\"mode\":\"kv_bytes\",\"context\":%d,\"kv_held\":%zu,\"kv_pool\":%zu,\"kv_whole\":%.0f}\n",
-               P + 3 + G, ki.bytes_held, ki.bytes_pool, whole);
-        double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
-        printf("long-context decode after %d tokens (prefilled in %.1f s, %.0f tok/s): %.3f ms/token, %.1f tok/s; reads %.2f GB weights + "
-               "%.2f GB KV per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld\n", P, tp, P / tp, step * 1e3,
-               1 / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps, reps);
-        printf("{\"engine\":\"cinfer\",\"mode\":\"long_decode\",\"context\":%d,\"tok_s\":%.2f,\"step_ms\":%.4f,\"weight_bytes\":%zu,"
-               "\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"prefill_tok_s\":%.1f}\n", P, 1 / step, step * 1e3, step_bytes, kv, gbs,
-               copy_gbs, P / tp);
-        cinfer_ctx_free(ctx);
     }
-    free(ids);
     return bad;
 }
 
@@ -622,9 +680,10 @@ int main(int argc, char **argv) {
     int32_t *ids = malloc(sizeof(int32_t) * P);
     if (getenv("BENCH_PROFILE")) return profile_step(ctx, ids, NP, V);
     const char *agg = getenv("BENCH_AGG"), *lng = getenv("BENCH_LONG");
-    const char *sc = getenv("BENCH_SCORE");
+    const char *sc = getenv("BENCH_SCORE"), *kvq = getenv("BENCH_KVQ");
     if (getenv("BENCH_ONLY")) {
         int bad = (agg && agg_decode(m, agg, G, copy_gbs, step_bytes)) | (lng && long_decode(m, lng, G, copy_gbs, step_bytes));
+        bad |= kvq && kvq_decode(m, kvq, G, copy_gbs, step_bytes);
         bad |= sc && score_bench(m, s->name, sc, layer_params, copy_gbs, gemm_tf);
         cinfer_ctx_free(ctx);
         cinfer_model_free(m);
@@ -702,6 +761,7 @@ int main(int argc, char **argv) {
     if (ab && *ab && ab_compare(m, ab, ids, NP, G)) bad = 1;
     if (agg && agg_decode(m, agg, G, copy_gbs, step_bytes)) bad = 1;
     if (lng && long_decode(m, lng, G, copy_gbs, step_bytes)) bad = 1;
+    if (kvq && kvq_decode(m, kvq, G, copy_gbs, step_bytes)) bad = 1;
     printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
            "\"decode_tok_s\":%.2f,\"decode_gbs\":%.1f,\"step_bytes\":%zu,\"copy_gbs\":%.1f,\"gemm_tflops\":%.1f,\"flops_prefill\":%.4g}\n",
            s->name, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);

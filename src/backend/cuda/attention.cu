@@ -29,7 +29,7 @@
 #include <math.h>
 #include <string.h>
 #include <type_traits>
-#include "backend/cuda/cuda.cuh"
+#include "backend/cuda/kvq.cuh"
 
 #define SPLIT_MAX 4096   /* keys per split-K slice at most (shared memory) */
 #define SPLIT_THREADS 128
@@ -222,19 +222,44 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const __half *p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-template <int HD, typename KT> constexpr size_t flash_smem() {
-    return (std::is_same<KT, __half>::value ? 2 : 1) * 2 * (size_t)64 * (HD + 8) * sizeof(__half);
+/* Where flash tiles come from: a source gives the 8 f16 values of (pool row, dims d8..d8+7).
+ * A dense pool (f16 ones also by address, for cp.async) ... */
+template <typename KT, int HD> struct fl_dense {
+    const KT *p;
+    static constexpr bool ASYNC = std::is_same<KT, __half>::value;
+    __device__ __forceinline__ const KT *at(int64_t row, int d8) const { return p + (size_t)row * HD + d8; }
+    __device__ __forceinline__ uint4 load8(int64_t row, int d8) const { return load8h(at(row, d8)); }
+};
+/* ... or a quantized one (be_kvq), dequantized on load: s*q + b in f32, then rounded to f16 */
+template <int HD> struct fl_kvq {
+    const uint8_t *codes;
+    const void *scales, *biases;
+    int bits, group, sdt;
+    static constexpr bool ASYNC = false;
+    __device__ __forceinline__ const void *at(int64_t, int) const { return nullptr; }
+    __device__ __forceinline__ uint4 load8(int64_t row, int d8) const {
+        uint64_t w = kvq_codes8<0>(codes + (size_t)row * (HD * bits / 8), d8 / 8, bits);
+        size_t gi = (size_t)row * (HD / group) + d8 / group;
+        float s = cu_mat_get(scales, sdt, gi), b = cu_mat_get(biases, sdt, gi), v[8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) v[m] = s * kvq_code<0>(w, m, bits) + b;
+        return make_uint4(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]), pack_h2(v[4], v[5]), pack_h2(v[6], v[7]));
+    }
+};
+
+template <int HD, typename S> constexpr size_t flash_smem() {
+    return (S::ASYNC ? 2 : 1) * 2 * (size_t)64 * (HD + 8) * sizeof(__half);
 }
 
 /* f16 caches stream tiles with cp.async, two stages deep; f32 caches are
  * converted on the way in, one stage. Fragments come from shared memory
  * through ldmatrix (.trans for V). Rows padded by 8 halves: conflict-free. */
-template <int HD, typename KT>
-__global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, const KT *V, float *out, int L, int H, int n_kv,
+template <int HD, typename S>
+__global__ void __launch_bounds__(128) k_flash(const float *q, S K, S V, float *out, int L, int H, int n_kv,
                                                const int32_t *pt, int n_pt, int sh, int window, int keep, float scale_log2,
                                                const int *pos0, const int *len, const int *seq, const int *run0) {
     constexpr int BQ = 64, BK = 64, LD = HD + 8, KS = HD / 16, NT = HD / 8;   /* BK = 1 << 6: see load_tile */
-    constexpr bool ASYNC = std::is_same<KT, __half>::value;
+    constexpr bool ASYNC = S::ASYNC;
     constexpr int STAGES = ASYNC ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smraw[];
     __half *Ksm = (__half *)smraw, *Vsm = Ksm + STAGES * BK * LD;
@@ -293,13 +318,12 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
             __half *kd = &Ks[r * LD + d8], *vd = &Vs[r * LD + d8];
             int64_t row = kb + r >= khi ? -1 : sh >= 6 ? (base < 0 ? -1 : base + r) : cu_kv_row(ptr, sh, n_kv, kvh, kb + r);
             if (row >= 0) {
-                const KT *ks = K + (size_t)row * HD + d8, *vs = V + (size_t)row * HD + d8;
                 if constexpr (ASYNC) {
-                    cp_async16(kd, ks);
-                    cp_async16(vd, vs);
+                    cp_async16(kd, K.at(row, d8));
+                    cp_async16(vd, V.at(row, d8));
                 } else {
-                    *(uint4 *)kd = load8h(ks);
-                    *(uint4 *)vd = load8h(vs);
+                    *(uint4 *)kd = K.load8(row, d8);
+                    *(uint4 *)vd = V.load8(row, d8);
                 }
             } else {
                 *(uint4 *)kd = make_uint4(0, 0, 0, 0);
@@ -424,6 +448,39 @@ __global__ void __launch_bounds__(128) k_flash(const float *q, const KT *K, cons
 
 enum { ATT_SPLIT = 0, ATT_FLASH = 1, ATT_DECODE = 2 };
 
+/* one flash launch over sources K, V (its shared memory attribute set first) */
+template <int HD, typename S>
+static void flash_go(be_ctx *c, dim3 grid, const float *q, S K, S V, float *out, int L, int H, int n_kv, const int32_t *pt, int n_pt,
+                     int sh, int window, int keep, float sl, const int *pos0, const int *len, const int *seq, const int *run0) {
+    if (cu_check(c, cudaFuncSetAttribute(k_flash<HD, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HD, S>()),
+                 "flash attention: shared memory attribute"))
+        return;
+    cu_launch(c, k_flash<HD, S>, grid, dim3(128), flash_smem<HD, S>(), q, K, V, out, L, H, n_kv, pt, n_pt, sh, window, keep, sl, pos0,
+              len, seq, run0);
+}
+
+/* flash prefill over quantized pools (kvquant.cu's record: p q, out, K codes/scales/biases, V codes/scales/biases, then the
+ * attention geometry at p[8]; i[CU_A_OP..]: bits, group, sdt; f[0] scale) */
+void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r) {
+    const float *q = (const float *)r->p[0];
+    float *out = (float *)r->p[1];
+    const int *pos0 = (const int *)r->p[8], *len = (const int *)r->p[9], *seq = (const int *)r->p[10], *run0 = (const int *)r->p[11];
+    const int32_t *pt = (const int32_t *)r->p[12];
+    int B = (int)r->i[CU_A_B], L = (int)r->i[CU_A_L], H = (int)r->i[CU_A_H], n_kv = (int)r->i[CU_A_NKV], hd = (int)r->i[CU_A_HD];
+    int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
+    int bits = (int)r->i[CU_A_OP], group = (int)r->i[CU_A_OP + 1], sdt = (int)(r->i[CU_A_OP + 2] & 15);
+    dim3 grid((unsigned)((L + 63) / 64), (unsigned)H, (unsigned)B);
+    float sl = r->f[0] * 1.4426950408889634f;
+#define FQ(HD) flash_go<HD>(c, grid, q, fl_kvq<HD>{(const uint8_t *)r->p[2], r->p[3], r->p[4], bits, group, sdt}, \
+                            fl_kvq<HD>{(const uint8_t *)r->p[5], r->p[6], r->p[7], bits, group, sdt}, out, L, H, n_kv, pt, n_pt, sh, window, \
+                            keep, sl, pos0, len, seq, run0)
+    if (hd == 64) FQ(64);
+    else if (hd == 128) FQ(128);
+    else FQ(256);
+#undef FQ
+    CU_LAUNCHED(c, "flash attention (quantized KV)");
+}
+
 /* the record (see cu_rec_attn; p: q, K, V, out, pos0, len, seq, run0, pt; i[CU_A_OP..]: dtype, path,
  * nsplit; f: scale, chunk, softcap (0: none)) */
 static void l_attention(be_ctx *c, const cu_rec *r) {
@@ -439,14 +496,8 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     if (path == ATT_FLASH) {
         dim3 grid((unsigned)((L + 63) / 64), (unsigned)H, (unsigned)B);
         float sl = scale * 1.4426950408889634f;
-#define FL(HD, KT)                                                                                                            \
-    do {                                                                                                                      \
-        if (cu_check(c, cudaFuncSetAttribute(k_flash<HD, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)flash_smem<HD, KT>()), \
-                     "flash attention: shared memory attribute"))                                                           \
-            return;                                                                                                           \
-        cu_launch(c, k_flash<HD, KT>, grid, dim3(128), flash_smem<HD, KT>(), q, (const KT *)K, (const KT *)V, out, L, H, n_kv, pt, \
-                  n_pt, sh, window, keep, sl, pos0, len, seq, run0);                                                          \
-    } while (0)
+#define FL(HD, KT) flash_go<HD>(c, grid, q, fl_dense<KT, HD>{(const KT *)K}, fl_dense<KT, HD>{(const KT *)V}, out, L, H, n_kv, pt, \
+                              n_pt, sh, window, keep, sl, pos0, len, seq, run0)
 #define FL_DT(HD) do { if (dt == BE_F16) FL(HD, __half); else if (dt == BE_BF16) FL(HD, __nv_bfloat16); else FL(HD, float); } while (0)
         if (hd == 64) FL_DT(64);
         else if (hd == 128) FL_DT(128);
@@ -492,13 +543,7 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     nsplit = (span + chunk - 1) / chunk;
     /* decode over a 16-bit pool (attn-decode.cu): its own slices */
     int decode = !flash && !(a->softcap > 0) && cu_attn_decode_fits(a, dt, span, &chunk, &nsplit);
-    if (!flash) {
-        size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
-        if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return;
-        size_t ncnt = (size_t)a->B * a->L * a->n_head * sizeof(int), had = c->cnt_n;
-        if (!cu_ensure(c, (void **)&c->cnt, &c->cnt_n, ncnt)) return;
-        if (c->cnt_n != had) cu_check(c, cudaMemsetAsync(c->cnt, 0, c->cnt_n, c->stream), "counter reset");
-    }
+    if (!flash && !cu_split_ws(c, a, nsplit)) return;
     cu_rec r;
     memset(&r, 0, sizeof r);
     r.fn = l_attention;

@@ -184,6 +184,15 @@ int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need) {
     return 1;
 }
 
+int cu_split_ws(be_ctx *c, const be_attn *a, int nsplit) {
+    size_t need = (size_t)a->B * a->L * a->n_head * nsplit * (a->head_dim + 2) * sizeof(float);
+    if (!cu_ensure(c, (void **)&c->part, &c->part_n, need)) return 0;
+    size_t ncnt = (size_t)a->B * a->L * a->n_head * sizeof(int), had = c->cnt_n;
+    if (!cu_ensure(c, (void **)&c->cnt, &c->cnt_n, ncnt)) return 0;
+    if (c->cnt_n != had) cu_check(c, cudaMemsetAsync(c->cnt, 0, c->cnt_n, c->stream), "counter reset");
+    return 1;
+}
+
 /* ------------------------------------------------------------ the table */
 
 static void cuda_ctx_free(be_ctx *c) {
@@ -446,6 +455,8 @@ static be_ops make_ops(void) {
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;
     o.rope_kv_write = cu_op_rope_kv_write;
+    o.kvq_write = cu_op_kvq_write;
+    o.kvq_attention = cu_op_kvq_attention;
     return o;
 }
 

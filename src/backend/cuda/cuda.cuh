@@ -40,7 +40,7 @@ typedef void (*cu_launch_fn)(be_ctx *c, const struct cu_rec *r);
 
 typedef struct cu_rec {
     cu_launch_fn fn;
-    const void *p[12];  /* device pointers */
+    const void *p[16];  /* device pointers */
     int64_t i[14];      /* sizes, dtypes, flags */
     float f[3];
 } cu_rec;
@@ -119,6 +119,21 @@ void cu_go_eager(be_ctx *c);
 /* grows a workspace (device bytes); 0 on failure */
 int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need);
 
+/* the split-K workspaces of an attention op: partials for B*L*n_head queries of nsplit slices of
+ * head_dim + 2 floats (c->part) and their arrival counters (c->cnt, zeroed when grown); 0 on failure */
+int cu_split_ws(be_ctx *c, const be_attn *a, int nsplit);
+/* split-K: 1 in every thread of the block that arrives last of n at the counter *ctr, once the
+ * block's writes are fenced (that block then reads the others' partials and resets *ctr) */
+__device__ __forceinline__ int cu_arrive_last(int *ctr, int n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ctr, 1) == n - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 /* ops implemented in the kernel files */
 void cu_matmul_launcher(be_ctx *c, const cu_rec *r);
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
@@ -140,6 +155,11 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
+/* quantized KV (kvquant.cu): be_ops.kvq_write and kvq_attention; prefill of the latter runs the flash
+ * kernel with a dequantizing tile loader (attention.cu, record as kvquant.cu's) */
+void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool);
+void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
+void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
                  size_t code_stride, be_score_row *out);

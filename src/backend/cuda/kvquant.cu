@@ -1,0 +1,460 @@
+/*
+ * kvquant.cu — the quantized KV ops on the device (be_ops.kvq_write,
+ * kvq_attention; definitions in backend.h, scalar references in
+ * cpu/ref-kvq.c). Pools are be_kvq: MLX affine codes along head_dim, a scale
+ * and a bias per group in f32/f16/bf16 (kvq.cuh reads them).
+ *
+ * kvq_write: one thread per 8 values of a row (whose codes fill `bits` whole
+ * bytes, so no two threads share a byte); a group's max and min by shuffles
+ * among its group/8 lanes, then aq_quantize_row's float32 steps in its order
+ * (IEEE division, roundf = half away from zero: MLX's GPU rule): the codes,
+ * scales and biases equal the CPU reference bit for bit.
+ *
+ * kvq_attention, two paths:
+ * - split (decode, and any query count where flash does not run): grid
+ *   (slices, kv heads, queries); a block serves every q head of its kv head
+ *   (g <= 8), so each packed row is read once per step. A slice is scored
+ *   whole before its softmax: a thread per key dequantizes on the fly,
+ *   s = sum_groups scale * (q . codes) + bias * sum(q) (q pre-scaled, codes
+ *   as floats by exponent bits), the slice's max and sum per head, then
+ *   p V with a thread per 8 dimensions and a share of the keys (the V scale
+ *   folded into p, the bias term once per group). Slices merge in the last
+ *   block to arrive (counter) with exact max rescaling. Kernel unfused:
+ *   slices are equal runs of the visible keys, so every score of a slice
+ *   meets one precise softmax (the definition, up to the merge's exact
+ *   rescaling); kernel tiled: the slices are exactly the definition's tiles
+ *   (cut at range starts and multiples of BE_KVQ_TILE positions), each one a
+ *   precise softmax, merged as the online recurrence does (in a different
+ *   order: equal to f32 rounding). The slice geometry depends on the bucketed
+ *   span only, so a captured decode graph stays valid as positions move.
+ * - flash (prefill: L >= 16, head_dim 64/128/256 (32: split), no softcap, not
+ *   batch-invariant): attention.cu's flash kernel with a tile loader that
+ *   dequantizes into f16 shared memory (online softmax over 64-key tiles,
+ *   f16 tensor cores, both kernel sets: the same f16 bar as dense flash).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "backend/cuda/kvq.cuh"
+
+/* ------------------------------------------------------------------ write */
+
+/* a block of 128 threads, hd/8 threads per row (b, i, kv head) */
+__global__ void __launch_bounds__(128) k_kvq_write(const float *src, uint8_t *codes, void *scales, void *biases, int bits, int group,
+                                                   int sdt, int L, int n_kv, int hd, const int32_t *pt, int n_pt, int sh, const int *pos0,
+                                                   const int *len, const int *seq, int n_rows) {
+    PDL_ENTRY();
+    int per = hd / 8, t = blockIdx.x * blockDim.x + threadIdx.x, r = t / per, c8 = t % per;
+    int gl = group / 8;   /* lanes of a group: an aligned run of a warp (per divides 32 or is a multiple of it) */
+    float v[8], mx = 0.0f, mn = 0.0f;
+    int live = r < n_rows;
+    int h = 0, i = 0, b = 0;
+    if (live) {
+        h = r % n_kv;
+        i = (r / n_kv) % L;
+        b = r / n_kv / L;
+        live = i < len[b];
+    }
+    const float *s = src + (size_t)(live ? r : 0) * hd + c8 * 8;
+#pragma unroll
+    for (int m = 0; m < 8; m++) v[m] = live ? s[m] : 0.0f;
+    mn = v[0];
+#pragma unroll
+    for (int m = 0; m < 8; m++) {   /* GPU rule: the max starts at 0 */
+        mx = fmaxf(mx, v[m]);
+        mn = fminf(mn, v[m]);
+    }
+    for (int o = 1; o < gl; o <<= 1) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    }
+    if (!live) return;
+    int64_t row = cu_kv_row(pt + (size_t)seq[b] * n_pt, sh, n_kv, h, pos0[b] + i);
+    if (row < 0) return;
+    const float n = (float)((1 << bits) - 1), eps = 1e-7f;
+    float s0 = __fdiv_rn(mx - mn, n);
+    if (!(s0 > eps)) s0 = eps;
+    float scale, edge;
+    if (fabsf(mn) > fabsf(mx)) { scale = s0; edge = mn; }
+    else { scale = -s0; edge = mx; }
+    float q0 = roundf(__fdiv_rn(edge, scale)), bias = 0.0f;
+    if (q0 != 0.0f) { scale = __fdiv_rn(edge, q0); bias = edge; }
+    uint64_t w = 0;
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        float q = roundf(__fdiv_rn(__fsub_rn(v[m], bias), scale));
+        q = q < 0.0f ? 0.0f : q > n ? n : q;
+        w |= (uint64_t)(uint32_t)q << (m * bits);
+    }
+    uint8_t *out = codes + (size_t)row * (hd * bits / 8) + (size_t)c8 * bits;
+    for (int k = 0; k < bits; k++) out[k] = (uint8_t)(w >> (8 * k));
+    if (c8 % gl == 0) {
+        size_t gi = (size_t)row * (hd / group) + c8 / gl;
+        cu_kv_put(scales, sdt, gi, scale);
+        cu_kv_put(biases, sdt, gi, bias);
+    }
+}
+
+/* the record: p src, codes, scales, biases, then the geometry at p[4]; i[CU_A_OP..]: bits, group, sdt */
+static void l_kvq_write(be_ctx *c, const cu_rec *r) {
+    int n_rows = (int)(r->i[CU_A_B] * r->i[CU_A_L] * r->i[CU_A_NKV]), hd = (int)r->i[CU_A_HD];
+    if (n_rows <= 0) return;
+    unsigned blocks = cu_blocks((size_t)n_rows * (hd / 8), 128);
+    cu_launch(c, k_kvq_write, dim3(blocks), dim3(128), 0, (const float *)r->p[0], (uint8_t *)r->p[1], (void *)r->p[2], (void *)r->p[3],
+              (int)r->i[CU_A_OP], (int)r->i[CU_A_OP + 1], (int)r->i[CU_A_OP + 2], (int)r->i[CU_A_L], (int)r->i[CU_A_NKV], hd,
+              (const int32_t *)r->p[8], (int)r->i[CU_A_NPT], (int)r->i[CU_A_PSH], (const int *)r->p[4], (const int *)r->p[5],
+              (const int *)r->p[6], n_rows);
+    CU_LAUNCHED(c, "kvq_write");
+}
+
+/* what the device kernels take: head_dim 32, 64, 128 or 256, the
+ * pool's bits and group as backend.h says; 0 and a message otherwise */
+static int kvq_shape_ok(be_ctx *c, const be_attn *a, const be_kvq *p, int attention, const char *what) {
+    int hd = a->head_dim, bits = p->bits, g = p->group;
+    int ok = (bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) && (g == 32 || g == 64 || g == 128) &&
+             (hd == 32 || hd == 64 || hd == 128 || hd == 256) && hd % g == 0 && (p->sdt == BE_F32 || p->sdt == BE_F16 || p->sdt == BE_BF16) && a->n_kv_head > 0;
+    if (attention) ok = ok && a->n_head % a->n_kv_head == 0;
+    if (!ok) {
+        if (!c->err) {
+            c->err = (int)cudaErrorInvalidValue;
+            snprintf(c->msg, sizeof c->msg, "%s: %d-bit codes, group %d, head_dim %d, %s scales: the CUDA kernels take 2, 3, 4, 5, 6 or "
+                     "8 bits, group 32, 64 or 128 dividing head_dim (32, 64, 128 or 256), f32/f16/bf16 scales", what, bits, g, hd,
+                     be_dtype_name(p->sdt));
+        }
+        return 0;
+    }
+    return 1;
+}
+
+void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool) {
+    if (!kvq_shape_ok(c, a, pool, 0, "kvq_write")) return;
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_kvq_write;
+    r.p[0] = src;
+    r.p[1] = pool->codes;
+    r.p[2] = pool->scales;
+    r.p[3] = pool->biases;
+    cu_rec_attn(c, &r, a, 4);
+    r.i[CU_A_OP] = pool->bits;
+    r.i[CU_A_OP + 1] = pool->group;
+    r.i[CU_A_OP + 2] = pool->sdt;
+    cu_submit(c, &r);
+}
+
+/* -------------------------------------------------------------- attention */
+
+#define KQ_THREADS 128
+#define KQ_CHUNK 512     /* keys of a slice at most (its scores stay in shared memory) */
+#define KQ_GMAX 8        /* q heads per kv head at most */
+
+/* the slice [*j0, *j1) of key numbers (cu_span_of) of slice s. Unfused: runs of `chunk`. Tiled: tile s of
+ * the definition's tiles (the sinks, then the run, each cut at multiples of BE_KVQ_TILE positions) */
+__device__ __forceinline__ void kq_slice(const cu_span &sp, int p, int tiled, int s, int chunk, int *j0, int *j1) {
+    if (!tiled) {
+        *j0 = s * chunk;
+        *j1 = min(sp.n, (s + 1) * chunk);
+        return;
+    }
+    const int T = BE_KVQ_TILE;
+    int s_hi = sp.s_lo + sp.n_s, nt_s = sp.n_s > 0 ? (s_hi - 1) / T - sp.s_lo / T + 1 : 0;
+    int lo, hi, base;   /* positions [lo, hi) of the range, key number of position `base` */
+    if (s < nt_s) {
+        lo = sp.s_lo; hi = s_hi; base = 0;
+    } else {
+        s -= nt_s;
+        lo = sp.r_lo; hi = p + 1; base = sp.n_s;
+        if (hi <= lo) { *j0 = *j1 = 0; return; }
+    }
+    int a = (lo / T + s) * T, b = a + T;
+    a = max(a, lo);
+    b = min(b, hi);
+    if (a >= b) { *j0 = *j1 = 0; return; }
+    *j0 = base + (a - lo);
+    *j1 = base + (b - lo);
+}
+
+/* One block per (slice, kv head, query) serving the kv head's g <= GM q heads. Shared: qs [GM][HD] the
+ * scaled queries, qsum [GM][HD/32] their sums per 32 dims, buf [KQ_CHUNK*GM] scores then partial outputs. */
+template <int HD, int BITS, int GM>
+__global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
+                                                          const void *Vs, const void *Vb, int bits, int group, int sdt, int L, int H,
+                                                          int n_kv, const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
+                                                          float cap, int tiled, const int *pos0, const int *len, const int *seq,
+                                                          const int *run0, int nsplit, int chunk, float *part, int *cnt, float *out) {
+    constexpr int NB = (KQ_CHUNK * GM > 4 * GM * HD ? KQ_CHUNK * GM : 4 * GM * HD);
+    constexpr int C8 = HD / 8, NJ = KQ_THREADS / C8;   /* PV: threads per key row, keys at a time */
+    constexpr int QROW = HD + HD / 8;   /* QP(d) = d + 4 (d / 32): the lanes of a key read 32-dim blocks in different banks */
+    __shared__ __align__(16) float qs[GM * QROW];
+    __shared__ float qsum[GM][HD / 32];
+    __shared__ __align__(16) float buf[NB];
+    __shared__ uint32_t rows[KQ_CHUNK];
+    __shared__ float mh[GM], lh[GM];
+    PDL_ENTRY();
+    const int nb = BITS ? BITS : bits, RB = HD * nb / 8, NG = HD / group;
+    int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+    int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int p = pos0[b] + i, valid = i < len[b];
+    cu_span sp = cu_span_of(p, window, keep, run0[b]);
+    int j0 = 0, j1 = 0;
+    kq_slice(sp, p, tiled, s, chunk, &j0, &j1);
+    if (!valid) j1 = j0;
+    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
+    int n = j1 - j0;
+    if (n > 0) {
+        const float *qg = q + ((size_t)bi * H + (size_t)kvh * g) * HD;
+        for (int e = tid; e < GM * HD; e += KQ_THREADS) qs[(e / HD) * QROW + e % HD + (e % HD) / 32 * 4] = e < g * HD ? qg[e] * scale : 0.0f;
+        __syncthreads();
+        for (int e = tid; e < GM * (HD / 32); e += KQ_THREADS) {
+            const float *x = qs + (e / (HD / 32)) * QROW + (e % (HD / 32)) * 36;
+            float t = 0.0f;
+            for (int d = 0; d < 32; d++) t += x[d];
+            qsum[e / (HD / 32)][e % (HD / 32)] = t;
+        }
+        __syncthreads();
+        /* scores: TS lanes per key, 32 codes each (one group's), the row dequantized on the fly for all heads;
+         * the lanes' sums meet by shuffles */
+        constexpr int TS = HD / 32, KPW = 32 / TS;
+        int tl = lane % TS, kw = lane / TS, gi = tl * 32 / group;
+        for (int t0 = warp * KPW; t0 < n; t0 += (KQ_THREADS / 32) * KPW) {
+            int t = t0 + kw, have = t < n;
+            int64_t row = have ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + t)) : -1;
+            size_t ro = row < 0 ? 0 : (size_t)row;
+            if (have && tl == 0) rows[t] = (uint32_t)ro;
+            const uint8_t *kr = Kc + ro * RB;
+            const float *qb = qs + tl * 36;   /* this lane's 32 dims of head 0 (padded rows, see QP) */
+            float acc[GM];
+#pragma unroll
+            for (int h = 0; h < GM; h++) acc[h] = 0.0f;
+            uint64_t w4[4];
+            kvq_codes32<BITS>(kr, tl, nb, w4);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {   /* 8 codes at a time */
+                float f[8];
+#pragma unroll
+                for (int m = 0; m < 8; m++) f[m] = kvq_code<BITS>(w4[u], m, nb);
+#pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    const float4 *qq = (const float4 *)(qb + h * QROW + u * 8);
+                    float4 a = qq[0], bq = qq[1];
+                    acc[h] += a.x * f[0] + a.y * f[1] + a.z * f[2] + a.w * f[3] + bq.x * f[4] + bq.y * f[5] + bq.z * f[6] + bq.w * f[7];
+                }
+            }
+            size_t si = ro * NG + gi;
+            float sc = cu_mat_get(Ks, sdt, si), bs = cu_mat_get(Kb, sdt, si);
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                float v = sc * acc[h] + bs * qsum[h][tl];
+#pragma unroll
+                for (int o = 1; o < TS; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (have && tl == 0) buf[h * KQ_CHUNK + t] = row < 0 ? -INFINITY : cap > 0 ? be_softcap(v, cap) : v;
+            }
+        }
+        __syncthreads();
+        /* the slice's precise softmax per head (a warp per head): max, exp, sum */
+        for (int h = warp; h < g; h += KQ_THREADS / 32) {
+            float *sc = buf + h * KQ_CHUNK, m = -INFINITY, l = 0.0f;
+            for (int t = lane; t < n; t += 32) m = fmaxf(m, sc[t]);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            for (int t = lane; t < n; t += 32) {
+                float e = sc[t] == -INFINITY ? 0.0f : expf(sc[t] - m);
+                sc[t] = e;
+                l += e;
+            }
+#pragma unroll
+            for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+            if (lane == 0) { mh[h] = m; lh[h] = l; }
+        }
+        __syncthreads();
+        /* p V: thread (keys jp, jp + NJ, ..; dims 8*c8 .. 8*c8+7) */
+        int c8 = tid % C8, jp = tid / C8, gv = c8 * 8 / group;
+        float acc[GM][8], accb[GM];
+#pragma unroll
+        for (int h = 0; h < GM; h++) {
+            accb[h] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 8; m++) acc[h][m] = 0.0f;
+        }
+#pragma unroll 2
+        for (int t = jp; t < n; t += NJ) {
+            uint32_t row = rows[t];
+            uint64_t w = kvq_codes8<BITS>(Vc + (size_t)row * RB, c8, nb);
+            size_t si = (size_t)row * NG + gv;
+            float sv = cu_mat_get(Vs, sdt, si), bv = cu_mat_get(Vb, sdt, si), f[8];
+#pragma unroll
+            for (int m = 0; m < 8; m++) f[m] = kvq_code<BITS>(w, m, nb);
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                float e = buf[h * KQ_CHUNK + t], ps = e * sv;
+                accb[h] += e * bv;
+#pragma unroll
+                for (int m = 0; m < 8; m++) acc[h][m] += ps * f[m];
+            }
+        }
+        __syncthreads();   /* the scores are spent: buf takes the partial outputs */
+        /* sum over the NJ key lanes: pairs within a warp by shuffles, then the warps through shared memory */
+#pragma unroll
+        for (int h = 0; h < GM; h++)
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                float v = acc[h][m] + accb[h];
+                for (int o = C8; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                acc[h][m] = v;
+            }
+        constexpr int WJ = C8 >= 32 ? 1 : 32 / C8;   /* key lanes per warp */
+        if (lane < C8 || C8 >= 32) {
+            int wj = jp / WJ;   /* this warp's slot */
+#pragma unroll
+            for (int h = 0; h < GM; h++)
+#pragma unroll
+                for (int m = 0; m < 8; m++) buf[(wj * GM + h) * HD + c8 * 8 + m] = acc[h][m];
+        }
+        __syncthreads();
+        constexpr int NW = KQ_THREADS / 32 < NJ ? KQ_THREADS / 32 : NJ;   /* warps holding partials */
+        for (int e = tid; e < g * HD; e += KQ_THREADS) {
+            int h = e / HD, d = e % HD;
+            float o = 0.0f;
+            for (int w2 = 0; w2 < NW; w2++) o += buf[(w2 * GM + h) * HD + d];
+            pbase[h * pstride + 2 + d] = o;
+        }
+        if (tid < g) {
+            pbase[tid * pstride] = mh[tid];
+            pbase[tid * pstride + 1] = lh[tid];
+        }
+    } else if (tid < g) {
+        pbase[tid * pstride] = -INFINITY;
+        pbase[tid * pstride + 1] = 0.0f;
+    }
+    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
+    if (!cu_arrive_last(ctr, nsplit)) return;
+    /* the merge: per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices */
+    const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
+    for (int h = warp; h < g; h += KQ_THREADS / 32) {
+        float M = -INFINITY, l = 0.0f;
+        for (int s2 = lane; s2 < nsplit; s2 += 32) M = fmaxf(M, __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2)));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        for (int s2 = lane; s2 < nsplit; s2 += 32) {
+            const float *pp = prow + h * pstride + (size_t)s2 * (HD + 2);
+            float m = __ldcg(pp);
+            if (m != -INFINITY) l += __ldcg(pp + 1) * expf(m - M);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) { mh[h] = M; lh[h] = l > 0 ? 1.0f / l : 0.0f; }
+    }
+    __syncthreads();
+    constexpr int PIECE = NB / GM, OUTS = (GM * HD + KQ_THREADS - 1) / KQ_THREADS;
+    float o[OUTS];
+#pragma unroll
+    for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
+    for (int s0 = 0; s0 < nsplit; s0 += PIECE) {
+        int np = min(PIECE, nsplit - s0);
+        for (int e = tid; e < g * PIECE; e += KQ_THREADS) {
+            int h = e / PIECE, s2 = e % PIECE;
+            float m = s2 < np ? __ldcg(prow + h * pstride + (size_t)(s0 + s2) * (HD + 2)) : -INFINITY;
+            buf[e] = m == -INFINITY ? 0.0f : expf(m - mh[h]) * lh[h];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < OUTS; u++) {
+            int e = tid + u * KQ_THREADS, h = e / HD;
+            if (h >= g) break;
+            const float *po = prow + h * pstride + (size_t)s0 * (HD + 2) + 2 + e % HD;
+            float a = 0.0f;
+#pragma unroll 4
+            for (int s2 = 0; s2 < np; s2++) {
+                float w = buf[h * PIECE + s2];
+                if (w > 0) a += w * __ldcg(po + (size_t)s2 * (HD + 2));
+            }
+            o[u] += a;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int u = 0; u < OUTS; u++) {
+        int e = tid + u * KQ_THREADS, h = e / HD;
+        if (h >= g) break;
+        out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
+    }
+    if (tid == 0) *ctr = 0;
+}
+
+enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
+
+/* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
+ * sdt | path << 4 | tiled << 8, nsplit; f: scale, chunk, softcap */
+static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
+    int path = (int)(r->i[CU_A_OP + 2] >> 4 & 15);
+    if (path == KQ_FLASH) { cu_kvq_flash_launch(c, r); return; }
+    int B = (int)r->i[CU_A_B], L = (int)r->i[CU_A_L], H = (int)r->i[CU_A_H], n_kv = (int)r->i[CU_A_NKV], hd = (int)r->i[CU_A_HD];
+    int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
+    int bits = (int)r->i[CU_A_OP], group = (int)r->i[CU_A_OP + 1], sdt = (int)(r->i[CU_A_OP + 2] & 15);
+    int tiled = (int)(r->i[CU_A_OP + 2] >> 8 & 1), nsplit = (int)r->i[CU_A_OP + 3], chunk = (int)r->f[1];
+    int g = H / n_kv;
+    dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
+#define KQ(HD, BITS, GM)                                                                                                                  \
+    cu_launch(c, k_kvq_split<HD, BITS, GM>, grid, dim3(KQ_THREADS), 0, (const float *)r->p[0], (const uint8_t *)r->p[2], r->p[3], r->p[4], \
+              (const uint8_t *)r->p[5], r->p[6], r->p[7], bits, group, sdt, L, H, n_kv, (const int32_t *)r->p[12], n_pt, sh, window, keep, \
+              r->f[0], r->f[2], tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10], (const int *)r->p[11], nsplit,  \
+              chunk, c->part, c->cnt, (float *)r->p[1])
+#define KQ_B(HD, GM) do { if (bits == 4) KQ(HD, 4, GM); else if (bits == 8) KQ(HD, 8, GM); else KQ(HD, 0, GM); } while (0)
+#define KQ_G(HD) do { if (g <= 4) KQ_B(HD, 4); else KQ_B(HD, 8); } while (0)
+    if (hd == 32) KQ_G(32);
+    else if (hd == 64) KQ_G(64);
+    else if (hd == 128) KQ_G(128);
+    else KQ_G(256);
+#undef KQ_G
+#undef KQ_B
+#undef KQ
+    CU_LAUNCHED(c, "kvq attention (split)");
+    c->light_prev = 1;
+}
+
+void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out) {
+    if (!kvq_shape_ok(c, a, k, 1, "kvq_attention") || !kvq_shape_ok(c, a, v, 1, "kvq_attention")) return;
+    if (a->n_head / a->n_kv_head > KQ_GMAX || k->bits != v->bits || k->group != v->group || k->sdt != v->sdt) {
+        if (!c->err) {
+            c->err = (int)cudaErrorInvalidValue;
+            snprintf(c->msg, sizeof c->msg, "kvq_attention: %d q heads per kv head (the CUDA kernel takes up to %d), K and V pools of "
+                     "one format", a->n_head / a->n_kv_head, KQ_GMAX);
+        }
+        return;
+    }
+    /* flash rounds to f16 (not in batch-invariant mode, see cu_op_attention); softcap: the split path */
+    int flash = a->L >= 16 && a->head_dim >= 64 && !c->batch_inv && !(a->softcap > 0);
+    int span = cu_span_bucket(a->max_span), tiled = kernel == BE_KVQ_TILED, chunk, nsplit;
+    if (tiled) {   /* the tiles: a range of n keys spans at most n / TILE + 2 of them; sinks and run */
+        chunk = BE_KVQ_TILE;
+        nsplit = span / BE_KVQ_TILE + 4;
+    } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
+        chunk = (span + 255) / 256;
+        chunk = (chunk + 127) / 128 * 128;
+        if (chunk > KQ_CHUNK) chunk = KQ_CHUNK;
+        nsplit = (span + chunk - 1) / chunk;
+    }
+    if (!flash && !cu_split_ws(c, a, nsplit)) return;
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_kvq_attention;
+    r.p[0] = q;
+    r.p[1] = out;
+    r.p[2] = k->codes;
+    r.p[3] = k->scales;
+    r.p[4] = k->biases;
+    r.p[5] = v->codes;
+    r.p[6] = v->scales;
+    r.p[7] = v->biases;
+    cu_rec_attn(c, &r, a, 8);
+    r.i[CU_A_OP] = k->bits;
+    r.i[CU_A_OP + 1] = k->group;
+    r.i[CU_A_OP + 2] = k->sdt | (flash ? KQ_FLASH : KQ_SPLIT) << 4 | tiled << 8;
+    r.i[CU_A_OP + 3] = nsplit;
+    r.f[0] = a->scale;
+    r.f[1] = (float)chunk;
+    r.f[2] = a->softcap > 0 ? a->softcap : 0.0f;
+    cu_submit(c, &r);
+}
