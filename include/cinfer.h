@@ -94,7 +94,11 @@ typedef struct cinfer_ctx_opts {
                            most recent max_kv_size - 4 (mlx-lm's RotatingKVCache(N, keep=4));
                            generation may then run past the model's context */
     int batch_invariant;/* 1: a row's logits never depend on the other rows of its batch
-                           (CUDA then keeps activations f32 in every matmul); the CPU always is */
+                           or on how a sequence is cut into forwards (CUDA keeps activations
+                           f32 in every matmul; the CPU runs every row through its per-row
+                           kernels: bit for bit, at some prefill speed). Off, the CPU
+                           differs at float rounding (~1e-6 of the logit range), which a
+                           quantized KV cache can turn into a different code */
     int prefill_step_size; /* cinfer_generate feeds a prompt in steps of this many tokens and
                            its last token alone, as mlx-lm's generate_step (0 = 2048) */
     /* Quantized KV (mlx-lm's QuantizedKVCache, MLX affine codes along head_dim, a scale and

@@ -207,7 +207,10 @@ int cli_size(const char *v, size_t *out) {
     return 1;
 }
 
-int cli_scoring_kv(const char *cmd, const cinfer_ctx_opts *co) {
+int cli_scoring_kv(const char *cmd, cinfer_ctx_opts *co) {
+    /* quantizing turns rounding-level differences of a key into a different code: the batch-invariant
+     * kernels keep every row's arithmetic the same whatever the batch and chunk sizes */
+    if (co->kv_bits || co->kv_config) co->batch_invariant = 1;
     if (co->quantized_kv_start == -1) return 1;
     fprintf(stderr, "cinfer %s: --quantized-kv-start does not apply to scoring: with --kv-bits or --kv-config every key "
             "is quantized from token 0, before any query reads it (mlx-lm's QuantizedKVCache)\n", cmd);

@@ -77,8 +77,9 @@ enum { KV_MEMORY = 0x200, KV_DTYPE, KV_MAX_SIZE, KV_PREFILL, KV_PAGE, KV_BITS, K
     "      --kv-kernels K         unfused (mlx-lm's quantized SDPA; default with --kv-bits),\n"         \
     "                             tiled-causal (default with --kv-config) or tiled\n"
 int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co);
-/* scoring commands: --kv-bits quantizes from token 0, so --quantized-kv-start is refused (0 + message) */
-int cli_scoring_kv(const char *cmd, const cinfer_ctx_opts *co);
+/* scoring commands: --kv-bits quantizes from token 0, so --quantized-kv-start is refused (0 + message);
+ * a quantized cache turns on batch_invariant (results the same at every batch and chunk size) */
+int cli_scoring_kv(const char *cmd, cinfer_ctx_opts *co);
 /* "4G", "512M", "1.5GiB", "1000000" -> bytes; 0 on a malformed or absurd size */
 int cli_size(const char *v, size_t *out);
 /* loads a model dir, printing the error; NULL on failure */

@@ -37,7 +37,8 @@ static void serve_help(FILE *f) {
         "      --cache-dir DIR        a second level of the prefix cache on disk: a prompt missing in\n"
         "                             memory is looked up there; prompts are stored by a writer thread\n"
         "      --cache-dir-max-gb G   evict least recently used entries past G GB\n"
-        "      --batch-invariant      results independent of the batch (CUDA; the CPU always is)\n"
+        "      --batch-invariant      each result bit for bit independent of the batch (CPU;\n"
+        "                             CUDA: f32 matmuls, within float rounding)\n"
         "  -t, --threads N            CPU threads (default: all cores)\n"
         "      --device cpu|cuda      backend (default cpu)\n"
         CLI_KV_HELP

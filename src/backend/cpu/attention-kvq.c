@@ -319,7 +319,7 @@ void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq
     if (fast) {
         size_t base = (size_t)a->B * a->L * a->n_kv_head * j.nhb;
         int max_tiles = span / BE_KVQ_TILE + 2;
-        if (work >= 65536.0 && base < 2 * (size_t)nth) {   /* few units: split the keys too */
+        if (work >= 65536.0 && base < 2 * (size_t)nth && !c->batch_inv) {   /* few units: split the keys too */
             j.nblk = (int)((2 * (size_t)nth + base - 1) / base);
             if (j.nblk > max_tiles) j.nblk = max_tiles;
         }

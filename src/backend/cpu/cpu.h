@@ -24,9 +24,12 @@ struct be_ctx {
     size_t scratch_n;
     float *att;            /* [n_threads][att_n] attention score rows */
     size_t att_n;
+    int batch_inv;         /* be_ops.batch_invariant: every row through the per-row paths (GEMV kernels,
+                            * per-query attention, unsplit key ranges), bit for bit whatever the batch */
 };
 
-/* y[n][m] = x[n][k] . w[m][k]^T (+ bias): GEMV kernels for small n, OpenBLAS for large n */
+/* y[n][m] = x[n][k] . w[m][k]^T (+ bias): GEMV kernels for small n (any n in batch-invariant mode),
+ * OpenBLAS for large n */
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 /* be_ops.matmul_multi: y[i] = x . w[i]^T (+ bias[i]); for few tokens one pool
  * run over the rows of all the matrices (same cols and dtype), else one

@@ -5,7 +5,9 @@
  * rows [r0, r1), so no two threads write the same output):
  *   - few tokens (n <= GEMV_MAX_N: decode, short feeds): vectorised GEMV
  *     kernels (gemv.h) read the stored dtype in place; one pass over the
- *     weights per 4 tokens. Bound by memory bandwidth.
+ *     weights per 4 tokens. Bound by memory bandwidth. In batch-invariant
+ *     mode every n takes this path: a token's sums are then the same
+ *     arithmetic whatever the other tokens (the GEMM path rounds differently).
  *   - many tokens (prefill): each worker converts a block of its weight rows
  *     (up to GEMM_FLOATS, never the whole model) to f32 in its own slice of
  *     the context scratch and calls OpenBLAS sgemm on it single-threaded
@@ -157,14 +159,14 @@ static void gemv_multi(be_ctx *c, const float *x, int n, int count, const be_mat
 
 void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
                       float *const *y) {
-    int same = count <= MM_MAX && n <= GEMV_MAX_N;
+    int same = count <= MM_MAX && (n <= GEMV_MAX_N || c->batch_inv);
     for (int i = 1; i < count && same; i++) same = w[i]->dt == w[0]->dt && w[i]->cols == w[0]->cols;
     if (same) { gemv_multi(c, x, n, count, w, bias, y); return; }
     for (int i = 0; i < count; i++) cpu_matmul(c, x, n, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    if (n <= GEMV_MAX_N) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
+    if (n <= GEMV_MAX_N || c->batch_inv) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
     mm_job j = { .x = x, .n = n, .w = w, .bias = bias, .y = y, .g = gemv_pick() };
     if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && gemm_bf16_available()) {
         /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products */

@@ -44,6 +44,7 @@ static void cpu_free(be_ctx *c, void *p) { (void)c; free(p); }
 static void cpu_copy(be_ctx *c, void *dst, const void *src, size_t bytes) { (void)c; memcpy(dst, src, bytes); }
 static int cpu_mat_prepare(be_ctx *c, be_mat *m) { (void)c; (void)m; return 0; }
 static void cpu_mat_release(be_ctx *c, be_mat *m) { (void)c; (void)m; }
+static void cpu_batch_invariant(be_ctx *c, int on) { c->batch_inv = on != 0; }
 
 static void cpu_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out) {
     (void)c;
@@ -239,7 +240,7 @@ static void cpu_attention(be_ctx *c, const be_attn *a, const float *q, const voi
     /* waking the pool costs microseconds: tiny attentions (small models, short
      * contexts) run on the calling thread */
     double work = (double)a->B * a->L * a->n_head * a->head_dim * (a->max_span > 0 ? a->max_span : 1);
-    if (work >= 65536.0 && cpu_attention_gemm(c, a, q, k, v, dt, out) == 0) return;
+    if (work >= 65536.0 && !c->batch_inv && cpu_attention_gemm(c, a, q, k, v, dt, out) == 0) return;
     size_t need = (size_t)c->n_threads * (a->max_span > 0 ? a->max_span : 1);
     if (c->att_n < need) {
         float *p = realloc(c->att, need * sizeof(float));
@@ -325,6 +326,7 @@ static const be_ops cpu_ops = {
     .attention = cpu_attention,
     .matmul_multi = cpu_matmul_multi,
     .mem_available = cpu_mem_available,
+    .batch_invariant = cpu_batch_invariant,
     .score = cpu_score,
     .kvq_write = cpu_kvq_write,
     .kvq_attention = cpu_kvq_attention,
