@@ -8,14 +8,14 @@
 # (bench/mk-random-model.py). cinfer runs its MLX affine 8-bit conversion (`cinfer convert -q --q-bits
 # 8 --q-group-size 64`, 8.5 bits per weight); llama.cpp runs Q8_0 (8.5 bits per weight) quantized by
 # its own llama-quantize --pure from the GGUF of the same f16 weights (bench/hf-to-gguf.py).
-# cinfer: build/bench/bench-model -d (prefill once to each depth with the f32 cache, time TG decode
+# cinfer: $BUILD/bench/bench-model -d (prefill once to each depth with the f32 cache, time TG decode
 # steps, restore that state into a kv_bits context with quantized_kv_start = depth, whose first step
 # converts the cache, then time TG steps; best of REPS). llama.cpp: llama-bench -p 0 -n TG -d DEPTH
 # -r REPS, one call per depth and KV type, every KV type at a depth before the next depth (its mean; it
 # prefills the depth once per call and restores that state per repetition).
 #
 # usage: bench/kvq-cpu.sh [DEPTHS] [THREADS] [TG] [REPS]     (defaults: 4096,16384 2 32 2)
-#   env: CINFER_BENCH_DIR (default /tmp/cinfer-bench; models under its kvq/), PEER_KV (default
+#   env: BUILD (default build-cpu, built with CUDA=0), CINFER_BENCH_DIR (default /tmp/cinfer-bench; models under its kvq/), PEER_KV (default
 #        "q8_0 q4_0"; add f16 for llama.cpp's f16 cache), NO_PEER=1 skips llama.cpp, NO_CINFER=1 runs
 #        llama.cpp alone next to the cinfer figures and ceilings of the last run.
 # Filling 16k tokens of context costs minutes of prefill on 2 cores for each engine (llama.cpp once per
@@ -31,7 +31,8 @@ PEER_KV=${PEER_KV:-"q8_0 q4_0"}
 WORK=${CINFER_BENCH_DIR:-/tmp/cinfer-bench}/kvq
 OUT=$WORK/last-run
 mkdir -p "$OUT"
-make -s CUDA="${CUDA:-0}" all bench >/dev/null   # the CPU benchmark needs no CUDA build
+B=${BUILD:-build-cpu}   # a CPU-only build folder of its own (build/ may hold CUDA objects)
+make -s BUILD="$B" CUDA=0 all bench >/dev/null
 SHARED=${CINFER_SHARED:-../shared}
 [ -d "$SHARED/peers" ] || SHARED=/work/shared
 PEER=${LLAMA_PEER_DIR:-$HOME/.cache/llama-cpp-peer}
@@ -46,7 +47,7 @@ c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 16384
 json.dump(c, open(sys.argv[1], "w"), indent=2)
 EOF
 fi
-[ -s "$Q8/model.safetensors" ] || { rm -rf "$Q8"; ./build/cinfer convert --hf-path "$F16" --mlx-path "$Q8" -q --q-bits 8 \
+[ -s "$Q8/model.safetensors" ] || { rm -rf "$Q8"; ./$B/cinfer convert --hf-path "$F16" --mlx-path "$Q8" -q --q-bits 8 \
   --q-group-size 64 --quiet; }
 [ -s "$G16" ] || /usr/bin/python3 bench/hf-to-gguf.py "$F16" "$G16" --vocab-gguf "$PEER/src/models/ggml-vocab-llama-spm.gguf" >/dev/null
 [ -s "$G8" ] || "$BIN/llama-quantize" --pure "$G16" "$G8" Q8_0 "$T" >"$OUT/quantize.log" 2>&1
@@ -55,13 +56,13 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(grep -m1 'model name' /proc/cpuinfo | cut 
   "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512_bf16|amx_tile)$' | tr '\n' ' ')"
 echo "# load before: $(uptime | sed 's/.*load average/load average/')"
 if [ -z "$NO_CINFER" ]; then
-  ./build/bench/ceilings --mb 1024 >"$OUT/ceilings.txt" 2>/dev/null
-  ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
+  ./$B/bench/ceilings --mb 1024 >"$OUT/ceilings.txt" 2>/dev/null
+  ./$B/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
   t0=$(date +%s)
-  ./build/bench/bench-model -m "$Q8" -t "$T" -d "$DEPTHS" -n "$TG" -r "$REPS" --kv-bits 8,4 --kv-group 64 >"$OUT/cinfer.txt"
+  ./$B/bench/bench-model -m "$Q8" -t "$T" -d "$DEPTHS" -n "$TG" -r "$REPS" --kv-bits 8,4 --kv-group 64 >"$OUT/cinfer.txt"
   echo "# cinfer: $(( $(date +%s) - t0 )) s"
 else   # NO_CINFER=1: the peer alone, next to the cinfer.txt and ceilings.txt of an earlier run
-  ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
+  ./$B/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
 fi
 : >"$OUT/peer.jsonl"
 if [ -z "$NO_PEER" ]; then
@@ -74,7 +75,7 @@ if [ -z "$NO_PEER" ]; then
     done
   done
 fi
-./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
+./$B/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
 echo "# load after: $(uptime | sed 's/.*load average/load average/')"
 /usr/bin/python3 - "$OUT" "$TG" <<'EOF'
 import json, sys

@@ -19,6 +19,7 @@
 #define DEC_GMAX 8       /* q heads per kv head at most */
 #define DEC_SMAX 64      /* slices per (query, kv head) at most */
 #define DEC_CMAX 8       /* slices merged within a thread block cluster at most (the portable cluster size) */
+#define DEC_PMAX 16      /* pieces of DEC_SUB keys a slice walks before more slices (a global merge) pay off */
 
 /* 16-bit pool pairs as floats */
 __device__ __forceinline__ float2 dec_f2(const __half2 *p, int t) { return __half22float2(p[t]); }
@@ -33,11 +34,14 @@ template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
  * time: K and V rows to shared memory in one round of 16-byte loads, scores
  * (a thread per key and group of heads: the key row read once, the heads'
  * sums interleaved), an online softmax per head (a warp per head),
- * then P V with each thread owning one dimension for its heads. Rows written
- * before this step (positions < pos0) of the first piece are loaded before
- * waiting on the kernel before (the one writing this step's rows). Partials
- * (m, l, o) per q head. With at most DEC_CMAX slices (a cache of up to 512
- * rows) the slices of a (query, kv head) are one thread block cluster: the
+ * then P V with each thread owning one dimension for its heads; the next
+ * piece's rows are loaded into registers while this one is computed. Rows
+ * written before this step (positions < pos0) of the first piece are loaded
+ * before waiting on the kernel before (the one writing this step's rows).
+ * Partials (m, l, o) per q head. Slices (cu_attn_decode_fits): up to 8
+ * of up to 16 pieces (a cache of up to 8192 rows), else up to 64 of at least
+ * 16 pieces. With at most DEC_CMAX slices
+ * the slices of a (query, kv head) are one thread block cluster: the
  * partials stay in shared memory and, after a cluster barrier, each block
  * merges a share of the outputs reading its peers' shared memory. With
  * more, partials go to global memory and the last block to arrive (fence,
@@ -90,22 +94,21 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
 #pragma unroll
         for (int h = 0; h < DEC_GMAX; h++) acc[h] = 0.0f;
         int d = tid % HD, h0 = tid / HD;
-        for (int jb = j0; jb < j1; jb += C) {
-            int n = min(C, j1 - jb);
 #pragma unroll
-            for (int u = 0; u < LOADS; u++) {   /* this step's rows, and later pieces */
-                int e = tid + u * DEC_THREADS, j = jb + e / RV;
-                if (j < jb + n) {
-                    int pos = cu_span_key(sp, j);
-                    int64_t row = jb == j0 ? rowu[u] : cu_kv_row(ptr, sh, n_kv, kvh, pos);
-                    int late = jb != j0 || pos >= first || row < 0;   /* not fetched before the wait */
+        for (int u = 0; u < LOADS; u++) {   /* the first piece's rows of this step (written by the kernel before) */
+            int e = tid + u * DEC_THREADS, j = j0 + e / RV;
+            if (j < min(j1, j0 + C)) {
+                int pos = cu_span_key(sp, j);
+                int64_t row = rowu[u];
+                if (pos >= first || row < 0) {   /* not fetched before the wait */
                     if (row < 0) row = 0;   /* be_span shows held keys only; never read past the pool */
-                    if (late) {
-                        kr[u] = ((const uint4 *)(K + (size_t)row * HD))[e % RV];
-                        vr[u] = ((const uint4 *)(V + (size_t)row * HD))[e % RV];
-                    }
+                    kr[u] = ((const uint4 *)(K + (size_t)row * HD))[e % RV];
+                    vr[u] = ((const uint4 *)(V + (size_t)row * HD))[e % RV];
                 }
             }
+        }
+        for (int jb = j0; jb < j1; jb += C) {
+            int n = min(C, j1 - jb);
 #pragma unroll
             for (int u = 0; u < LOADS; u++) {
                 int e = tid + u * DEC_THREADS;
@@ -115,6 +118,20 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                 }
             }
             __syncthreads();
+            /* the next piece's rows into the registers now, in flight while this piece is computed */
+            if (jb + C < j1) {
+                int jn = jb + C, nn = min(C, j1 - jn);
+#pragma unroll
+                for (int u = 0; u < LOADS; u++) {
+                    int e = tid + u * DEC_THREADS, j = jn + e / RV;
+                    if (j < jn + nn) {
+                        int64_t row = cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j));
+                        if (row < 0) row = 0;
+                        kr[u] = ((const uint4 *)(K + (size_t)row * HD))[e % RV];
+                        vr[u] = ((const uint4 *)(V + (size_t)row * HD))[e % RV];
+                    }
+                }
+            }
             {   /* scores: thread = key tid % C for heads tid / C + HS * i; the key row read once, the heads' sums interleaved */
                 constexpr int HS = DEC_THREADS / C, NH = DEC_GMAX / HS;
                 int j = tid % C, hb = tid / C;
@@ -269,14 +286,14 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
         float o[OUTS];
 #pragma unroll
         for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
-#pragma unroll 4
-        for (int s2 = 0; s2 < nsplit; s2++) {
+#pragma unroll 8
+        for (int s2 = 0; s2 < nsplit; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
 #pragma unroll
             for (int u = 0; u < OUTS; u++) {
                 int e = tid + u * DEC_THREADS, h = e / HD;
                 if (h >= g) break;
-                float w = wt[h][s2];
-                if (w > 0) o[u] += w * __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2) + 2 + e % HD);
+                float w = wt[h][s2], v = __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2) + 2 + e % HD);
+                o[u] += w > 0 ? w * v : 0.0f;
             }
         }
 #pragma unroll
@@ -296,8 +313,14 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int
     if (!((dt == BE_F16 || dt == BE_BF16) && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
           a->n_head % a->n_kv_head == 0))
         return 0;
-    int pieces = (span + DEC_SUB - 1) / DEC_SUB;
-    *chunk = DEC_SUB * ((pieces + DEC_SMAX - 1) / DEC_SMAX);
+    /* up to DEC_CMAX * DEC_PMAX pieces: at most DEC_CMAX slices, merged in a cluster; beyond, slices of
+     * at least DEC_PMAX pieces, at most DEC_SMAX of them, merged through global memory */
+    int pieces = (span + DEC_SUB - 1) / DEC_SUB, per = (pieces + DEC_CMAX - 1) / DEC_CMAX;
+    if (per > DEC_PMAX) {
+        per = (pieces + DEC_SMAX - 1) / DEC_SMAX;
+        if (per < DEC_PMAX) per = DEC_PMAX;
+    }
+    *chunk = DEC_SUB * per;
     *nsplit = (span + *chunk - 1) / *chunk;
     return 1;
 }

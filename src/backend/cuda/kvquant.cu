@@ -216,20 +216,32 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
         __syncthreads();
         /* scores: TS lanes per key, 32 codes each (one group's), the row dequantized on the fly for all heads;
          * the lanes' sums meet by shuffles */
-        constexpr int TS = HD / 32, KPW = 32 / TS;
+        constexpr int TS = HD / 32, KPW = 32 / TS, TSTEP = (KQ_THREADS / 32) * KPW;
         int tl = lane % TS, kw = lane / TS, gi = tl * 32 / group;
-        for (int t0 = warp * KPW; t0 < n; t0 += (KQ_THREADS / 32) * KPW) {
+        /* the key row, codes, scale and bias of the next iteration are loaded while this one computes */
+        int64_t row_n = warp * KPW + kw < n ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + warp * KPW + kw)) : -1;
+        uint64_t w4_n[4];
+        kvq_codes32<BITS>(Kc + (row_n < 0 ? 0 : (size_t)row_n) * RB, tl, nb, w4_n);
+        size_t si_n = (row_n < 0 ? 0 : (size_t)row_n) * NG + gi;
+        float sc_n = cu_mat_get(Ks, sdt, si_n), bs_n = cu_mat_get(Kb, sdt, si_n);
+        for (int t0 = warp * KPW; t0 < n; t0 += TSTEP) {
             int t = t0 + kw, have = t < n;
-            int64_t row = have ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + t)) : -1;
+            int64_t row = row_n;
             size_t ro = row < 0 ? 0 : (size_t)row;
+            uint64_t w4[4] = {w4_n[0], w4_n[1], w4_n[2], w4_n[3]};
+            float sc = sc_n, bs = bs_n;
+            if (t0 + TSTEP < n) {
+                row_n = t + TSTEP < n ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + t + TSTEP)) : -1;
+                kvq_codes32<BITS>(Kc + (row_n < 0 ? 0 : (size_t)row_n) * RB, tl, nb, w4_n);
+                si_n = (row_n < 0 ? 0 : (size_t)row_n) * NG + gi;
+                sc_n = cu_mat_get(Ks, sdt, si_n);
+                bs_n = cu_mat_get(Kb, sdt, si_n);
+            }
             if (have && tl == 0) rows[t] = (uint32_t)ro;
-            const uint8_t *kr = Kc + ro * RB;
             const float *qb = qs + tl * 36;   /* this lane's 32 dims of head 0 (padded rows, see QP) */
             float acc[GM];
 #pragma unroll
             for (int h = 0; h < GM; h++) acc[h] = 0.0f;
-            uint64_t w4[4];
-            kvq_codes32<BITS>(kr, tl, nb, w4);
 #pragma unroll
             for (int u = 0; u < 4; u++) {   /* 8 codes at a time */
                 float f[8];
@@ -242,8 +254,6 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
                     acc[h] += a.x * f[0] + a.y * f[1] + a.z * f[2] + a.w * f[3] + bq.x * f[4] + bq.y * f[5] + bq.z * f[6] + bq.w * f[7];
                 }
             }
-            size_t si = ro * NG + gi;
-            float sc = cu_mat_get(Ks, sdt, si), bs = cu_mat_get(Kb, sdt, si);
 #pragma unroll
             for (int h = 0; h < GM; h++) {
                 float v = sc * acc[h] + bs * qsum[h][tl];
@@ -278,7 +288,7 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
 #pragma unroll
             for (int m = 0; m < 8; m++) acc[h][m] = 0.0f;
         }
-#pragma unroll 2
+#pragma unroll 4
         for (int t = jp; t < n; t += NJ) {
             uint32_t row = rows[t];
             uint64_t w = kvq_codes8<BITS>(Vc + (size_t)row * RB, c8, nb);
@@ -365,10 +375,10 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
             if (h >= g) break;
             const float *po = prow + h * pstride + (size_t)s0 * (HD + 2) + 2 + e % HD;
             float a = 0.0f;
-#pragma unroll 4
-            for (int s2 = 0; s2 < np; s2++) {
-                float w = buf[h * PIECE + s2];
-                if (w > 0) a += w * __ldcg(po + (size_t)s2 * (HD + 2));
+#pragma unroll 8
+            for (int s2 = 0; s2 < np; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
+                float w = buf[h * PIECE + s2], v = __ldcg(po + (size_t)s2 * (HD + 2));
+                a += w > 0 ? w * v : 0.0f;
             }
             o[u] += a;
         }
