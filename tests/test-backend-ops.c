@@ -707,7 +707,7 @@ static const att_case ATT_CASES[] = {
     {2, 2, 12, 4, 64, 32, 0, 0, 2, {0, 300}, {2, 1}, {0}, 0},                  /* g = 3 */
     {1, 1, 8, 2, 128, 16, 0, 0, 1, {15}, {1}, {0}, 0},                         /* fewer keys than a slice */
     {1, 1, 8, 2, 128, 256, 0, 0, 1, {4500}, {1}, {0}, 0},                      /* slices of several pieces */
-    {2, 1, 32, 8, 128, 256, 0, 0, 2, {9000, 40}, {1, 1}, {0}, 0},               /* beyond the cluster: merged in global memory */
+    {2, 1, 32, 8, 128, 256, 0, 0, 2, {9000, 40}, {1, 1}, {0}, 0},               /* 64 slices of 3 pieces, pipelined */
     {2, 1, 8, 8, 64, 64, 1000, 4, 2, {4100, 3000}, {1, 1}, {3200, 2100}, 0},   /* ... with a window and sinks */
     {1, 1, 4, 2, 64, 128, 0, 0, 0, {5000}, {1}, {0}, 0},                       /* split-K beyond SPLIT_MAX keys */
     {2, 3, 8, 4, 8, 2, 0, 0, 1, {5, 0}, {3, 2}, {0}, 0},                       /* tiny head_dim, page 2 */

@@ -5,8 +5,10 @@
 #      llama-perplexity for sm_90 (CUDA), while
 #   2. gen_random_gguf.py (GEN_PY, ../shared/peers/gen_random_gguf.py) writes random F16 GGUFs of the
 #      prose-13m shape (added here: vocab 32000, hidden 256, ffn 768, 6 layers, 4 heads, 2 KV heads,
-#      tied), Llama-3.2-1B and Llama-3-8B, and
-#   0. first, alone on the GPU (CINFER=1): cinfer's scoring benchmark, build-gpu/bench-cuda
+#      tied), Llama-3.2-1B and Llama-3-8B, with VOCAB_GGUF's vocabulary (llama.cpp's
+#      models/ggml-vocab-llama-spm.gguf = Llama 2's, padded with unused tokens to 128,256: the script's
+#      synthetic vocabulary made llama.cpp's tokenizer run for minutes on a book), and
+#   0. first, alone on the GPU (CINFER=1; CINFER=after: once llama.cpp is built): cinfer's scoring benchmark, build-gpu/bench-cuda
 #      BENCH_SCORE="512 2048" on the same three shapes (random bf16 weights), so both engines are
 #      measured in one call;
 #   3. llama-perplexity -ngl 99 -fa on -c L -b 8192 -f TEXT for L in 512 2048 on each shape, each with
@@ -16,7 +18,9 @@
 # llama-perplexity evaluates every position of a chunk but scores only its second half (positions
 # L/2 .. L-2 predict the next token: L - 1 - L/2 a chunk), and copies those logits to the host and
 # reduces them on its CPU threads; the summary gives evaluated and scored positions per second.
-# usage (GPU machine): TAR=llama-src.tar.xz GEN_PY=gen_random_gguf.py TEXT=book.txt OUT=dir [CINFER=1] \
+# WHILE_BUILD: a command run while llama.cpp builds (the GPU is otherwise idle then).
+# usage (GPU machine): TAR=llama-src.tar.xz GEN_PY=gen_random_gguf.py VOCAB_GGUF=ggml-vocab-llama-spm.gguf \
+#   TEXT=book.txt OUT=dir [CINFER=1|after] [WHILE_BUILD=cmd] \
 #   bash bench/gpu/llama-cpp-ppl.sh
 set -u
 START=$(date +%s)
@@ -35,7 +39,7 @@ ts() { echo "[t=$(( $(date +%s) - START ))s left=$(left)s] $*"; }
 
 ts "host: $(hostname) nproc=$NP"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version,power.limit,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
-if [ -n "${CINFER:-}" ]; then   # cinfer's side first, alone on the machine
+cinfer_score() {   # cinfer's scoring benchmark on the same three shapes
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/cinfer-score.log"
   for s in prose-13m llama-3.2-1b llama-3-8b; do
     ts "cinfer: BENCH_ONLY=1 BENCH_SCORE=\"512 2048\" bench-cuda $s" | tee -a "$OUT/cinfer-score.log"
@@ -44,7 +48,8 @@ if [ -n "${CINFER:-}" ]; then   # cinfer's side first, alone on the machine
     rm -rf /tmp/bs-$s
   done
   grep -v '^{' "$OUT/cinfer-score.log"
-fi
+}
+[ "${CINFER:-}" = 1 ] && cinfer_score   # first, alone on the machine
 rm -rf "$SRC"; mkdir -p "$SRC" "$MD"
 tar xJf "$TAR" -C "$SRC" || { ts "FATAL: untar failed"; exit 1; }
 python3 - "$SRC" <<'PY'
@@ -64,6 +69,20 @@ import gen_random_gguf as g
 g.SHAPES["prose"] = dict(name="prose-13m-shape-random", vocab=32000, hidden=256, ffn=768, layers=6, heads=4,
                          kv_heads=2, theta=10000.0, tied=True, ctx=4096)
 for k in g.SHAPES: g.SHAPES[k]["ctx"] = max(g.SHAPES[k]["ctx"], 4096)
+import os, gguf
+if os.environ.get("VOCAB_GGUF"):   # a real SentencePiece vocab (Llama 2's), padded with unused tokens to the shape's size:
+    r = gguf.GGUFReader(os.environ["VOCAB_GGUF"])   # llama.cpp tokenizes text with it at a normal speed
+    f = {k: r.fields["tokenizer.ggml." + k] for k in ("tokens", "scores", "token_type")}
+    toks = [bytes(f["tokens"].parts[i]) for i in f["tokens"].data]
+    scores = [float(f["scores"].parts[i][0]) for i in f["scores"].data]
+    types = [int(f["token_type"].parts[i][0]) for i in f["token_type"].data]
+    def vocab(n):
+        T, S, Y = toks[:n], scores[:n], types[:n]
+        T += [("<pad%d>" % i).encode() for i in range(n - len(T))]
+        S += [-1e9] * (n - len(S))
+        Y += [int(gguf.TokenType.UNUSED)] * (n - len(Y))
+        return T, S, Y
+    g.vocab = vocab
 sys.argv = ["gen_random_gguf.py"] + sys.argv[1:]
 g.main()
 PY
@@ -78,11 +97,13 @@ ts "ninja llama-perplexity (background)"
 ( timeout $(( $(left) - 120 )) ninja -C "$SRC/build" -j $(( NP + 2 )) llama-perplexity >> "$OUT/build.log" 2>&1
   echo "ninja rc=$?" >> "$OUT/build.log" ) &
 BUILD_PID=$!
+if [ -n "${WHILE_BUILD:-}" ]; then ts "while the build runs: $WHILE_BUILD"; sh -c "$WHILE_BUILD"; ts "done: $WHILE_BUILD"; fi
 
 wait "$BUILD_PID"; tail -1 "$OUT/build.log"
 BIN="$SRC/build/bin"
 [ -x "$BIN/llama-perplexity" ] || { ts "FATAL: no llama-perplexity"; grep -E "error|FAILED" "$OUT/build.log" | head; exit 1; }
 ts "build done; waiting for the GGUFs"; wait "$GEN_PID"; tail -3 "$OUT/gen.log"; ls -la "$MD"
+[ "${CINFER:-}" = after ] && cinfer_score   # after llama.cpp's build, alone on the GPU
 : > "$OUT/runs.txt"
 run_ppl() {   # kind shape L chunks [extra args...]
   local kind=$1 s=$2 L=$3 n=$4; shift 4

@@ -4,19 +4,16 @@
  * leave the GPU; only one be_score_row per row (and, when saving a base, its
  * 16-bit code row) crosses to the host.
  *
- * One block of 1024 threads per row. Pass 1 reads the row once (16-byte loads):
- * max (first index on ties, NaN never wins), min and sum expf(z - m) in double
- * against each thread's running max m, rescaled when m moves (an online
- * softmax), folded across the block to the row's max. With a base or codes a
- * second pass (from L2 when it fits: two blocks per SM keep at most 264 rows in
- * flight) adds the KL terms (exp in double) and the codes. Every f32 step that
- * the definition rounds (be_ref_score_row, cpu/ref.c) is written with an
- * explicit _rn intrinsic so nvcc cannot contract it into an FMA; the exp sum is
- * the reference's terms (CUDA's expf within 2 ulp, glibc's within 0.5), some
- * brought to the row's max by a double factor exp(m - max), summed in another
- * order: lse within a few f32 ulp of the reference's. One read instead of two
- * (max, then the sum) is what perplexity's rate needs on a small model, where
- * the reduction competes with the LM head that wrote the row.
+ * One block of 1024 threads per row, in passes over the row (the second and
+ * third read it again, from L2 when it fits: two blocks per SM keep at most
+ * 264 rows in flight): max (first index on ties, NaN never wins) and min;
+ * sum expf(z - max) accumulated in double per thread and across the block;
+ * with a base or codes, the KL terms (exp in double) and the codes. Every f32
+ * step that the definition rounds (be_ref_score_row, cpu/ref.c) is written
+ * with an explicit _rn intrinsic so nvcc cannot contract it into an FMA: lse
+ * and the log-probs come out bit-equal to the reference unless the exp sum
+ * (double, in another order; CUDA's expf within 2 ulp, glibc's within 0.5)
+ * moves log(sum) across an f32 rounding boundary.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -31,33 +28,6 @@ __device__ __forceinline__ sc_best sc_pick(sc_best a, sc_best b) {
     return a;
 }
 
-/* one thread's running statistics over the values it has seen: max (first index on
- * ties, NaN never wins), min, and s = sum expf(v - m) in double against the running
- * max m, rescaled by exp(m_old - m) when the max moves */
-struct sc_run { float m, mn; int i; double s; };
-
-__device__ __forceinline__ void sc_see(sc_run &r, float v, int i) {
-    if (v > r.m) {
-        if (r.m > -INFINITY) r.s *= exp((double)r.m - (double)v);
-        r.m = v;
-        r.i = i;
-    }
-    r.mn = fminf(r.mn, v);
-    if (v > -INFINITY || v != v) r.s += (double)expf(__fsub_rn(v, r.m));   /* -inf adds 0; NaN poisons */
-}
-
-/* b folded into a: the larger max (first index on ties), sums brought to it */
-__device__ __forceinline__ void sc_fold(sc_run &a, const sc_run &b) {
-    float m = fmaxf(a.m, b.m);   /* never NaN: sc_see keeps NaN out of the max */
-    double s = (a.m > -INFINITY ? a.s * exp((double)a.m - (double)m) : a.s != a.s ? a.s : 0.0) +
-               (b.m > -INFINITY ? b.s * exp((double)b.m - (double)m) : b.s != b.s ? b.s : 0.0);
-    sc_best x = sc_pick(sc_best{a.m, a.i}, sc_best{b.m, b.i});
-    a.m = m;
-    a.i = x.i;
-    a.mn = fminf(a.mn, b.mn);
-    a.s = s;
-}
-
 __global__ void __launch_bounds__(SC_T, 2)
 k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float *blse, const unsigned char *rec,
         long long rec_bytes, const int32_t *idx, uint16_t *codes, long long cs, be_score_row *out) {
@@ -68,44 +38,55 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
     __shared__ float s_row[3];   /* max, min, lse */
     const int r = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
     const float *a = z + (size_t)r * V;
-    /* pass 1, the only read of the row without a base or codes: max, min and the exp sum
-     * together (16-byte loads when the row is aligned) */
-    sc_run u = {-INFINITY, INFINITY, V, 0.0};
-    int v4 = ((uintptr_t)a & 15) == 0 ? V / 4 : 0;
-    const float4 *a4 = (const float4 *)a;
-#pragma unroll 2
-    for (int j = t; j < v4; j += SC_T) {
-        float4 q = a4[j];
-        sc_see(u, q.x, 4 * j);
-        sc_see(u, q.y, 4 * j + 1);
-        sc_see(u, q.z, 4 * j + 2);
-        sc_see(u, q.w, 4 * j + 3);
+    /* pass 1: max (first index), min */
+    sc_best b = {-INFINITY, V};
+    float mn = INFINITY;
+    for (int i = t; i < V; i += SC_T) {
+        float v = a[i];
+        if (v > b.v) { b.v = v; b.i = i; }
+        mn = fminf(mn, v);
     }
-    for (int i = 4 * v4 + t; i < V; i += SC_T) sc_see(u, a[i], i);
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
-        sc_run x = {__shfl_xor_sync(0xffffffffu, u.m, o), __shfl_xor_sync(0xffffffffu, u.mn, o),
-                    __shfl_xor_sync(0xffffffffu, u.i, o), __shfl_xor_sync(0xffffffffu, u.s, o)};
-        sc_fold(u, x);
+        sc_best ob = {__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
+        b = sc_pick(b, ob);
+        mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
     }
-    if (lane == 0) { s_v[w] = u.m; s_i[w] = u.i; s_mn[w] = u.mn; s_d[w] = u.s; }
+    if (lane == 0) { s_v[w] = b.v; s_i[w] = b.i; s_mn[w] = mn; }
     __syncthreads();
     if (t == 0) {
-        for (int k = 1; k < SC_T / 32; k++) sc_fold(u, sc_run{s_v[k], s_mn[k], s_i[k], s_d[k]});
-        if (u.i >= V) u.i = 0;   /* no value above -inf (or NaN): the reference keeps index 0 */
-        s_i[0] = u.i;
-        s_row[0] = a[u.i];
-        s_row[1] = u.mn;
-        s_row[2] = __fadd_rn(a[u.i], (float)log(u.s));
+        for (int k = 1; k < SC_T / 32; k++) {
+            sc_best ob = {s_v[k], s_i[k]};
+            b = sc_pick(b, ob);
+            mn = fminf(mn, s_mn[k]);
+        }
+        if (b.i >= V) b.i = 0;   /* no value above -inf (or NaN): the reference keeps index 0 */
+        s_i[0] = b.i;
+        s_row[0] = a[b.i];
+        s_row[1] = mn;
     }
     __syncthreads();
+    const float mx = s_row[0];
     const int im = s_i[0];
+    /* pass 2: the normaliser, double sums */
+    double s = 0;
+    for (int i = t; i < V; i += SC_T) s += (double)expf(__fsub_rn(a[i], mx));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) s_d[w] = s;
+    __syncthreads();
+    if (t == 0) {
+        double tot = 0;
+        for (int k = 0; k < SC_T / 32; k++) tot += s_d[k];
+        s_row[2] = __fadd_rn(mx, (float)log(tot));
+    }
+    __syncthreads();
     const float lse = s_row[2];
     const float top = __fsub_rn(a[im], lse);
     float lo = __fsub_rn(s_row[1], lse);
     if (lo < __fsub_rn(top, 16.0f)) lo = __fsub_rn(top, 16.0f);
     const float sc = __fdiv_rn(__fsub_rn(top, lo), 65535.0f);
-    /* pass 2: KL against the base, the row's own code */
+    /* pass 3: KL against the base, the row's own code */
     double kld = 0;
     if (bz || rec || codes) {
         const float *zb = bz ? bz + (size_t)idx[r] * V : NULL;
