@@ -157,16 +157,19 @@ static void gemv_multi(be_ctx *c, const float *x, int n, int count, const be_mat
     cpu_pool_run(c->pool, gemv_task, &j);
 }
 
+/* the GEMV kernels for few tokens, and for any number in batch-invariant mode */
+static int gemv_path(const be_ctx *c, int n) { return n <= GEMV_MAX_N || c->batch_inv; }
+
 void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,
                       float *const *y) {
-    int same = count <= MM_MAX && (n <= GEMV_MAX_N || c->batch_inv);
+    int same = count <= MM_MAX && gemv_path(c, n);
     for (int i = 1; i < count && same; i++) same = w[i]->dt == w[0]->dt && w[i]->cols == w[0]->cols;
     if (same) { gemv_multi(c, x, n, count, w, bias, y); return; }
     for (int i = 0; i < count; i++) cpu_matmul(c, x, n, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    if (n <= GEMV_MAX_N || c->batch_inv) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
+    if (gemv_path(c, n)) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
     mm_job j = { .x = x, .n = n, .w = w, .bias = bias, .y = y, .g = gemv_pick() };
     if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && gemm_bf16_available()) {
         /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products */
