@@ -219,24 +219,24 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
         constexpr int TS = HD / 32, KPW = 32 / TS, TSTEP = (KQ_THREADS / 32) * KPW;
         int tl = lane % TS, kw = lane / TS, gi = tl * 32 / group;
         /* the key row, codes, scale and bias of the next iteration are loaded while this one computes */
-        int64_t row_n = warp * KPW + kw < n ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + warp * KPW + kw)) : -1;
+        int64_t row_n;
         uint64_t w4_n[4];
-        kvq_codes32<BITS>(Kc + (row_n < 0 ? 0 : (size_t)row_n) * RB, tl, nb, w4_n);
-        size_t si_n = (row_n < 0 ? 0 : (size_t)row_n) * NG + gi;
-        float sc_n = cu_mat_get(Ks, sdt, si_n), bs_n = cu_mat_get(Kb, sdt, si_n);
+        float sc_n, bs_n;
+        auto fetch = [&](int t) {   /* key t of the slice (row -1 past its end: row 0 read, never used) */
+            row_n = t < n ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + t)) : -1;
+            size_t ro = row_n < 0 ? 0 : (size_t)row_n, si = ro * NG + gi;
+            kvq_codes32<BITS>(Kc + ro * RB, tl, nb, w4_n);
+            sc_n = cu_mat_get(Ks, sdt, si);
+            bs_n = cu_mat_get(Kb, sdt, si);
+        };
+        fetch(warp * KPW + kw);
         for (int t0 = warp * KPW; t0 < n; t0 += TSTEP) {
             int t = t0 + kw, have = t < n;
             int64_t row = row_n;
             size_t ro = row < 0 ? 0 : (size_t)row;
             uint64_t w4[4] = {w4_n[0], w4_n[1], w4_n[2], w4_n[3]};
             float sc = sc_n, bs = bs_n;
-            if (t0 + TSTEP < n) {
-                row_n = t + TSTEP < n ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j0 + t + TSTEP)) : -1;
-                kvq_codes32<BITS>(Kc + (row_n < 0 ? 0 : (size_t)row_n) * RB, tl, nb, w4_n);
-                si_n = (row_n < 0 ? 0 : (size_t)row_n) * NG + gi;
-                sc_n = cu_mat_get(Ks, sdt, si_n);
-                bs_n = cu_mat_get(Kb, sdt, si_n);
-            }
+            if (t0 + TSTEP < n) fetch(t + TSTEP);
             if (have && tl == 0) rows[t] = (uint32_t)ro;
             const float *qb = qs + tl * 36;   /* this lane's 32 dims of head 0 (padded rows, see QP) */
             float acc[GM];
