@@ -30,19 +30,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,dr
 nvcc --version | tail -1
 
 ts "unpack $TAR"
-rm -rf "$SRC"; mkdir -p "$SRC"
-tar xJf "$TAR" -C "$SRC" || { ts "FATAL: untar failed"; exit 1; }
-python3 - "$SRC" <<'PY'
-import sys, os
-src = sys.argv[1]
-p = os.path.join(src, 'tools/CMakeLists.txt')          # tools/: llama-bench only
-s = open(p).read()
-open(p, 'w').write(s[:s.index('if (EMSCRIPTEN)')] + 'add_subdirectory(llama-bench)\n')
-p = os.path.join(src, 'vendor/CMakeLists.txt')         # vendor/miniaudio is not in the tarball
-s = open(p).read().replace('add_subdirectory(miniaudio)\n', '')
-open(p, 'w').write(s)
-print("patched tools/CMakeLists.txt and vendor/CMakeLists.txt")
-PY
+bash "$(dirname "$0")/llama-src.sh" unpack "$TAR" "$SRC" llama-bench || { ts "FATAL: untar failed"; exit 1; }
 
 mkdir -p "$MD"
 ts "start model generation (Llama-3-8B F16, n_ctx_train 131072) -> $MD"
@@ -57,12 +45,7 @@ PY
   echo "gen rc=$?" >> "$OUT/gen.log" ) &
 GEN_PID=$!
 
-CMAKE_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release
-  -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
-  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=v0.4.0-src)
-ts "cmake ${CMAKE_FLAGS[*]}"
-cmake -S "$SRC" -B "$SRC/build" "${CMAKE_FLAGS[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; ts "FATAL: configure failed"; }
+bash "$(dirname "$0")/llama-src.sh" configure "$SRC" "$OUT/build.log" || ts "FATAL: configure failed"
 ( while sleep 30; do echo "  [build t=$(( $(date +%s) - START ))s] $(grep -E '^\[[0-9]+/[0-9]+\]' "$OUT/build.log" | tail -1 | cut -c1-90)"; tail -1 "$OUT/gen.log" 2>/dev/null; done ) &
 MON_PID=$!
 ts "ninja -j $(( NP + 2 )) llama-bench"

@@ -50,18 +50,8 @@ cinfer_score() {   # cinfer's scoring benchmark on the same three shapes
   grep -v '^{' "$OUT/cinfer-score.log"
 }
 [ "${CINFER:-}" = 1 ] && cinfer_score   # first, alone on the machine
-rm -rf "$SRC"; mkdir -p "$SRC" "$MD"
-tar xJf "$TAR" -C "$SRC" || { ts "FATAL: untar failed"; exit 1; }
-python3 - "$SRC" <<'PY'
-import sys, os
-src = sys.argv[1]
-p = os.path.join(src, 'tools/CMakeLists.txt')          # tools/: llama-perplexity only
-s = open(p).read()
-open(p, 'w').write(s[:s.index('if (EMSCRIPTEN)')] + 'add_subdirectory(perplexity)\n')
-p = os.path.join(src, 'vendor/CMakeLists.txt')         # vendor/miniaudio is not in the tarball
-s = open(p).read().replace('add_subdirectory(miniaudio)\n', '')
-open(p, 'w').write(s)
-PY
+mkdir -p "$MD"
+bash "$(dirname "$0")/llama-src.sh" unpack "$TAR" "$SRC" perplexity || { ts "FATAL: untar failed"; exit 1; }
 GEN_DIR=$(cd "$(dirname "$GEN_PY")" && pwd)
 ( cd /tmp && PYTHONPATH="$SRC/gguf-py:$GEN_DIR" PYTHONUNBUFFERED=1 python3 - "$MD" $SHAPES > "$OUT/gen.log" 2>&1 <<'PY'
 import sys
@@ -88,11 +78,7 @@ g.main()
 PY
   echo "gen rc=$?" >> "$OUT/gen.log" ) &
 GEN_PID=$!
-CMAKE_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release
-  -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_FA_ALL_QUANTS=OFF -DGGML_CUDA_NCCL=OFF
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
-  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=v0.4.0-src)
-cmake -S "$SRC" -B "$SRC/build" "${CMAKE_FLAGS[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; ts "FATAL: configure failed"; }
+bash "$(dirname "$0")/llama-src.sh" configure "$SRC" "$OUT/build.log" || ts "FATAL: configure failed"
 ts "ninja llama-perplexity (background)"
 ( timeout $(( $(left) - 120 )) ninja -C "$SRC/build" -j $(( NP + 2 )) llama-perplexity >> "$OUT/build.log" 2>&1
   echo "ninja rc=$?" >> "$OUT/build.log" ) &
