@@ -657,7 +657,8 @@ static void test_rope_kv_write(void) {
         }
 }
 
-typedef struct att_case { int B, L, H, nkv, hd, page, window, keep, dt; int pos0[3], len[3], run0[3]; float softcap; } att_case;
+#define ATT_BMAX 48
+typedef struct att_case { int B, L, H, nkv, hd, page, window, keep, dt; int pos0[ATT_BMAX], len[ATT_BMAX], run0[ATT_BMAX]; float softcap; } att_case;
 
 /* one attention case over a random paged layout against be_ref_attention; returns 1 on pass */
 static int attention_case(const att_case *t) {
@@ -728,8 +729,23 @@ static const att_case ATT_CASES[] = {
     {2, 1, 8, 4, 256, 16, 0, 0, 1, {90, 7}, {1, 1}, {0}, 0},                   /* ... decode: split-K */
 };
 
+/* many sequences decoding together (llama-3-8b heads, 48 rows of 1..900 keys): on CUDA the
+ * (query, kv head) blocks alone fill the GPU, so the decode kernel takes fewer slices of several
+ * pieces each (cu_attn_decode_fits' target), merged in a cluster */
+static void test_attention_many(void) {
+    for (int dt = 1; dt <= 2; dt++) {
+        att_case t = {ATT_BMAX, 1, 32, 8, 128, 16, 0, 0, dt, {0}, {0}, {0}, 0};
+        for (int b = 0; b < ATT_BMAX; b++) {
+            t.pos0[b] = (b * 397 + dt * 61) % 900;
+            t.len[b] = 1;
+        }
+        attention_case(&t);
+    }
+}
+
 static void test_attention(void) {
     for (size_t ci = 0; ci < sizeof ATT_CASES / sizeof *ATT_CASES; ci++) attention_case(&ATT_CASES[ci]);
+    test_attention_many();
 }
 
 

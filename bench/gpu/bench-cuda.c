@@ -19,7 +19,8 @@
  * above): BENCH_AGG="1 8 32 64" — N sequences of different prompt lengths
  * (64..511 tokens) decoding together, one row per sequence per step, through
  * the library's batched path (the engine a server uses), with the weight and
- * KV bytes a step reads against copy bandwidth (agg_decode); BENCH_LONG="4096
+ * KV bytes a step reads against copy bandwidth and the step's graph replayed alone (agg_decode;
+ * BENCH_AGG_PROFILE=1 also runs one step between cudaProfilerStart and Stop for ncu); BENCH_LONG="4096
  * 32768 131000" — one sequence decoding after a context of that many tokens
  * (prefilled in chunks of 4096), same measures (long_decode). BENCH_ONLY=1
  * skips the prefill/decode/breakdown part. BENCH_KVQ="4096 32768 131000" (issue 15): the same
@@ -496,7 +497,8 @@ static double kv_fmt_bytes(const model_config *c, const kv_fmt *f) {
 
 /* BENCH_AGG: for each N of the list, N sequences with prompts of 64..511 tokens (prefilled 8
  * rows per forward), then G decode steps of N rows: greedy on the device (ctx_decode_greedy),
- * then G/2 steps with every row's logits copied to the host (cinfer_forward_seqs). A step
+ * then G/2 steps with every row's logits copied to the host (cinfer_forward_seqs), then the
+ * greedy step's graph replayed alone (the GPU's share of a step). A step
  * reads the weights once and each sequence's keys and values. */
 static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
     const model_config *c = &m->cfg;
@@ -537,19 +539,28 @@ static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
             bad = cinfer_forward_seqs(ctx, tok, N, 1, seqs, NULL, NULL, NULL, 0, lg);
             for (int b = 0; b < N && !bad; b++) tok[b] = (int32_t)argmax(lg + (size_t)b * V, V);
         }
-        double tl = cf_now() - a;
+        double tl = cf_now() - a, tg = 0;
+        for (int i = 0; i < 2 && !bad; i++) bad = ctx_decode_greedy(ctx, tok, N, seqs, tok);   /* the greedy step's graph again */
+        if (!bad && cuda_graph_replay_time(ctx->bc, 10, &tg)) tg = 0;
+        if (!bad && getenv("BENCH_AGG_PROFILE")) {   /* one step for `ncu --profile-from-start off --graph-profiling node` */
+            cudaDeviceSynchronize();
+            cudaProfilerStart();
+            bad = ctx_decode_greedy(ctx, tok, N, seqs, tok);
+            cudaDeviceSynchronize();
+            cudaProfilerStop();
+        }
         if (bad) { fprintf(stderr, "agg decode N=%d: %s\n", N, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
         /* keys and values read per step: every sequence's positions at the middle of the timed steps */
         kv_fmt f16 = {"f16", 0, 0};
         double kv = kv_fmt_bytes(c, &f16) * ((double)held + N * (3.0 + G / 2.0));
         double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
         printf("aggregate decode N=%d (prompts 64..511, %ld tokens held): %.3f ms/step, %.0f tok/s; reads %.2f GB weights + %.2f GB KV "
-               "per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld; with logits to the host: %.3f ms/step, "
-               "%.0f tok/s\n", N, held, step * 1e3, N / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps - caps0,
-               reps - reps0, tl / G2 * 1e3, N * G2 / tl);
-        printf("{\"engine\":\"cinfer\",\"mode\":\"aggregate_decode\",\"seqs\":%d,\"tok_s\":%.1f,\"step_ms\":%.4f,\"weight_bytes\":%zu,"
-               "\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"logits_tok_s\":%.1f}\n", N, N / step, step * 1e3, step_bytes, kv, gbs,
-               copy_gbs, N * G2 / tl);
+               "per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld; the step's graph alone %.3f ms; "
+               "with logits to the host: %.3f ms/step, %.0f tok/s\n", N, held, step * 1e3, N / step, step_bytes / 1e9, kv / 1e9, gbs,
+               100.0 * gbs / copy_gbs, caps - caps0, reps - reps0, tg * 1e3, tl / G2 * 1e3, N * G2 / tl);
+        printf("{\"engine\":\"cinfer\",\"mode\":\"aggregate_decode\",\"seqs\":%d,\"tok_s\":%.1f,\"step_ms\":%.4f,\"graph_ms\":%.4f,"
+               "\"weight_bytes\":%zu,\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"logits_tok_s\":%.1f}\n", N, N / step, step * 1e3,
+               tg * 1e3, step_bytes, kv, gbs, copy_gbs, N * G2 / tl);
         free(lens); free(seqs); free(ids); free(tok); free(lg);
         cinfer_ctx_free(ctx);
     }

@@ -21,4 +21,6 @@ for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/te
   [ -f "$t" ] || continue
   cc $CF -I$CUDA_HOME/include -Itests -o $B/$(basename "$t" .c) "$t" $LIBS
 done
-echo "built $B: $(cd $B && ls cinfer test-* bench-* 2>/dev/null | tr '\n' ' ')"
+# the standalone cuBLASLt sweep (bench/gpu/lt-sweep.cu: needs only the GPU machine's libcublas)
+$CUDA_HOME/bin/nvcc -O2 -arch=sm_90 -cudart static -o $B/lt-sweep bench/gpu/lt-sweep.cu -lcublasLt -lcublas
+echo "built $B: $(cd $B && ls cinfer test-* bench-* lt-sweep 2>/dev/null | tr '\n' ' ')"

@@ -236,6 +236,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->cluster = knob_on("CINFER_CUDA_CLUSTER");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
+    const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");
+    c->dec_blocks = db ? atoi(db) : 1;
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

@@ -91,6 +91,7 @@ struct be_ctx {
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
+    int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
@@ -153,7 +154,7 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
 void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int *chunk, int *nsplit);
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 /* quantized KV (kvquant.cu): be_ops.kvq_write and kvq_attention; prefill of the latter runs the flash
  * kernel with a dequantizing tile loader (attention.cu, record as kvquant.cu's) */
