@@ -729,15 +729,19 @@ static const att_case ATT_CASES[] = {
     {2, 1, 8, 4, 256, 16, 0, 0, 1, {90, 7}, {1, 1}, {0}, 0},                   /* ... decode: split-K */
 };
 
-/* many sequences decoding together (llama-3-8b heads, 48 rows of 1..900 keys): on CUDA the
- * (query, kv head) blocks alone fill the GPU, so the decode kernel takes fewer slices of several
- * pieces each (cu_attn_decode_fits' target), merged in a cluster */
+/* many sequences decoding together, 48 rows of 1..900 keys: on CUDA the (query, kv head) blocks
+ * alone fill the GPU, so the decode kernel takes one slice of several pieces per row and kv head
+ * (cu_attn_decode_fits): llama-3-8b heads over f16 and bf16 pages; head_dim 64 with 8 q heads per
+ * kv head, a sliding window of 256 with 4 sinks (rows past the window hold a ring's run; the
+ * third case was added after the session's last GPU run: checked on the CPU only so far) */
 static void test_attention_many(void) {
-    for (int dt = 1; dt <= 2; dt++) {
-        att_case t = {ATT_BMAX, 1, 32, 8, 128, 16, 0, 0, dt, {0}, {0}, {0}, 0};
+    for (int v = 0; v < 3; v++) {
+        att_case t = {ATT_BMAX, 1, 32, 8, 128, 16, 0, 0, v ? 2 : 1, {0}, {0}, {0}, 0};
+        if (v == 2) { t.nkv = 4; t.hd = 64; t.page = 8; t.window = 256; t.keep = 4; }
         for (int b = 0; b < ATT_BMAX; b++) {
-            t.pos0[b] = (b * 397 + dt * 61) % 900;
+            t.pos0[b] = (b * 397 + v * 61) % 900;
             t.len[b] = 1;
+            if (t.window && t.pos0[b] + 1 > t.window) t.run0[b] = t.pos0[b] + 1 - t.window + b % 7;
         }
         attention_case(&t);
     }
