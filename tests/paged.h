@@ -14,7 +14,7 @@
 #define PAGED_BMAX 64   /* rows of a layout at most (two more sequences than rows are numbered) */
 typedef struct paged_layout {
     int seq[PAGED_BMAX];  /* row -> sequence */
-    int run0[16];         /* filled by paged_run0 */
+    int run0[PAGED_BMAX]; /* filled by paged_run0 */
     int n_pages;          /* pool size in pages */
     int32_t *pt, *pt_d;   /* [n_seq][n_pt] host; backend copy (== pt without a backend) */
     const be_ops *be;
@@ -42,7 +42,7 @@ static inline void paged_mark(char *need, int page, int lo, int hi) {   /* pages
     for (int j = lo; j < hi; j += page - j % page) need[j / page] = 1;
 }
 
-/* fills the paging fields of a (B <= 14, L, pos0, len, window, keep, run0 set). be NULL: the table
+/* fills the paging fields of a (B <= PAGED_BMAX, L, pos0, len, window, keep, run0 set). be NULL: the table
  * stays in host memory (pt_d == pt), for kernels called directly on the CPU */
 static inline void paged_new(paged_layout *pl, be_attn *a, int page, uint64_t *rng, const be_ops *be, be_ctx *bc) {
     int B = a->B, n_seq = B + 2, end = 1, perm[PAGED_BMAX + 2];
