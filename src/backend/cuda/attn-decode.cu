@@ -340,6 +340,10 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
     int bf = r->i[CU_A_OP] == BE_BF16, nsplit = (int)r->i[CU_A_OP + 2], chunk = (int)r->f[1];
     float scale = r->f[0];
+    if (cu_attn_many_fits(c, B * L, n_kv, H / n_kv, nsplit)) {   /* one slice each: attn-many.cu's kernel */
+        cu_attn_many_launch(c, r);
+        return;
+    }
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
     /* 0: merge through global memory; always in batch-invariant mode, where the number of (empty)
      * slices varies with the batch: that merge adds exact zeros for them, the cluster's differs */

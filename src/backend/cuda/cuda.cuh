@@ -92,6 +92,7 @@ struct be_ctx {
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
+    int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
@@ -156,6 +157,8 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
+int cu_attn_many_fits(const be_ctx *c, int rows, int n_kv, int g, int nsplit);
+void cu_attn_many_launch(be_ctx *c, const cu_rec *r);
 /* quantized KV (kvquant.cu): be_ops.kvq_write and kvq_attention; prefill of the latter runs the flash
  * kernel with a dequantizing tile loader (attention.cu, record as kvquant.cu's) */
 void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool);
