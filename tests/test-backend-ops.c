@@ -730,10 +730,10 @@ static const att_case ATT_CASES[] = {
 };
 
 /* many sequences decoding together, 48 rows of 1..900 keys: on CUDA the (query, kv head) blocks
- * alone fill the GPU, so the decode kernel takes one slice of several pieces per row and kv head
- * (cu_attn_decode_fits): llama-3-8b heads over f16 and bf16 pages; head_dim 64 with 8 q heads per
- * kv head, a sliding window of 256 with 4 sinks (rows past the window hold a ring's run; the
- * third case was added after the session's last GPU run: checked on the CPU only so far) */
+ * alone fill the GPU, so one block serves each row and kv head (cu_attn_decode_fits), through
+ * attn-many.cu's kernel (cu_attn_many_fits): llama-3-8b heads over f16 and bf16 pages; head_dim 64
+ * with 8 q heads per kv head, a sliding window of 256 with 4 sinks (rows past the window hold a
+ * ring's run) */
 static void test_attention_many(void) {
     for (int v = 0; v < 3; v++) {
         att_case t = {ATT_BMAX, 1, 32, 8, 128, 16, 0, 0, v ? 2 : 1, {0}, {0}, {0}, 0};

@@ -39,7 +39,8 @@ template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
  * before waiting on the kernel before (the one writing this step's rows).
  * Partials (m, l, o) per q head. Slices (cu_attn_decode_fits): one per
  * piece up to DEC_SMAX, then DEC_SMAX of several pieces; one slice when the
- * (query, kv head) blocks alone fill the GPU (many sequences decoding together). With at most DEC_CMAX
+ * (query, kv head) blocks alone fill the GPU (many sequences decoding together; attn-many.cu's
+ * kernel takes that case outside batch-invariant mode). With at most DEC_CMAX
  * slices (a cache of up to 512 rows) the slices of a (query, kv head) are one
  * thread block cluster: the
  * partials stay in shared memory and, after a cluster barrier, each block
@@ -322,7 +323,8 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
     /* ... until the (query, kv head) blocks fill the GPU by themselves (many sequences decoding
      * together): then one slice each, whose loads of the next piece overlap the current one's
      * work, and no merge (H200, llama-3-8b, 64 sequences of 64..511 tokens: 8.08 ms a step against
-     * 9.49 with 9 slices merged through global memory) */
+     * 9.49 with 9 slices merged through global memory); attn-many.cu's kernel then serves it
+     * (cu_attn_many_fits: 6.85 ms a step) */
     if (target > 0 && (long)a->B * a->L * a->n_kv_head >= target) want = 1;
     *chunk = DEC_SUB * ((pieces + want - 1) / want);
     *nsplit = (span + *chunk - 1) / *chunk;
