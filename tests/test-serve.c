@@ -304,7 +304,14 @@ static void t_load(pid_t pid) {
     long rss1 = rss_kb(pid);
     CHECK(fails == 0, "load: 64 streams for 4 s with random disconnects, no failed request (%d failed)", fails);
     CHECK(running == 0 && waiting == 0, "load: zero live sequences after (running %d, waiting %d)", running, waiting);
-    CHECK(rss1 > 0 && rss1 < rss0 + 256 * 1024, "load: RSS bounded (%ld kB -> %ld kB)", rss0, rss1);
+    /* under AddressSanitizer freed memory waits in its quarantine (256 MB by default) before it is
+     * reused: on a fast host the load test fills it (seen: +333 MB), so the bound allows that much more */
+#if defined(__SANITIZE_ADDRESS__)
+    long bound = (256 + 256) * 1024;
+#else
+    long bound = 256 * 1024;
+#endif
+    CHECK(rss1 > 0 && rss1 < rss0 + bound, "load: RSS bounded (%ld kB -> %ld kB, bound +%ld kB)", rss0, rss1, bound);
 }
 
 /* ------------------------------------------------------------ hostile */

@@ -52,6 +52,19 @@ INL __m512 ldm_bf16(const void *w, int64_t i, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* one token's row r from element i on (what the 64-element loop leaves): masked 16-lane steps
+ * into acc[0], then the sum (acc0 + acc1) + (acc2 + acc3). blk and streams both end this way, so a
+ * token's result never depends on how many tokens the call has (batch invariance). */
+#define TAIL(NAME)                                                                            \
+    INL float tail_##NAME(const float *x, int64_t k, const void *w, int64_t r, int64_t i, __m512 *acc) { \
+        for (; i < k; i += 16) {                                                              \
+            int64_t left = k - i;                                                             \
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);     \
+            acc[0] = _mm512_fmadd_ps(ldm_##NAME(w, r * k + i, m), _mm512_maskz_loadu_ps(m, x + i), acc[0]); \
+        }                                                                                     \
+        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))); \
+    }
+
 /* y[t*ldy + r] for t < NT over the whole k of one row; NT is a constant
  * after inlining (1..4). Four 16-lane steps per iteration (4*NT accumulators)
  * keep enough FMAs in flight for n = 1. */
@@ -70,47 +83,36 @@ INL __m512 ldm_bf16(const void *w, int64_t i, __mmask16 m) {
                 _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)                           \
                     acc[t][u] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(x + t * k + i + 16 * u), acc[t][u]); \
         }                                                                                     \
-        for (; i < k; i += 16) {                                                              \
-            int64_t left = k - i;                                                             \
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);     \
-            __m512 w0 = ldm_##NAME(w, b + i, m);                                              \
-            _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                              \
-                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * k + i), acc[t][0]); \
-        }                                                                                     \
         _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)                                  \
-            y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), \
-                                                                _mm512_add_ps(acc[t][2], acc[t][3]))); \
+            y[t * ldy + r] = tail_##NAME(x + t * k, k, w, r, i, acc[t]);                      \
     }
 
-/* decode: y[r + s*h] for the DS rows r + s*h (s < DS), 32 elements of each
- * per step (LD2 gives them as two 16-lane halves, in the order x is in),
- * two accumulators per row; a tail of k % 32 takes masked 16-lane steps. */
+/* decode: y[r + s*h] for the DS rows r + s*h (s < DS), 64 elements of each per step (LD2 gives
+ * 32 as two 16-lane halves, in the order x is in), four accumulators per row as blk's, and blk's
+ * tail: each row's sum is the same as blk gives it (a token alone equals it in a batch). */
 #define DS 4
 #define STREAMS(NAME, LD2)                                                                    \
     INL void streams_##NAME(const float *x, int64_t k, const void *w, int64_t r, int64_t h,  \
                             float *y) {                                                       \
-        __m512 acc[DS][2];                                                                    \
+        __m512 acc[DS][4];                                                                    \
         _Pragma("GCC unroll 4") for (int s = 0; s < DS; s++)                                  \
-            acc[s][0] = acc[s][1] = _mm512_setzero_ps();                                      \
+            acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = _mm512_setzero_ps();              \
         int64_t i = 0;                                                                        \
-        for (; i + 32 <= k; i += 32) {                                                        \
+        for (; i + 64 <= k; i += 64) {                                                        \
             __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);             \
+            __m512 x2 = _mm512_loadu_ps(x + i + 32), x3 = _mm512_loadu_ps(x + i + 48);        \
             _Pragma("GCC unroll 4") for (int s = 0; s < DS; s++) {                            \
-                __m512 a, b;                                                                  \
+                __m512 a, b, c, d;                                                            \
                 LD2(w, (r + s * h) * k + i, a, b);                                            \
+                LD2(w, (r + s * h) * k + i + 32, c, d);                                       \
                 acc[s][0] = _mm512_fmadd_ps(a, x0, acc[s][0]);                                \
                 acc[s][1] = _mm512_fmadd_ps(b, x1, acc[s][1]);                                \
+                acc[s][2] = _mm512_fmadd_ps(c, x2, acc[s][2]);                                \
+                acc[s][3] = _mm512_fmadd_ps(d, x3, acc[s][3]);                                \
             }                                                                                 \
         }                                                                                     \
-        for (; i < k; i += 16) {                                                              \
-            int64_t left = k - i;                                                             \
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);     \
-            __m512 x0 = _mm512_maskz_loadu_ps(m, x + i);                                      \
-            _Pragma("GCC unroll 4") for (int s = 0; s < DS; s++)                              \
-                acc[s][0] = _mm512_fmadd_ps(ldm_##NAME(w, (r + s * h) * k + i, m), x0, acc[s][0]); \
-        }                                                                                     \
         _Pragma("GCC unroll 4") for (int s = 0; s < DS; s++)                                  \
-            y[r + s * h] = _mm512_reduce_add_ps(_mm512_add_ps(acc[s][0], acc[s][1]));         \
+            y[r + s * h] = tail_##NAME(x, k, w, r + s * h, i, acc[s]);                        \
     }
 /* two 16-lane halves of 32 weights at element o: natural order (f32, f16) */
 #define LD2_F32(w_, o_, a, b) ((a) = ld_f32(w_, o_), (b) = ld_f32(w_, (o_) + 16))
@@ -143,6 +145,8 @@ INL __m512 ldm_bf16(const void *w, int64_t i, __mmask16 m) {
             }                                                                                 \
     }
 
+TAIL(f32)
+TAIL(f16)
 BLOCK(f32)
 BLOCK(f16)
 STREAMS(f32, LD2_F32)
@@ -160,6 +164,24 @@ INL __m512 bf_odd(__m512i u) {
     return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
+/* bf16's tail after the 64-element loop: a 32-block (even, odd halves), then masked 16-lane steps
+ * in natural order; the sum as TAIL's */
+INL float tail_bf16(const float *x, int64_t k, const void *w, int64_t r, int64_t i, __m512 *acc) {
+    const uint16_t *wr = (const uint16_t *)w + r * k;
+    if (i + 32 <= k) {
+        __m512i u0 = _mm512_loadu_si512(wr + i);
+        acc[0] = _mm512_fmadd_ps(bf_even(u0), _mm512_loadu_ps(x + i), acc[0]);
+        acc[1] = _mm512_fmadd_ps(bf_odd(u0), _mm512_loadu_ps(x + i + 16), acc[1]);
+        i += 32;
+    }
+    for (; i < k; i += 16) {
+        int64_t left = k - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        acc[2] = _mm512_fmadd_ps(ldm_bf16(w, r * k + i, m), _mm512_maskz_loadu_ps(m, x + i), acc[2]);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
 INL void blk_bf16(const float *x, int64_t k, const void *w, int64_t r, const int NT, float *y,
                   int64_t ldy) {
     __m512 acc[4][4];
@@ -174,25 +196,7 @@ INL void blk_bf16(const float *x, int64_t k, const void *w, int64_t r, const int
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                 acc[t][u] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(x + t * k + i + 16 * u), acc[t][u]);
     }
-    if (i + 32 <= k) {
-        __m512i u0 = _mm512_loadu_si512(wr + i);
-        __m512 we = bf_even(u0), wo = bf_odd(u0);
-        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) {
-            acc[t][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(x + t * k + i), acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(x + t * k + i + 16), acc[t][1]);
-        }
-        i += 32;
-    }
-    for (; i < k; i += 16) {
-        int64_t left = k - i;
-        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        __m512 w0 = ldm_bf16(w, r * k + i, m);
-        _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
-            acc[t][2] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * k + i), acc[t][2]);
-    }
-    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++)
-        y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
-                                                            _mm512_add_ps(acc[t][2], acc[t][3])));
+    _Pragma("GCC unroll 4") for (int t = 0; t < NT; t++) y[t * ldy + r] = tail_bf16(x + t * k, k, w, r, i, acc[t]);
 }
 /* bf16 halves: the even and the odd elements of one 64-byte load (x is
  * rearranged to match by prep_bf16) */
