@@ -343,6 +343,13 @@ __global__ void k_bias(float *y, const void *bias, int bdt, int m, size_t total)
         y[i] += cu_mat_get(bias, bdt, i % m);
 }
 
+/* x[n][k] rounded into out (cuBLAS's 16-bit input); 1 on a launch failure */
+static int round16(be_ctx *c, const float *x, void *out, int dt, size_t total) {
+    unsigned g = cu_blocks(total, 256);
+    cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, out, dt == BE_BF16, total);
+    return CU_LAUNCHED(c, "round to 16-bit");
+}
+
 /* one matrix: the 16-byte GEMV goes through the several-matrices record (l_matmul_multi) */
 enum { PATH_GEMV_ANY = 1, PATH_BLAS = 2 };
 
@@ -362,12 +369,8 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
         cu_check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, (const float *)w, k, x, k, &beta, y, m),
                       "cublasSgemm");
     } else {
-        size_t total = (size_t)n * k;
-        unsigned g = cu_blocks(total, 256);
-        if (!r->i[6]) {   /* else act16 already holds x rounded (q/k/v and gate/up share their input) */
-            cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, (void *)r->p[4], dt == BE_BF16, total);
-            if (CU_LAUNCHED(c, "round to 16-bit")) return;
-        }
+        /* i[6]: act16 already holds x rounded (q/k/v and gate/up share their input) */
+        if (!r->i[6] && round16(c, x, (void *)r->p[4], dt, (size_t)n * k)) return;
         cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &beta, y, CUDA_R_32F,
                                       m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -392,13 +395,7 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
 static void l_matmul_batched(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], m = (int)r->i[1], k = (int)r->i[2], dt = (int)r->i[3], count = (int)r->i[5];
     const void *const *pa = (const void *const *)r->p[5];
-    if (!r->i[6]) {
-        size_t total = (size_t)n * k;
-        unsigned g = cu_blocks(total, 256);
-        cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, (const float *)r->p[0], (void *)r->p[4],
-                  dt == BE_BF16, total);
-        if (CU_LAUNCHED(c, "round to 16-bit")) return;
-    }
+    if (!r->i[6] && round16(c, (const float *)r->p[0], (void *)r->p[4], dt, (size_t)n * k)) return;
     cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     const float one = 1.0f, zero = 0.0f;
     cu_check_blas(c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, pa, t, k, pa + 3, t, k, &zero,
