@@ -179,11 +179,11 @@ static void test_packing(void) {
 
 #define GUARD 16
 static void test_kernels(void) {
-    static const char *isas[] = {"scalar", "avx2"};
+    static const char *isas[] = {"scalar", "avx2", "avx512"};
     static const int bitsv[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
     static const be_dtype sdts[] = {BE_BF16, BE_F16, BE_F32};
     static const int64_t ms[] = {1, 5, 13};
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         const gemv_kernels *g = gemv_isa(isas[s]);
         if (!g) { printf("# %s kernels: not on this CPU, skipped\n", isas[s]); continue; }
         for (int bi = 0; bi < 6; bi++) {

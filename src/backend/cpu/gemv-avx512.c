@@ -243,7 +243,7 @@ ROWS(bf16)
 
 const gemv_kernels gemv_avx512_kernels = {
     "avx512",
-    { gemv_f32_avx512, gemv_f16_avx512, gemv_bf16_avx512, AFFINE_ENTRIES(gemv, avx2) },
+    { gemv_f32_avx512, gemv_f16_avx512, gemv_bf16_avx512, AFFINE_ENTRIES(gemv, avx512) },
     { rows_f32_avx512, rows_f16_avx512, rows_bf16_avx512, AFFINE_ENTRIES(rows, avx2) },
     { NULL, NULL, prep_bf16_avx512 },
 };

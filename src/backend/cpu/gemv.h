@@ -76,6 +76,10 @@ int cpu_attention_gemm(struct be_ctx *c, const be_attn *a, const float *q, const
 extern const gemv_kernels gemv_avx2_kernels;
 extern const gemv_kernels gemv_avx512_kernels;
 AFFINE_DECLS(avx2)
+/* gemv-affine-avx512.c: the avx512 set's affine decode kernels (its row conversion is AVX2's) */
+#define AFFINE_GEMV_DECL(b, isa) void gemv_q##b##_##isa(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y, int64_t ldy);
+AFFINE_GEMV_DECL(2, avx512) AFFINE_GEMV_DECL(3, avx512) AFFINE_GEMV_DECL(4, avx512) AFFINE_GEMV_DECL(5, avx512)
+AFFINE_GEMV_DECL(6, avx512) AFFINE_GEMV_DECL(8, avx512)
 #define GEMV_X86 1
 #endif
 #endif
