@@ -177,6 +177,128 @@ static void test_matmul(void) {
             }
 }
 
+/* MLX affine weights (bits 2-8, groups 32/64/128, f32/f16/bf16 scales): the GEMV rows (f32 activations) against
+ * be_ref_matmul; on CUDA more than AFF_GEMV_N (8) rows dequantize the matrix (s*q + b rounded to bf16, f16 with f16
+ * scales) for cuBLAS on activations rounded the same way, and the reference multiplies those rounded values; the
+ * residual add (matmul_add); embedding rows equal aq_dequant_row bit for bit */
+static be_mat mk_affine(int bits, int group, be_dtype sdt, int64_t rows, int64_t cols) {
+    be_mat m = {0};
+    size_t rb = aq_row_bytes(cols, bits), ng = (size_t)(cols / group), ss = be_dtype_size(sdt);
+    uint8_t *codes = malloc(rb * (size_t)rows);
+    char *sc = malloc(ng * ss * (size_t)rows), *bi = malloc(ng * ss * (size_t)rows);
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < cols; i++) row[i] = frand();
+        aq_quantize_row(row, cols, bits, group, AQ_ROUND_GPU, sdt, codes + (size_t)r * rb, sc + (size_t)r * ng * ss, bi + (size_t)r * ng * ss);
+    }
+    free(row);
+    be_dtype_affine(bits, &m.dt);
+    m.data = codes;
+    m.rows = rows;
+    m.cols = cols;
+    m.scales = sc;
+    m.biases = bi;
+    m.sdt = sdt;
+    m.group = group;
+    if (be->mat_prepare(bc, &m)) printf("# mat_prepare failed\n");
+    return m;
+}
+static void free_affine(be_mat *m) {
+    be->mat_release(bc, m);
+    free((void *)m->data); free((void *)m->scales); free((void *)m->biases);
+}
+/* y[n][rows] (+ y when add) as the backend computes it for affine w: see above */
+static void ref_affine(const float *x, int n, const be_mat *w, float *y, int add) {
+    float *yr = malloc(sizeof(float) * (size_t)n * w->rows);
+    if (on_cuda && n > 8) {   /* the dequantized matrix and x, each rounded to the 16-bit type */
+        be_dtype dt = w->sdt == BE_F16 ? BE_F16 : BE_BF16;
+        int64_t k = w->cols, ng = k / w->group;
+        size_t rb = aq_row_bytes(k, be_traits(w->dt)->bits), ss = be_dtype_size(w->sdt);
+        uint16_t *d = malloc(sizeof(uint16_t) * (size_t)w->rows * k);
+        float *row = malloc(sizeof(float) * (size_t)k);
+        for (int64_t r = 0; r < w->rows; r++) {
+            aq_dequant_row((const uint8_t *)w->data + r * rb, (const char *)w->scales + r * ng * ss, (const char *)w->biases + r * ng * ss,
+                           w->sdt, be_traits(w->dt)->bits, w->group, 0, k, row);
+            for (int64_t i = 0; i < k; i++) be_kv_put(d, dt, (size_t)(r * k + i), row[i]);
+        }
+        be_mat dm = {.data = d, .dt = dt, .rows = w->rows, .cols = k};
+        float *xr = rounded_x(x, n, k, dt);
+        be_ref_matmul(xr, n, &dm, NULL, yr);
+        free(xr); free(row); free(d);
+    } else {
+        be_ref_matmul(x, n, w, NULL, yr);
+    }
+    for (size_t i = 0; i < (size_t)n * w->rows; i++) y[i] = add ? y[i] + yr[i] : yr[i];
+    free(yr);
+}
+static void test_matmul_affine(void) {
+    static const int bitsv[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128}, ns[] = {1, 3, 8, 9, 40};
+    static const be_dtype sdts[] = {BE_BF16, BE_F16, BE_F32};
+    int cases = 0, fails = 0, efails = 0, afails = 0;
+    double worst = 0;
+    for (int bi = 0; bi < 6; bi++)
+        for (int gi = 0; gi < 3; gi++) {
+            be_dtype sdt = sdts[(bi + gi) % 3];
+            int64_t m = (bi + gi) % 2 ? 37 : 300, k = groups[gi] * (gi == 2 ? 3 : 4);
+            be_mat w = mk_affine(bitsv[bi], groups[gi], sdt, m, k);
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int n = ns[ni];
+                float *x = rnd((size_t)n * k, 1.0f), *ref = malloc(sizeof(float) * n * m), *got = malloc(sizeof(float) * n * m);
+                gbuf gx = gb_new((size_t)n * k), gy = gb_new((size_t)n * m);
+                gb_put(&gx, x);
+                be->matmul(bc, gx.p, n, &w, NULL, gy.p);
+                int guards = gb_get(&gy, got);
+                ref_affine(x, n, &w, ref, 0);
+                double e = relerr(got, ref, (size_t)n * m);
+                if (!(e <= worst)) worst = e;
+                cases++;
+                if (!(guards && e <= 2e-5)) {
+                    fails++;
+                    printf("# affine matmul q%d g%d %s n=%d m=%d k=%d: err %.2e, guards %s\n", bitsv[bi], groups[gi], be_dtype_name(sdt), n, (int)m,
+                           (int)k, e, guards ? "intact" : "WRITTEN");
+                }
+                if (be->matmul_add && (ni == 1 || ni == 4)) {   /* y += x . w^T (the residual add) */
+                    float *y0 = rnd((size_t)n * m, 1.0f);
+                    gbuf gt = gb_new((size_t)n * m);
+                    gb_put(&gy, y0);
+                    be->matmul_add(bc, gx.p, n, &w, NULL, gy.p, gt.p);
+                    guards = gb_get(&gy, got);
+                    ref_affine(x, n, &w, y0, 1);
+                    e = relerr(got, y0, (size_t)n * m);
+                    if (!(guards && e <= 2e-5)) {
+                        afails++;
+                        printf("# affine matmul_add q%d g%d n=%d: err %.2e, guards %s\n", bitsv[bi], groups[gi], n, e, guards ? "intact" : "WRITTEN");
+                    }
+                    gb_free(&gt);
+                    free(y0);
+                }
+                gb_free(&gx); gb_free(&gy);
+                free(x); free(ref); free(got);
+            }
+            {   /* embedding rows: s*q + b in f32, exactly */
+                int32_t ids[5] = {0, (int32_t)m - 1, 3, 3, (int32_t)m / 2};
+                gbuf go = gb_new((size_t)5 * k);
+                float *got = malloc(sizeof(float) * 5 * k), *want = malloc(sizeof(float) * k);
+                be->embed(bc, &w, ids, 5, go.p);
+                int ok = gb_get(&go, got);
+                size_t rb = aq_row_bytes(k, bitsv[bi]), ss = be_dtype_size(sdt), ng = (size_t)(k / groups[gi]);
+                for (int t = 0; t < 5; t++) {
+                    aq_dequant_row((const uint8_t *)w.data + ids[t] * rb, (const char *)w.scales + ids[t] * ng * ss,
+                                   (const char *)w.biases + ids[t] * ng * ss, sdt, bitsv[bi], groups[gi], 0, k, want);
+                    ok &= !memcmp(got + (size_t)t * k, want, sizeof(float) * k);
+                }
+                efails += !ok;
+                gb_free(&go);
+                free(got); free(want);
+            }
+            free_affine(&w);
+        }
+    CHECK(fails == 0, "affine matmul (bits 2-8 x groups 32/64/128, f32/f16/bf16 scales, n=1..40): %d/%d within 2e-5 of the "
+          "reference (worst %.2e), guards intact", cases - fails, cases, worst);
+    CHECK(afails == 0, "affine matmul_add: y + x . w^T within 2e-5, every bit width and group");
+    CHECK(efails == 0, "affine embedding rows equal aq_dequant_row bit for bit (18 matrices)");
+}
+
 /* q/k/v-style: one input, three matrices, one launch (decode) or three cuBLAS calls */
 static void test_matmul_multi(void) {
     if (!have((const void *)be->matmul_multi, "matmul_multi")) return;
@@ -1079,6 +1201,7 @@ int main(void) {
     RUN(test_matmul_multi);
     RUN(test_norm_matmul);
     RUN(test_matmul_add);
+    RUN(test_matmul_affine);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_elementwise);

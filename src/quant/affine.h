@@ -32,7 +32,7 @@ typedef enum aq_rounding { AQ_ROUND_GPU = 0, AQ_ROUND_CPU = 1 } aq_rounding;
 /* 1 when bits is 2, 3, 4, 5, 6 or 8 and group is 32, 64 or 128 */
 int aq_valid(int bits, int group);
 /* bytes of one packed row of cols values (cols % 8 == 0) */
-static inline size_t aq_row_bytes(int64_t cols, int bits) { return (size_t)cols * (size_t)bits / 8; }
+static inline BE_HD size_t aq_row_bytes(int64_t cols, int bits) { return (size_t)cols * (size_t)bits / 8; }
 
 /* code k of a packed row, and its store (the other codes kept) */
 static inline uint32_t aq_code(const uint8_t *row, int64_t k, int bits) {

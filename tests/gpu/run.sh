@@ -111,6 +111,11 @@ ppl_pair stories260k "$MODELS/stories260k" $T/gen-cpu.txt 24 2 5e-7 0
 # rounds activations to bf16 for cuBLAS as transformers does, the CPU keeps f32: achieved 4.1e-4
 # relative (34.771127 vs 34.756949 over 765 tokens) -> 1e-3
 ppl_pair prose-13m "$MODELS/prose-13m" "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" 256 4 1e-3 500
+# the same model quantized by mlx-lm (mixed 3/6-bit, issue 11): decode rows through the affine GEMV, prefill
+# through the matrix dequantized to bf16 for cuBLAS (affine.cu), so the prose-13m bar
+if [ -d "$MODELS/prose-13m-mlx-mixed-3-6" ]; then
+  ppl_pair prose-13m-mlx-mixed-3-6 "$MODELS/prose-13m-mlx-mixed-3-6" "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" 256 4 1e-3 500
+fi
 # scoring on the device (issue 18): perplexity, every KL statistic (live base, --save-base then
 # --base-logprobs, --per-token) and response log-probs on cuda against the cpu, per statistic
 # (bars and why: tests/gpu/score-compare.py). The KL "model" is the same checkpoint with every

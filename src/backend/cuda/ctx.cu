@@ -203,6 +203,7 @@ static void cuda_ctx_free(be_ctx *c) {
     if (c->blas) cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->act16);
+    cudaFree(c->deq);
     cudaFree(c->part);
     cudaFree(c->cnt);
     cudaFree(c->score_out);
@@ -297,8 +298,7 @@ static void cuda_copy(be_ctx *c, void *dst, const void *src, size_t bytes) {
 
 static int cuda_mat_prepare(be_ctx *c, be_mat *m) {
     if (m->dev) return 0;
-    /* affine-quantized weights have no CUDA kernels yet: refused (the model load says so) */
-    if (be_traits(m->dt)->affine) return cu_check(c, cudaErrorNotSupported, "affine-quantized weights (no CUDA kernels yet)");
+    if (be_traits(m->dt)->affine) return cu_affine_upload(c, m);   /* affine.cu */
     size_t bytes = (size_t)m->rows * (size_t)m->cols * be_dtype_size(m->dt);
     void *p = NULL;
     if (cu_check(c, cudaMalloc(&p, bytes ? bytes : 1), "weight allocation")) return 1;

@@ -71,6 +71,8 @@ struct be_ctx {
     size_t act16_len;        /* NULL when stale. Any op other than a matmul clears it. */
     int act16_dt;
     int batch_inv;           /* batch-invariant mode: matmuls keep f32 activations, rows never mix (be_ops.batch_invariant) */
+    void *deq;               /* [deq_n] bytes: an affine matrix dequantized for cuBLAS (affine.cu, prefill) */
+    size_t deq_n;
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
     void *score_out;         /* [score_out_n] bytes: the score op's per-row results */
@@ -158,6 +160,12 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
+/* affine.cu: MLX affine-quantized weights (upload, matmul, embedding rows) */
+int cu_affine_upload(be_ctx *c, be_mat *m);
+void cu_affine_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc);
+void cu_affine_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
+/* gemm.cu: y = x . w^T (+ bias), or y += with acc, any stored type */
+void cu_matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc);
 int cu_attn_many_fits(const be_ctx *c, int rows, int n_kv, int g, int nsplit);
 void cu_attn_many_launch(be_ctx *c, const cu_rec *r);
 /* quantized KV (kvquant.cu): be_ops.kvq_write and kvq_attention; prefill of the latter runs the flash

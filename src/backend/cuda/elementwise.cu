@@ -34,6 +34,10 @@ static void l_embed(be_ctx *c, const cu_rec *r) {
 }
 
 void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out) {
+    if (be_traits(tab->dt)->affine) {   /* affine.cu */
+        cu_affine_embed(c, tab, ids, n, out);
+        return;
+    }
     cu_rec r;
     memset(&r, 0, sizeof r);
     r.fn = l_embed;

@@ -413,7 +413,7 @@ static int multi_batched_ok(const be_ctx *c, const float *x, int n, int count, c
     int ok = c->batched && count >= 2 && count <= 3 && n > gemv_rows(c) && n <= BATCHED_MAX_N && w[0]->dt != BE_F32;
     size_t xb = (size_t)n * w[0]->cols * 4, yb = (size_t)n * w[0]->rows * 4;
     for (int i = 0; i < count && ok; i++)
-        ok = !bias[i] && w[i]->dt == w[0]->dt && w[i]->cols == w[0]->cols && w[i]->rows == w[0]->rows &&
+        ok = !bias[i] && !be_traits(w[i]->dt)->affine && w[i]->dt == w[0]->dt && w[i]->cols == w[0]->cols && w[i]->rows == w[0]->rows &&
              ((const char *)y[i] + yb <= (const char *)x || (const char *)x + xb <= (const char *)y[i]);
     return ok;
 }
@@ -477,6 +477,8 @@ static int gemv_rows(const be_ctx *c) {
 
 /* 1 when the count matrices can share one GEMV launch over x (n rows) */
 static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_mat *const *w) {
+    for (int i = 0; i < count; i++)
+        if (be_traits(w[i]->dt)->affine) return 0;   /* affine.cu, one matrix at a time */
     int k = (int)w[0]->cols, vec = 16 / (int)be_dtype_size(w[0]->dt);
     int ok = count >= 1 && count <= 3 && n <= gemv_rows(c) && k % vec == 0 && k % 4 == 0 && ((uintptr_t)x & 15) == 0;
     for (int i = 1; i < count && ok; i++) ok = w[i]->cols == k && w[i]->dt == w[0]->dt;
@@ -517,7 +519,11 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
 }
 
 /* acc: y += the product (the 16-byte GEMV and cuBLAS; the any-shape GEMV has no accumulate) */
-static void matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
+void cu_matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
+    if (be_traits(w->dt)->affine) {   /* affine.cu */
+        cu_affine_matmul(c, x, n, w, bias, y, acc);
+        return;
+    }
     if (multi_ok(c, x, n, 1, &w)) {
         mm_opts o = {0, acc, NULL, 0.0f, 0.0f};
         submit_multi(c, x, n, 1, &w, &bias, &y, &o);
@@ -576,8 +582,8 @@ static void rows_at(float *const *y, const be_mat *const *w, int count, int r0, 
 }
 
 void cu_op_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
-    INV_CHUNKS(c, n, matmul_op(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, 0));
-    matmul_op(c, x, n, w, bias, y, 0);
+    INV_CHUNKS(c, n, cu_matmul_op(c, x + (size_t)r0_ * w->cols, nr_, w, bias, y + (size_t)r0_ * w->rows, 0));
+    cu_matmul_op(c, x, n, w, bias, y, 0);
 }
 
 void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias, float *const *y) {
@@ -623,5 +629,5 @@ void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const b
         cu_op_add(c, y, tmp, (size_t)n * w->rows);
         return;
     }
-    matmul_op(c, x, n, w, bias, y, 1);   /* the GEMV's epilogue or cuBLAS beta = 1 add into y */
+    cu_matmul_op(c, x, n, w, bias, y, 1);   /* the GEMV's epilogue or cuBLAS beta = 1 add into y */
 }
