@@ -6,20 +6,15 @@
  *         (MLX's quantized_matmul association; f32 accumulation, activations
  *         stay f32), the group sums of x computed once per call;
  *   rows: s*q + b in f32, what the prefill path feeds sgemm (matmul.c).
- * The AVX2 decoder turns 8 codes (always `bits` whole bytes: 8 codes of any
- * width fill bits bytes) into 8 f32 lanes: 8 bits by zero extension, 2 and 4
- * bits by broadcasting the word and shifting lane j by j*bits, 3/5/6 bits with
- * one byte shuffle (lane j takes bytes (j*bits)/8 and the next) and a shift by
- * (j*bits)%8; an 8-byte load past the end of the matrix is avoided by copying
- * that block. Decode runs 4 weight rows per pass (4 independent FMA chains,
- * one x load shared), more tokens 2 rows x 2 tokens.
+ * The AVX2 decode kernel is gemv-affine-body.h at 8 lanes, on avx2.h's decoder
+ * of 8 codes (8 bits by zero extension, 2 and 4 bits by broadcasting the word
+ * and shifting lane j by j*bits, 3/5/6 bits with one byte shuffle).
  * Reference: aq_dot_row / be_ref_matmul (tests/test-quant.c).
  */
 #include <string.h>
 #include "backend/cpu/gemv.h"
 #include "quant/affine.h"
 
-#define XS_MAX 4096            /* group sums of x kept on the stack: tokens x groups */
 
 static inline float sc(const be_mat *w, int64_t i) { return be_kv_get(w->scales, w->sdt, (size_t)i); }
 static inline float bi(const be_mat *w, int64_t i) { return be_kv_get(w->biases, w->sdt, (size_t)i); }
@@ -74,79 +69,22 @@ SCALAR(8)
 #include <immintrin.h>
 #include "backend/cpu/avx2.h"
 
-/* R rows from r x NT tokens: per group, R*NT accumulators of sum(x*q), then scale and bias */
-INL void affine_blk(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r, float *y, int64_t ldy,
-                    const int bits, const int R, const int NT, const dec8 *d, const uint8_t *end, int pf) {
-    int64_t k = w->cols;
-    const int G = w->group;
-    size_t rb = aq_row_bytes(k, bits);
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
-    __m256 acc[4][2];
-    float bsum[4][2];
-    _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
-        _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) { acc[a][t] = _mm256_setzero_ps(); bsum[a][t] = 0; }
-    for (int64_t g = 0; g < ng; g++) {
-        __m256 aq[4][2];
-        _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
-            _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) aq[a][t] = _mm256_setzero_ps();
-        const uint8_t *p = row + (size_t)(g * G) * (size_t)bits / 8;
-        const float *xg = x + g * G;
-        for (int i = 0; i < G; i += 8, p += bits) {
-            __m256 q[4];
-            if (pf && (((size_t)(g * G + i) * (size_t)bits / 8) & 63) == 0)   /* the next R rows, ahead of use */
-                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)(R + a) * rb, _MM_HINT_T0);
-            _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) q[a] = dec(d, p + (size_t)a * rb, bits, end);
-            _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
-                __m256 xv = _mm256_loadu_ps(xg + (int64_t)t * k + i);
-                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) aq[a][t] = _mm256_fmadd_ps(q[a], xv, aq[a][t]);
-            }
-        }
-        _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) {
-            int64_t gi = (r + a) * ng + g;
-            __m256 sv = _mm256_set1_ps(ld_sb(w->scales, w->sdt, gi));
-            float b = ld_sb(w->biases, w->sdt, gi);
-            _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
-                acc[a][t] = _mm256_fmadd_ps(aq[a][t], sv, acc[a][t]);
-                bsum[a][t] += b * xs[t * ng + g];
-            }
-        }
-    }
-    _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
-        _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) y[(int64_t)t * ldy + r + a] = hsum(acc[a][t]) + bsum[a][t];
-}
-
-/* tokens in ones (4 rows at a time) or pairs (2 rows at a time); xs[t][g] = group sums of x */
-INL void affine_rows_avx2(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r0, int64_t r1, float *y,
-                          int64_t ldy, const int bits, const int NT) {
-    const uint8_t *end = (const uint8_t *)w->data + (size_t)w->rows * aq_row_bytes(w->cols, bits);
-    dec8 d = dec_init(bits);
-    int64_t r = r0;
-    if (NT == 1)
-        for (; r + 4 <= r1; r += 4) affine_blk(x, xs, ng, w, r, y, ldy, bits, 4, 1, &d, end, r + 8 <= r1);
-    else
-        for (; r + 2 <= r1; r += 2) affine_blk(x, xs, ng, w, r, y, ldy, bits, 2, NT, &d, end, r + 4 <= r1);
-    for (; r < r1; r++) affine_blk(x, xs, ng, w, r, y, ldy, bits, 1, NT, &d, end, 0);
-}
-
-INL void gemv_affine_avx2(const float *x, int n, const be_mat *w, int64_t r0,
-                                                         int64_t r1, float *y, int64_t ldy, int bits) {
-    int64_t k = w->cols, ng = k / w->group;
-    if (ng * 2 > XS_MAX) { gemv_affine_scalar(x, n, w, r0, r1, y, ldy, bits); return; }
-    float xs[XS_MAX];
-    for (int t0 = 0; t0 < n; t0 += 2) {
-        int nt = n - t0 < 2 ? n - t0 : 2;
-        const float *xt = x + (int64_t)t0 * k;
-        for (int t = 0; t < nt; t++)
-            for (int64_t g = 0; g < ng; g++) {
-                __m256 a = _mm256_setzero_ps();
-                for (int i = 0; i < w->group; i += 8) a = _mm256_add_ps(a, _mm256_loadu_ps(xt + t * k + g * w->group + i));
-                xs[t * ng + g] = hsum(a);
-            }
-        float *yt = y + (int64_t)t0 * ldy;
-        if (nt == 1) affine_rows_avx2(xt, xs, ng, w, r0, r1, yt, ldy, bits, 1);
-        else affine_rows_avx2(xt, xs, ng, w, r0, r1, yt, ldy, bits, 2);
-    }
-}
+/* the decode kernel (gemv-affine-body.h) at 8 lanes */
+#define AFF_INL INL
+#define AFF_W 8
+#define aff_v __m256
+#define aff_zero() _mm256_setzero_ps()
+#define aff_load(p) _mm256_loadu_ps(p)
+#define aff_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define aff_add(a, b) _mm256_add_ps(a, b)
+#define aff_set1(f) _mm256_set1_ps(f)
+#define aff_hsum(v) hsum(v)
+#define aff_dec_t dec8
+#define aff_dec_init(bits) dec_init(bits)
+#define aff_dec(d, p, bits, end) dec(d, p, bits, end)
+#define aff_sb(p, dt, i) ld_sb(p, dt, i)
+#define AFF_NAME(x) x##_aff_avx2
+#include "backend/cpu/gemv-affine-body.h"
 
 INL void rows_affine_avx2(const be_mat *w, int64_t r0, int64_t r1, float *dst, int bits) {
     int64_t k = w->cols, ng = k / w->group;
@@ -166,7 +104,7 @@ INL void rows_affine_avx2(const be_mat *w, int64_t r0, int64_t r1, float *dst, i
 #define AVX2(b)                                                                                                \
     __attribute__((target(TGT))) void gemv_q##b##_avx2(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, \
                                                        float *y, int64_t ldy) {                                \
-        gemv_affine_avx2(x, n, w, r0, r1, y, ldy, b);                                                          \
+        gemv_aff_avx2(x, n, w, r0, r1, y, ldy, b);                                                          \
     }                                                                                                          \
     __attribute__((target(TGT))) void rows_q##b##_avx2(const be_mat *w, int64_t r0, int64_t r1, float *dst) {  \
         rows_affine_avx2(w, r0, r1, dst, b);                                                                   \

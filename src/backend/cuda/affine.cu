@@ -19,6 +19,7 @@
  */
 #include <string.h>
 #include "backend/cuda/cuda.cuh"
+#include "backend/cuda/kvq.cuh"
 #include "quant/affine.h"
 
 #define AFF_GEMV_N 8      /* rows (tokens) up to which the GEMV runs */
@@ -54,17 +55,6 @@ int cu_affine_upload(be_ctx *c, be_mat *m) {
     return 0;
 }
 
-/* the 8 codes of chunk ch (8 values, `bits` bytes at ch * bits) of a packed row as one 64-bit word */
-__device__ __forceinline__ uint64_t aff_chunk(const unsigned char *row, int64_t ch, int bits) {
-    const unsigned char *p = row + ch * bits;
-    if (bits == 8) return *(const uint64_t *)p;
-    if (bits == 4) return *(const uint32_t *)p;
-    if (bits == 2) return *(const uint16_t *)p;
-    uint64_t v = 0;
-    for (int i = 0; i < bits; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* y[t][r] (+= when acc) = sum over chunks of s * sum x*q + b * sum x (+ bias) for NT tokens; a warp per row */
 template <int NT>
 __global__ void __launch_bounds__(AFF_WARPS * 32) k_affine_gemv(const float *x, const unsigned char *codes, const void *scales,
@@ -75,17 +65,16 @@ __global__ void __launch_bounds__(AFF_WARPS * 32) k_affine_gemv(const float *x, 
     if (r >= rows) return;
     const unsigned char *row = codes + (size_t)r * aq_row_bytes(k, bits);
     int ng = k / group;
-    unsigned mask = (1u << bits) - 1;
     float a[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) a[t] = 0.0f;
     for (int64_t ch = lane; ch < k / 8; ch += 32) {
-        uint64_t w = aff_chunk(row, ch, bits);
+        uint64_t w = kvq_codes8<0>(row, (int)ch, bits);
         int64_t i0 = ch * 8, g = i0 / group;
         float s = cu_mat_get(scales, sdt, (size_t)r * ng + g), b = cu_mat_get(biases, sdt, (size_t)r * ng + g);
         float q[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++) q[j] = (float)((unsigned)(w >> (j * bits)) & mask);
+        for (int j = 0; j < 8; j++) q[j] = kvq_code<0>(w, j, bits);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float4 *xv = (const float4 *)(x + (size_t)t * k + i0);
@@ -115,13 +104,12 @@ __global__ void k_affine_dequant(const unsigned char *codes, const void *scales,
     int64_t nch = (int64_t)rows * (k / 8);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nch; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = e / (k / 8), ch = e % (k / 8), g = ch * 8 / group, ng = k / group;
-        uint64_t w = aff_chunk(codes + (size_t)r * aq_row_bytes(k, bits), ch, bits);
+        uint64_t w = kvq_codes8<0>(codes + (size_t)r * aq_row_bytes(k, bits), (int)ch, bits);
         float s = cu_mat_get(scales, sdt, (size_t)(r * ng + g)), b = cu_mat_get(biases, sdt, (size_t)(r * ng + g));
-        unsigned mask = (1u << bits) - 1;
-        __align__(16) unsigned short h[8];
+            __align__(16) unsigned short h[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float v = __fadd_rn(__fmul_rn(s, (float)((unsigned)(w >> (j * bits)) & mask)), b);   /* two roundings, as aq_dequant_row */
+            float v = __fadd_rn(__fmul_rn(s, kvq_code<0>(w, j, bits)), b);   /* two roundings, as aq_dequant_row */
             if (f16) { __half hv = __float2half_rn(v); memcpy(&h[j], &hv, 2); }
             else { __nv_bfloat16 bv = __float2bfloat16_rn(v); memcpy(&h[j], &bv, 2); }
         }
@@ -136,11 +124,10 @@ __global__ void k_affine_embed(const unsigned char *codes, const void *scales, c
     int64_t nch = (int64_t)n * (k / 8);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nch; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = e / (k / 8), ch = e % (k / 8), r = ids[t], g = ch * 8 / group, ng = k / group;
-        uint64_t w = aff_chunk(codes + (size_t)r * aq_row_bytes(k, bits), ch, bits);
+        uint64_t w = kvq_codes8<0>(codes + (size_t)r * aq_row_bytes(k, bits), (int)ch, bits);
         float s = cu_mat_get(scales, sdt, (size_t)(r * ng + g)), b = cu_mat_get(biases, sdt, (size_t)(r * ng + g));
-        unsigned mask = (1u << bits) - 1;
-#pragma unroll
-        for (int j = 0; j < 8; j++) out[t * k + ch * 8 + j] = __fadd_rn(__fmul_rn(s, (float)((unsigned)(w >> (j * bits)) & mask)), b);
+    #pragma unroll
+        for (int j = 0; j < 8; j++) out[t * k + ch * 8 + j] = __fadd_rn(__fmul_rn(s, kvq_code<0>(w, j, bits)), b);
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * kvq.cuh — reading a quantized KV pool (be_kvq) on the device: the one place
  * the CUDA kernels (kvquant.cu's write and split attention, attention.cu's
- * flash tile loader) know MLX's code packing (src/quant/affine.h).
+ * flash tile loader, affine.cu's weights) know MLX's code packing
+ * (src/quant/affine.h).
  *
  * Eight consecutive codes of a row, starting at a multiple of 8, fill exactly
  * `bits` whole bytes of its little-endian bit stream: code m of the eight is
