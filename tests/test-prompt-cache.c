@@ -214,6 +214,14 @@ static void test_reference(cinfer_model *m, const char *ref) {
     cinfer_snapshot_free(s);
     st_close(&ss);
     continuation(c, u, mi.n_vocab, "mlx-lm's kv_bf16 file", 0, 2e-2);
+    /* in the precision mlx-lm wrote the file with (a bf16 model: bf16 activations into the matmuls,
+     * CINFER_BF16_ACT=1, emulated where the CPU lacks AVX-512 BF16) the uncached prompt's K/V come out
+     * as MLX's do, and the continuation meets the issue's bar on every step: measured max 5.2e-3
+     * (2026-12-02, AVX-512 BF16 host), against 1.08e-2 with cinfer's default f32 activations above */
+    setenv("CINFER_BF16_ACT", "1", 1);
+    cinfer_seq_trim(c, 0, 32);   /* back to the file's 32 tokens */
+    continuation(c, u, mi.n_vocab, "mlx-lm's kv_bf16 file, bf16 activations (CINFER_BF16_ACT=1)", 0, 1e-2);
+    unsetenv("CINFER_BF16_ACT");
     if (!strcmp(dt, "bf16")) test_noise_floor(m, path, mi.n_vocab);
     /* the quantized file: refused by an unquantized context, naming the flags; a context of its scheme
      * takes MLX's triples byte for byte (a snapshot of the loaded sequence holds the file's tensors) */

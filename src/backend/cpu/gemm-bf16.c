@@ -18,10 +18,12 @@
  * An odd k's last weight is loaded alone (the pair would read past the row).
  *
  * Function-level target attributes; used only when __builtin_cpu_supports
- * reports avx512bf16 (gemm_bf16_available).
+ * reports avx512bf16 and CINFER_ISA caps nothing below avx512 (gemm_bf16_available);
+ * elsewhere matmul.c feeds the same rounded activations to the f32 path.
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/gemv.h"
 
@@ -31,6 +33,8 @@
 #define NR 32   /* tokens per tile */
 
 int gemm_bf16_available(void) {
+    const char *cap = getenv("CINFER_ISA");   /* as gemv_pick: a cap below avx512 turns these off too */
+    if (cap && strcmp(cap, "avx512")) return 0;
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }

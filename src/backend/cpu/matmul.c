@@ -23,7 +23,9 @@
  * summation order (tests/test-cpu-kernels.c). Opt-in exception: with
  * CINFER_BF16_ACT=1 in the environment, prefill with bf16 weights rounds the
  * activations to bf16 and uses AVX-512 BF16 dot products (gemm-bf16.c), as
- * llama.cpp does for BF16 models: about twice the FLOP rate of sgemm.
+ * llama.cpp does for BF16 models: about twice the FLOP rate of sgemm (on a CPU
+ * without them, the rounded activations go through the f32 path: same mode,
+ * no speed-up). It is also how mlx-lm computes a bf16 model.
  */
 #include <cblas.h>
 #include <stdatomic.h>
@@ -168,8 +170,27 @@ void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat 
     for (int i = 0; i < count; i++) cpu_matmul(c, x, n, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
+static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
     if (gemv_path(c, n)) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
+    if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && !gemm_bf16_available()) {
+        /* the opt-in without AVX-512 BF16: the same bf16-rounded activations into the f32 path
+         * (products of two bf16 values are exact in f32), so the mode means one thing on every CPU */
+        size_t len = (size_t)n * (size_t)w->cols;
+        float *xr = malloc(len * sizeof(float));
+        if (xr) {
+            for (size_t i = 0; i < len; i++) xr[i] = be_bf16_to_f32(be_f32_to_bf16(x[i]));
+            matmul_gemm(c, xr, n, w, bias, y);
+            free(xr);
+            return;
+        }
+    }
+    matmul_gemm(c, x, n, w, bias, y);
+}
+
+/* the GEMM paths of cpu_matmul (more tokens than the GEMV takes) */
+static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
     mm_job j = { .x = x, .n = n, .w = w, .bias = bias, .y = y, .g = gemv_pick() };
     if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && gemm_bf16_available()) {
         /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products */
