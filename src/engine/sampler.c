@@ -131,36 +131,33 @@ int32_t cinfer_sampler_sample(cinfer_sampler *s, float *logits, const int32_t *h
     float inv_t = 1.0f / s->p.temp;
     double mx = logits[best] * inv_t, sum = 0;
     int n = V, top_k = s->p.top_k > 0 && s->p.top_k < V;
-    if (top_k || s->p.top_p < 1.0f || s->p.min_p > 0) {
-        /* the candidates in order of logit (descending, then id): only the prefix the filters can keep
-         * is sorted. top-k: its k ids selected, then sorted. top-p / min-p alone: the weights and their
-         * sum in id order, then the ids of probability >= tau sorted, tau lowered until that prefix
-         * reaches top_p (everything left out is below every candidate: the kept set is a prefix) */
-        if (top_k) {
-            n = s->p.top_k;
-            for (int i = 0; i < V; i++) s->idx[i] = i;
-            select_first(s->idx, V, n, logits);
+    if (!top_k && (s->p.top_p < 1.0f || s->p.min_p > 0)) {
+        /* top-p / min-p alone: the candidates in order of logit (descending, then id), but only the
+         * prefix the filters can keep sorted: the weights and their sum in id order, then the ids of
+         * probability >= tau sorted, tau lowered until that prefix reaches top_p (everything left out
+         * is below every candidate: the kept set is a prefix) */
+        for (int i = 0; i < V; i++) sum += (s->w[i] = (float)exp(logits[i] * inv_t - mx));
+        float p_max = (float)(s->w[best] / sum), floor_p = s->p.min_p * p_max;
+        float tau = s->p.top_p < 1.0f ? p_max * 1e-4f : floor_p;
+        for (;;) {
+            n = 0;
+            for (int i = 0; i < V; i++)
+                if ((float)(s->w[i] / sum) >= tau) s->idx[n++] = i;
             qsort_r(s->idx, (size_t)n, sizeof *s->idx, by_logit_desc, logits);
-            for (int i = 0; i < n; i++) sum += (s->prob[i] = (float)exp(logits[s->idx[i]] * inv_t - mx));
-            for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
-        } else {
-            for (int i = 0; i < V; i++) sum += (s->w[i] = (float)exp(logits[i] * inv_t - mx));
-            float p_max = (float)(s->w[best] / sum), floor_p = s->p.min_p * p_max;
-            float tau = s->p.top_p < 1.0f ? p_max * 1e-4f : floor_p;
-            for (;;) {
-                n = 0;
-                for (int i = 0; i < V; i++)
-                    if ((float)(s->w[i] / sum) >= tau) s->idx[n++] = i;
-                qsort_r(s->idx, (size_t)n, sizeof *s->idx, by_logit_desc, logits);
-                double acc = 0;
-                for (int i = 0; i < n; i++) acc += (s->prob[i] = (float)(s->w[s->idx[i]] / sum));
-                if (s->p.top_p >= 1.0f || acc >= s->p.top_p || n == V || tau == 0) break;
-                tau = tau > 1e-30f ? tau * 1e-4f : 0;   /* the prefix may reach further: more candidates */
-            }
+            double acc = 0;
+            for (int i = 0; i < n; i++) acc += (s->prob[i] = (float)(s->w[s->idx[i]] / sum));
+            if (s->p.top_p >= 1.0f || acc >= s->p.top_p || n == V || tau == 0) break;
+            tau = tau > 1e-30f ? tau * 1e-4f : 0;   /* the prefix may reach further: more candidates */
         }
     } else {
+        /* no filter: id order; top-k (then top-p / min-p within it): its k ids selected, then sorted */
         for (int i = 0; i < V; i++) s->idx[i] = i;
-        for (int i = 0; i < n; i++) sum += (s->prob[i] = (float)exp(logits[i] * inv_t - mx));
+        if (top_k) {
+            n = s->p.top_k;
+            select_first(s->idx, V, n, logits);
+            qsort_r(s->idx, (size_t)n, sizeof *s->idx, by_logit_desc, logits);
+        }
+        for (int i = 0; i < n; i++) sum += (s->prob[i] = (float)exp(logits[s->idx[i]] * inv_t - mx));
         for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
     }
     if (s->p.top_p < 1.0f) {   /* candidates are sorted: keep the prefix reaching top_p */

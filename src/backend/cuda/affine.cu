@@ -4,7 +4,7 @@
  *
  * Device layout of one matrix (one allocation, m->dev): the packed codes
  * [rows][cols*bits/8], then the scales and the biases [rows][cols/group] in
- * the scale dtype, each part 256-byte aligned (cu_affine_parts).
+ * the scale dtype, each part 256-byte aligned (aff_parts).
  *
  * Matmul (same association as the CPU kernels and MLX's quantized_matmul:
  * per group s * sum x*q + b * sum x, f32):
@@ -27,18 +27,24 @@
 
 static size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* bytes of an affine matrix's packed codes and of its scales (as many of biases) */
+static void aff_bytes(const be_mat *m, size_t *codes, size_t *scales) {
+    *codes = (size_t)m->rows * aq_row_bytes(m->cols, be_traits(m->dt)->bits);
+    *scales = (size_t)m->rows * (m->cols / m->group) * be_dtype_size(m->sdt);
+}
+
 /* the three parts of an affine matrix in one buffer based at base */
 static void aff_parts(const be_mat *m, const unsigned char *base, const void **codes, const void **scales, const void **biases) {
-    int bits = be_traits(m->dt)->bits;
-    size_t cb = up256((size_t)m->rows * aq_row_bytes(m->cols, bits)), sb = up256((size_t)m->rows * (m->cols / m->group) * be_dtype_size(m->sdt));
+    size_t cb, sb;
+    aff_bytes(m, &cb, &sb);
     *codes = base;
-    *scales = base + cb;
-    *biases = base + cb + sb;
+    *scales = base + up256(cb);
+    *biases = base + up256(cb) + up256(sb);
 }
 
 int cu_affine_upload(be_ctx *c, be_mat *m) {
-    int bits = be_traits(m->dt)->bits;
-    size_t code_bytes = (size_t)m->rows * aq_row_bytes(m->cols, bits), sb = (size_t)m->rows * (m->cols / m->group) * be_dtype_size(m->sdt);
+    size_t code_bytes, sb;
+    aff_bytes(m, &code_bytes, &sb);
     if (m->cols % 32 || m->group % 8 || m->cols % m->group)
         return cu_check(c, cudaErrorInvalidValue, "affine matrix shape (cols a multiple of 32 and of the group)");
     void *p = NULL;
@@ -53,6 +59,16 @@ int cu_affine_upload(be_ctx *c, be_mat *m) {
     }
     m->dev = p;
     return 0;
+}
+
+/* v[0..8) = values 8*ch .. 8*ch+7 of row r, s*q + b in f32 with two roundings (as aq_dequant_row) */
+__device__ __forceinline__ void aff_values8(const unsigned char *codes, const void *scales, const void *biases, int sdt, int bits,
+                                            int group, int k, int64_t r, int64_t ch, float *v) {
+    int64_t g = ch * 8 / group, ng = k / group;
+    uint64_t w = kvq_codes8<0>(codes + (size_t)r * aq_row_bytes(k, bits), (int)ch, bits);
+    float s = cu_mat_get(scales, sdt, (size_t)(r * ng + g)), b = cu_mat_get(biases, sdt, (size_t)(r * ng + g));
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = __fadd_rn(__fmul_rn(s, kvq_code<0>(w, j, bits)), b);
 }
 
 /* y[t][r] (+= when acc) = sum over chunks of s * sum x*q + b * sum x (+ bias) for NT tokens; a warp per row */
@@ -103,15 +119,13 @@ __global__ void k_affine_dequant(const unsigned char *codes, const void *scales,
     PDL_ENTRY();
     int64_t nch = (int64_t)rows * (k / 8);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nch; e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = e / (k / 8), ch = e % (k / 8), g = ch * 8 / group, ng = k / group;
-        uint64_t w = kvq_codes8<0>(codes + (size_t)r * aq_row_bytes(k, bits), (int)ch, bits);
-        float s = cu_mat_get(scales, sdt, (size_t)(r * ng + g)), b = cu_mat_get(biases, sdt, (size_t)(r * ng + g));
-            __align__(16) unsigned short h[8];
+        float v[8];
+        aff_values8(codes, scales, biases, sdt, bits, group, k, e / (k / 8), e % (k / 8), v);
+        __align__(16) unsigned short h[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float v = __fadd_rn(__fmul_rn(s, kvq_code<0>(w, j, bits)), b);   /* two roundings, as aq_dequant_row */
-            if (f16) { __half hv = __float2half_rn(v); memcpy(&h[j], &hv, 2); }
-            else { __nv_bfloat16 bv = __float2bfloat16_rn(v); memcpy(&h[j], &bv, 2); }
+            if (f16) { __half hv = __float2half_rn(v[j]); memcpy(&h[j], &hv, 2); }
+            else { __nv_bfloat16 bv = __float2bfloat16_rn(v[j]); memcpy(&h[j], &bv, 2); }
         }
         ((uint4 *)out)[e] = *(const uint4 *)h;
     }
@@ -123,11 +137,8 @@ __global__ void k_affine_embed(const unsigned char *codes, const void *scales, c
     PDL_ENTRY();
     int64_t nch = (int64_t)n * (k / 8);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nch; e += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = e / (k / 8), ch = e % (k / 8), r = ids[t], g = ch * 8 / group, ng = k / group;
-        uint64_t w = kvq_codes8<0>(codes + (size_t)r * aq_row_bytes(k, bits), (int)ch, bits);
-        float s = cu_mat_get(scales, sdt, (size_t)(r * ng + g)), b = cu_mat_get(biases, sdt, (size_t)(r * ng + g));
-    #pragma unroll
-        for (int j = 0; j < 8; j++) out[t * k + ch * 8 + j] = __fadd_rn(__fmul_rn(s, kvq_code<0>(w, j, bits)), b);
+        int64_t t = e / (k / 8), ch = e % (k / 8);
+        aff_values8(codes, scales, biases, sdt, bits, group, k, ids[t], ch, out + t * k + ch * 8);
     }
 }
 
