@@ -178,7 +178,7 @@ static void test_matmul(void) {
 }
 
 /* MLX affine weights (bits 2-8, groups 32/64/128, f32/f16/bf16 scales): the GEMV rows (f32 activations) against
- * be_ref_matmul; on CUDA more than AFF_GEMV_N (8) rows dequantize the matrix (s*q + b rounded to bf16, f16 with f16
+ * be_ref_matmul; on CUDA more than AFF_CHUNKED_N (32) rows dequantize the matrix (s*q + b rounded to bf16, f16 with f16
  * scales) for cuBLAS on activations rounded the same way, and the reference multiplies those rounded values; the
  * residual add (matmul_add); embedding rows equal aq_dequant_row bit for bit */
 static be_mat mk_affine(int bits, int group, be_dtype sdt, int64_t rows, int64_t cols) {
@@ -210,7 +210,7 @@ static void free_affine(be_mat *m) {
 /* y[n][rows] (+ y when add) as the backend computes it for affine w: see above */
 static void ref_affine(const float *x, int n, const be_mat *w, float *y, int add) {
     float *yr = malloc(sizeof(float) * (size_t)n * w->rows);
-    if (on_cuda && n > 8) {   /* the dequantized matrix and x, each rounded to the 16-bit type */
+    if (on_cuda && n > 32) {   /* the dequantized matrix and x, each rounded to the 16-bit type */
         be_dtype dt = w->sdt == BE_F16 ? BE_F16 : BE_BF16;
         int64_t k = w->cols, ng = k / w->group;
         size_t rb = aq_row_bytes(k, be_traits(w->dt)->bits), ss = be_dtype_size(w->sdt);
@@ -297,6 +297,66 @@ static void test_matmul_affine(void) {
           "reference (worst %.2e), guards intact", cases - fails, cases, worst);
     CHECK(afails == 0, "affine matmul_add: y + x . w^T within 2e-5, every bit width and group");
     CHECK(efails == 0, "affine embedding rows equal aq_dequant_row bit for bit (18 matrices)");
+}
+
+/* affine weights in the fused decode ops: rmsnorm + q/k/v (one with a bias), rmsnorm + gate/up + SwiGLU, and
+ * matmul_multi, as one launch on CUDA for 4 and 8 bits (the norm in the prologue while n*k fits, else after a
+ * separate rmsnorm), one matrix at a time for other widths; against the reference norm, ref_affine and the GLU */
+static void test_affine_fused(void) {
+    int has_norm = have((const void *)be->norm_matmul, "norm_matmul"), has_multi = have((const void *)be->matmul_multi, "matmul_multi");
+    static const struct { int bits, group; be_dtype sdt; } cfg[] = {{4, 64, BE_BF16}, {8, 32, BE_F16}, {4, 128, BE_F32}, {3, 64, BE_BF16}, {8, 128, BE_BF16}};
+    static const int ns[] = {1, 3, 8, 12};
+    for (size_t ci = 0; ci < sizeof cfg / sizeof *cfg; ci++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int v = 0; v < 3; v++) {   /* 0: norm + 3 matrices, 1: norm + gate/up + SwiGLU, 2: matmul_multi */
+                if (v == 2 ? !has_multi : !has_norm) continue;
+                int n = ns[ni], k = (ci + ni) % 2 ? 1536 : 512, glu = v == 1 ? BE_ACT_SILU : 0, count = v == 1 ? 2 : 3;
+                int ms[3] = {300, v == 1 ? 300 : 64, 72};
+                be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
+                const be_mat *wp[3], *bp[3];
+                gbuf gy[3];
+                float *y[3], *ref[3];
+                float *x = rnd((size_t)n * k, 3.0f), *xn = malloc(sizeof(float) * n * k);
+                gbuf gx = gb_new((size_t)n * k), gxn = gb_new((size_t)n * k);
+                gb_put(&gx, x);
+                for (int i = 0; i < count; i++) {
+                    w[i] = mk_affine(cfg[ci].bits, cfg[ci].group, cfg[ci].sdt, ms[i], k);
+                    wp[i] = &w[i];
+                    bp[i] = i == 1 && !glu ? &bias : NULL;
+                    gy[i] = gb_new((size_t)n * ms[i]);
+                    y[i] = gy[i].p;
+                }
+                if (v == 2) be->matmul_multi(bc, gx.p, n, count, wp, bp, y);
+                else be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu);
+                if (v == 2) memcpy(xn, x, sizeof(float) * n * k);
+                else be_ref_rmsnorm(x, n, k, &nw, 1.0f, 1e-5f, xn);
+                for (int i = 0; i < count; i++) {
+                    ref[i] = malloc(sizeof(float) * n * ms[i]);
+                    ref_affine(xn, n, &w[i], ref[i], 0);
+                    if (bp[i])
+                        for (int t = 0; t < n; t++)
+                            for (int r = 0; r < ms[i]; r++) ref[i][(size_t)t * ms[i] + r] += ((const float *)bias.data)[r];
+                }
+                if (glu) be_ref_glu(ref[0], ref[1], ref[0], (size_t)n * ms[0], glu);
+                double worst = 0;
+                int guards = 1;
+                for (int i = 0; i < count; i++) {
+                    float *got = malloc(sizeof(float) * n * ms[i]);
+                    guards &= gb_get(&gy[i], got);
+                    double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
+                    if (!(e <= worst)) worst = e;
+                    free(got); free(ref[i]);
+                    gb_free(&gy[i]);
+                    free_affine(&w[i]);
+                }
+                CHECK(guards && worst <= 2e-5, "affine q%d g%d %s n=%d k=%d %s: err %.2e (tol 2e-05), guards %s", cfg[ci].bits, cfg[ci].group,
+                      be_dtype_name(cfg[ci].sdt), n, k, v == 2 ? "matmul_multi (3 matrices, one with bias)" : glu ? "norm + gate/up + SwiGLU"
+                                                                                                               : "norm + 3 matrices, one with bias",
+                      worst, guards ? "intact" : "WRITTEN");
+                gb_free(&gx); gb_free(&gxn);
+                free_mat(&bias); free_mat(&nw);
+                free(x); free(xn);
+            }
 }
 
 /* q/k/v-style: one input, three matrices, one launch (decode) or three cuBLAS calls */
@@ -1202,6 +1262,7 @@ int main(void) {
     RUN(test_norm_matmul);
     RUN(test_matmul_add);
     RUN(test_matmul_affine);
+    RUN(test_affine_fused);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_elementwise);

@@ -74,6 +74,10 @@ static const shape SHAPES[] = {
     {"gemma-3-4b", 2560, 34, 8, 4, 10240, 262208, 1, 1000000.0, 8.0f, 256, 1024},   /* google/gemma-3-4b-it's text config */
 };
 
+/* BENCH_QUANT="BITS GROUP" (issue 11): every linear layer and the embedding as MLX affine codes (bf16 scales
+ * and biases, as mlx_lm.convert writes them), random on the device like the dense weights */
+static int q_bits, q_group;
+
 static int write_model(const shape *s, const char *dir) {
     mkdir(dir, 0755);
     char path[512];
@@ -97,8 +101,10 @@ static int write_model(const shape *s, const char *dir) {
                "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-5,\"rope_theta\":%.1f,\"hidden_act\":\"silu\","
                "\"tie_word_embeddings\":%s,\"bos_token_id\":128000,\"eos_token_id\":128001,\"torch_dtype\":\"bfloat16\","
                "\"attention_bias\":false,\"mlp_bias\":false,\"rope_scaling\":{\"factor\":%.1f,\"high_freq_factor\":4.0,"
-               "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}\n",
-            s->hidden, s->ffn, s->layers, s->heads, s->kv, hd, s->vocab, s->theta, s->tied ? "true" : "false", (double)s->rope_factor);
+               "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}%s",
+            s->hidden, s->ffn, s->layers, s->heads, s->kv, hd, s->vocab, s->theta, s->tied ? "true" : "false", (double)s->rope_factor,
+            q_bits ? "" : "}\n");
+    if (q_bits) fprintf(f, ",\"quantization\":{\"group_size\":%d,\"bits\":%d}}\n", q_group, q_bits);
     fclose(f);
     /* safetensors header */
     size_t cap = 1 << 20, n = 0;
@@ -115,10 +121,27 @@ static int write_model(const shape *s, const char *dir) {
     } while (0)
     n += snprintf(h + n, cap - n, "{");
     char nm[128];
-    T("model.embed_tokens.weight", s->vocab, s->hidden);
+    /* a matrix: dense bf16, or with BENCH_QUANT its codes (U32) and bf16 scales and biases */
+#define M(name, r, c)                                                                                               \
+    do {                                                                                                            \
+        if (!q_bits) { T(name, r, c); break; }                                                                     \
+        char qn_[160];                                                                                              \
+        uint64_t cb_ = (uint64_t)(r) * (c) * q_bits / 8, sb_ = (uint64_t)(r) * ((c) / q_group) * 2;                 \
+        snprintf(qn_, sizeof qn_, "%.*s", (int)(strlen(name) - 7), name);   /* without ".weight" */                  \
+        n += snprintf(h + n, cap - n, "%s\"%s.weight\":{\"dtype\":\"U32\",\"shape\":[%d,%d],\"data_offsets\":[%llu,%llu]}", \
+                      n > 1 ? "," : "", qn_, (int)(r), (int)((c) * q_bits / 32), (unsigned long long)off, (unsigned long long)(off + cb_)); \
+        off += cb_;                                                                                                 \
+        n += snprintf(h + n, cap - n, ",\"%s.scales\":{\"dtype\":\"BF16\",\"shape\":[%d,%d],\"data_offsets\":[%llu,%llu]}", qn_, \
+                      (int)(r), (int)((c) / q_group), (unsigned long long)off, (unsigned long long)(off + sb_));     \
+        off += sb_;                                                                                                 \
+        n += snprintf(h + n, cap - n, ",\"%s.biases\":{\"dtype\":\"BF16\",\"shape\":[%d,%d],\"data_offsets\":[%llu,%llu]}", qn_, \
+                      (int)(r), (int)((c) / q_group), (unsigned long long)off, (unsigned long long)(off + sb_));     \
+        off += sb_;                                                                                                 \
+    } while (0)
+    M("model.embed_tokens.weight", s->vocab, s->hidden);
     for (int l = 0; l < s->layers; l++) {
         int q = s->heads * hd, kv = s->kv * hd;
-#define L(suffix, r, c) snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); T(nm, r, c)
+#define L(suffix, r, c) snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); if ((r) > 1) M(nm, r, c); else T(nm, r, c)
         L("input_layernorm.weight", 1, s->hidden);
         L("self_attn.q_proj.weight", q, s->hidden);
         L("self_attn.k_proj.weight", kv, s->hidden);
@@ -137,7 +160,8 @@ static int write_model(const shape *s, const char *dir) {
 #undef L
     }
     T("model.norm.weight", 1, s->hidden);
-    if (!s->tied) T("lm_head.weight", s->vocab, s->hidden);
+    if (!s->tied) M("lm_head.weight", s->vocab, s->hidden);
+#undef M
 #undef T
     n += snprintf(h + n, cap - n, "}");
     while (n % 8) h[n++] = ' ';
@@ -151,24 +175,35 @@ static int write_model(const shape *s, const char *dir) {
     return bad;
 }
 
-/* every prepared weight gets fresh random values on the device */
+/* bytes a matrix occupies as stored (affine: codes, scales and biases) */
+static size_t mat_bytes(const be_mat *w) {
+    if (!be_traits(w->dt)->affine) return (size_t)w->rows * w->cols * be_dtype_size(w->dt);
+    return (size_t)w->rows * w->cols * be_traits(w->dt)->bits / 8 + 2 * (size_t)w->rows * (w->cols / w->group) * be_dtype_size(w->sdt);
+}
+
+/* one matrix: dense weights mean + std * u; norms (one row) 1 */
+static void fill(be_mat *w, uint64_t seed) {
+    int norm = w->rows == 1;
+    if (be_traits(w->dt)->affine) cuda_fill_random_affine(w, seed, 0.02f);
+    else cuda_fill_random(w->dev, w->dt, (size_t)w->rows * w->cols, seed, norm ? 1.0f : 0.0f, norm ? 0.0f : 0.02f);
+}
+
+/* every prepared weight gets fresh random values on the device; the bytes of the layers */
 static size_t randomize(cinfer_model *m) {
     uint64_t seed = 1;
     size_t bytes = 0;
     be_mat *all[3] = {&m->w.tok_embd, &m->w.out_norm, &m->w.lm_head};
     for (int i = 0; i < 3; i++) {
         if (i == 2 && m->w.lm_head.dev == m->w.tok_embd.dev) break;
-        be_mat *w = all[i];
-        cuda_fill_random(w->dev, w->dt, (size_t)w->rows * w->cols, seed++, i == 1 ? 1.0f : 0.0f, i == 1 ? 0.0f : 0.02f);
+        fill(all[i], seed++);
     }
     for (int l = 0; l < m->cfg.n_layer; l++) {
         be_mat *mats = (be_mat *)&m->w.layers[l];
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat); i++) {
             be_mat *w = &mats[i];
             if (!w->dev) continue;
-            int norm = w->rows == 1;
-            cuda_fill_random(w->dev, w->dt, (size_t)w->rows * w->cols, seed++, norm ? 1.0f : 0.0f, norm ? 0.0f : 0.02f);
-            bytes += (size_t)w->rows * w->cols * be_dtype_size(w->dt);
+            fill(w, seed++);
+            bytes += mat_bytes(w);
         }
     }
     return bytes;
@@ -671,6 +706,11 @@ int main(int argc, char **argv) {
     if (!s) { fprintf(stderr, "unknown shape %s\n", argv[1]); return 2; }
     int P = argc > 3 ? atoi(argv[3]) : 2048, G = argc > 4 ? atoi(argv[4]) : 128, NP = 128;
     double copy_gbs = 0, gemm_tf = 0;
+    const char *qv = getenv("BENCH_QUANT");
+    if (qv && *qv && (sscanf(qv, "%d %d", &q_bits, &q_group) != 2 || q_bits < 2 || q_bits > 8 || q_group < 32)) {
+        fprintf(stderr, "BENCH_QUANT=\"BITS GROUP\" (e.g. \"4 64\"), not '%s'\n", qv);
+        return 2;
+    }
     if (!getenv("BENCH_PROFILE")) ceilings(&copy_gbs, &gemm_tf);
     double t0 = cf_now();
     if (write_model(s, argv[2])) { fprintf(stderr, "cannot write %s\n", argv[2]); return 1; }
@@ -681,9 +721,14 @@ int main(int argc, char **argv) {
     size_t layer_bytes = randomize(m);
     double t_load = cf_now() - t0;
     const model_config *c = &m->cfg;
-    size_t head_bytes = (size_t)c->n_vocab * c->hidden * 2 + (size_t)c->hidden * 2;
+    size_t head_bytes = mat_bytes(&m->w.lm_head) + (size_t)c->hidden * 2;
     size_t step_bytes = layer_bytes + head_bytes;   /* weights read per decoded token (the embedding row aside) */
-    double layer_params = (double)layer_bytes / 2;
+    double layer_params = 0;   /* parameters of the layers' matrices and norms */
+    for (int l = 0; l < c->n_layer; l++)
+        for (size_t i = 0; i < sizeof(layer_weights) / sizeof(be_mat); i++) {
+            const be_mat *w = (const be_mat *)&m->w.layers[l] + i;
+            if (w->dev) layer_params += (double)w->rows * w->cols;
+        }
     cinfer_ctx_opts co = {.kv_f16 = 1};   /* f16 KV cache */
     cinfer_ctx *ctx = NULL;
     if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
@@ -756,7 +801,9 @@ int main(int argc, char **argv) {
     cuda_graph_stats(ctx->bc, &caps, &reps);
     double t_dec = median(td, 3), t_log = median(tl, 3);
     double dec_tps = G / t_dec, gbs = step_bytes * dec_tps / 1e9;
-    printf("## %s (bf16, %.2f GB of weights read per token; load + random fill %.1f s)\n", s->name, step_bytes / 1e9, t_load);
+    char wdesc[64] = "bf16";
+    if (q_bits) snprintf(wdesc, sizeof wdesc, "MLX affine %d-bit g%d, bf16 scales", q_bits, q_group);
+    printf("## %s (%s, %.2f GB of weights read per token; load + random fill %.1f s)\n", s->name, wdesc, step_bytes / 1e9, t_load);
     printf("ceilings: device-to-device copy %.0f GB/s (read+write), cuBLAS bf16 GEMM 8192^3 %.0f TFLOP/s\n", copy_gbs, gemm_tf);
     printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.0f TFLOP/s (%.0f%% of the GEMM rate)\n", P, t_pre * 1e3, P / t_pre,
            flops / t_pre / 1e12, 100.0 * flops / t_pre / 1e12 / gemm_tf);
@@ -773,9 +820,9 @@ int main(int argc, char **argv) {
     if (agg && agg_decode(m, agg, G, copy_gbs, step_bytes)) bad = 1;
     if (lng && long_decode(m, lng, G, copy_gbs, step_bytes)) bad = 1;
     if (kvq && kvq_decode(m, kvq, G, copy_gbs, step_bytes)) bad = 1;
-    printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
+    printf("{\"engine\":\"cinfer\",\"shape\":\"%s\",\"bits\":%d,\"group\":%d,\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflops\":%.1f,"
            "\"decode_tok_s\":%.2f,\"decode_gbs\":%.1f,\"step_bytes\":%zu,\"copy_gbs\":%.1f,\"gemm_tflops\":%.1f,\"flops_prefill\":%.4g}\n",
-           s->name, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);
+           s->name, q_bits, q_group, P, P / t_pre, flops / t_pre / 1e12, dec_tps, gbs, step_bytes, copy_gbs, gemm_tf, flops);
     free(ids);
     free(lg);
     cinfer_ctx_free(ctx);

@@ -8,8 +8,13 @@
  *
  * Matmul (same association as the CPU kernels and MLX's quantized_matmul:
  * per group s * sum x*q + b * sum x, f32):
- *   up to AFF_GEMV_N rows: k_affine_gemv, a warp per weight row, each lane 8
- *     codes at a time (`bits` whole bytes) for every token, f32 activations;
+ *   up to AFF_GEMV_N rows, 4 and 8 bits: gemm.cu's k_gemv_aff, inside the
+ *     dense GEMV's machinery (persistent grid, q/k/v and gate/up in one launch,
+ *     the rmsnorm prologue, the residual add);
+ *   up to AFF_GEMV_N rows, 2/3/5/6 bits: k_affine_gemv here, a warp per
+ *     weight row, each lane 8 codes at a time (`bits` whole bytes) for every
+ *     token, f32 activations;
+ *   up to AFF_CHUNKED_N rows: those GEMVs per AFF_GEMV_N rows;
  *   more rows (prefill): the matrix dequantized (s*q + b in f32, rounded to
  *     bf16, or f16 with f16 scales) into a workspace, then the dense cuBLAS
  *     path on activations rounded the same way (what MLX does for a bf16
@@ -20,26 +25,39 @@
 #include <string.h>
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/kvq.cuh"
+#include "backend/cuda/cuda-api.h"
 #include "quant/affine.h"
 
-#define AFF_GEMV_N 8      /* rows (tokens) up to which the GEMV runs */
+#define AFF_GEMV_N 8      /* rows (tokens) one GEMV launch takes */
+#define AFF_CHUNKED_N 32  /* rows up to which the GEMV runs (re-reading the weights per AFF_GEMV_N rows
+                             costs less than dequantizing the matrix for cuBLAS: 4 reads of 4.5 bits a
+                             weight against one read, a 16-bit write and a 16-bit read) */
 #define AFF_WARPS 4       /* weight rows per block */
 
 static size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* bytes of an affine matrix's packed codes and of its scales (as many of biases) */
+static void aff_sizes(int64_t rows, int64_t cols, int bits, int group, int sdt, size_t *codes, size_t *scales) {
+    *codes = (size_t)rows * aq_row_bytes(cols, bits);
+    *scales = (size_t)rows * (size_t)(cols / group) * be_dtype_size((be_dtype)sdt);
+}
+
 static void aff_bytes(const be_mat *m, size_t *codes, size_t *scales) {
-    *codes = (size_t)m->rows * aq_row_bytes(m->cols, be_traits(m->dt)->bits);
-    *scales = (size_t)m->rows * (m->cols / m->group) * be_dtype_size(m->sdt);
+    aff_sizes(m->rows, m->cols, be_traits(m->dt)->bits, m->group, m->sdt, codes, scales);
+}
+
+void cu_affine_parts(const void *base, int64_t rows, int64_t cols, int bits, int group, int sdt, const void **codes,
+                     const void **scales, const void **biases) {
+    size_t cb, sb;
+    aff_sizes(rows, cols, bits, group, sdt, &cb, &sb);
+    *codes = base;
+    *scales = (const unsigned char *)base + up256(cb);
+    *biases = (const unsigned char *)base + up256(cb) + up256(sb);
 }
 
 /* the three parts of an affine matrix in one buffer based at base */
 static void aff_parts(const be_mat *m, const unsigned char *base, const void **codes, const void **scales, const void **biases) {
-    size_t cb, sb;
-    aff_bytes(m, &cb, &sb);
-    *codes = base;
-    *scales = base + up256(cb);
-    *biases = base + up256(cb) + up256(sb);
+    cu_affine_parts(base, m->rows, m->cols, be_traits(m->dt)->bits, m->group, m->sdt, codes, scales, biases);
 }
 
 int cu_affine_upload(be_ctx *c, be_mat *m) {
@@ -192,6 +210,11 @@ static void aff_rec(cu_rec *r, const be_mat *w, int n) {
 
 void cu_affine_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
     cu_rec r;
+    if (n > AFF_GEMV_N && n <= AFF_CHUNKED_N) {   /* a few decode rows: the GEMV per AFF_GEMV_N of them */
+        for (int r0 = 0; r0 < n; r0 += AFF_GEMV_N)
+            cu_matmul_op(c, x + (size_t)r0 * w->cols, n - r0 < AFF_GEMV_N ? n - r0 : AFF_GEMV_N, w, bias, y + (size_t)r0 * w->rows, acc);
+        return;
+    }
     if (n <= AFF_GEMV_N) {
         aff_rec(&r, w, n);
         r.fn = l_affine_gemv;
@@ -226,4 +249,18 @@ void cu_affine_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, fl
     r.p[0] = cu_stage(c, ids, sizeof(int32_t) * (size_t)n);
     r.p[4] = out;
     cu_submit(c, &r);
+}
+
+/* random affine weights for benchmarks (cuda-api.h): random code bits, scales and biases that give
+ * weights of mean about 0 and standard deviation about std */
+extern "C" int cuda_fill_random_affine(const be_mat *m, uint64_t seed, float std) {
+    size_t cb, sb;
+    aff_bytes(m, &cb, &sb);
+    const void *codes, *scales, *biases;
+    aff_parts(m, (const unsigned char *)m->dev, &codes, &scales, &biases);
+    float top = (float)((1 << be_traits(m->dt)->bits) - 1), s = std * 3.4641016f / top;   /* codes uniform: sd top / sqrt(12) */
+    size_t ns = sb / be_dtype_size(m->sdt);
+    return cuda_fill_random((void *)codes, BE_F32, cb / 4, seed, 0.0f, 1.0f) ||
+           cuda_fill_random((void *)scales, m->sdt, ns, seed + 7919, s, 0.1f * s) ||
+           cuda_fill_random((void *)biases, m->sdt, ns, seed + 104729, -0.5f * top * s, 0.05f * top * s);
 }

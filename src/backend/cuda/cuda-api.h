@@ -18,6 +18,10 @@ extern "C" {
  * random-weight benchmarks write their weights on the device this way. */
 int cuda_fill_random(void *dev, be_dtype dt, size_t n, uint64_t seed, float mean, float std);
 
+/* Fills an uploaded MLX affine matrix (codes, scales, biases) with random codes and scales and
+ * biases that make weights of mean ~0 and standard deviation ~std. */
+int cuda_fill_random_affine(const be_mat *m, uint64_t seed, float std);
+
 /* Graph statistics of a CUDA backend context: steps captured and replayed. */
 void cuda_graph_stats(const be_ctx *c, long *captures, long *replays);
 

@@ -96,6 +96,7 @@ struct be_ctx {
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
+    int aff_gemv;            /* 4/8-bit affine decode through gemm.cu's k_gemv_aff (CINFER_CUDA_AFF_GEMV=0: affine.cu's, one matrix a launch) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */
@@ -164,6 +165,9 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 int cu_affine_upload(be_ctx *c, be_mat *m);
 void cu_affine_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc);
 void cu_affine_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
+/* the codes, scales and biases of an uploaded affine matrix whose buffer starts at base */
+void cu_affine_parts(const void *base, int64_t rows, int64_t cols, int bits, int group, int sdt, const void **codes,
+                     const void **scales, const void **biases);
 /* gemm.cu: y = x . w^T (+ bias), or y += with acc, any stored type */
 void cu_matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc);
 int cu_attn_many_fits(const be_ctx *c, int rows, int n_kv, int g, int nsplit);

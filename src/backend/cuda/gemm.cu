@@ -121,14 +121,21 @@ typedef struct gemv_set {
     int norm_dt;
     int prefetch;         /* stream this launch's rows into L2 before waiting on the kernel before */
     float norm_add, eps;
+    const void *sc[3], *bi[3];   /* affine weights (k_gemv_aff): per-group scales and biases of each matrix */
+    int sdt, group;              /* their dtype and group size (one for the set) */
 } gemv_set;
 
 #define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
 
+/* the shared-memory index of element i of an activation row: pad (the affine GEMV's layout) leaves 4 floats
+ * after every 32, so that lanes reading 16-byte pieces 32 or 16 elements apart hit different banks */
+__device__ __forceinline__ int xs_index(int i, int pad) { return pad ? i + (i >> 5) * 4 : i; }
+__host__ __device__ __forceinline__ int xs_row(int k, int pad) { return pad ? k + (k >> 5) * 4 : k; }
+
 /* xs[t][..] = x[t] / rms(x[t]) * (norm + add) for the block: x read once in
- * 16-byte loads, all issued before the first use (k % 4 == 0, k <= 8192) */
+ * 16-byte loads, all issued before the first use (k % 4 == 0, k <= 8192); rows xs_row(k, pad) apart */
 template <int N>
-__device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, float *xs, float *red) {
+__device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, float *xs, float *red, int pad) {
     constexpr int PER = GEMV_NORM_MAX / 4 / (GEMV_WARPS * 32);
     int nv = k / 4;
 #pragma unroll
@@ -154,7 +161,7 @@ __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, fl
         for (int u = 0; u < PER; u++) {
             int j = threadIdx.x + u * GEMV_WARPS * 32;
             if (j >= nv) continue;
-            float *o = xs + (size_t)t * k + 4 * j;
+            float *o = xs + (size_t)t * xs_row(k, pad) + xs_index(4 * j, pad);
             o[0] = v[u].x * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j) + st.norm_add);
             o[1] = v[u].y * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 1) + st.norm_add);
             o[2] = v[u].z * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 2) + st.norm_add);
@@ -244,7 +251,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
     if (st.prefetch && seg == 0 && lane == 0) gemv_prefetch<WT>(st, rpg, warp / ks, k);
     PDL_ENTRY();
     if (st.norm) {
-        gemv_norm_prologue<N>(st, x, k, xs, red);
+        gemv_norm_prologue<N>(st, x, k, xs, red, 0);
         x = xs;
     }
     int nv = k / V, slice = (nv + ks - 1) / ks;
@@ -278,6 +285,122 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
     }
 }
 
+/* ---------------------------------------------------- MLX affine weights, 4 and 8 bits */
+
+/* A warp streams AFF_RW weight rows side by side (gate/up: 2 of each), so every activation load
+ * serves that many rows; each lane takes whole 16-byte pieces of codes (32 4-bit or 16 8-bit codes,
+ * always inside one group: groups are multiples of 32), one scale and bias each. Per piece, the
+ * association of the other affine kernels: s * sum x*q + b * sum x, in f32, for every token. */
+#define AFF_RW 4
+
+/* byte i of w (a code, 0..255) as a float: the byte under 2^23's exponent, minus 2^23 (exact: a
+ * byte permute and an add instead of a quarter-rate integer-to-float conversion) */
+__device__ __forceinline__ float aff_byte(uint32_t w, int i) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (unsigned)i)) - 8388608.0f;
+}
+
+/* the 32 / BITS codes of one 32-bit word of a packed row, in order */
+template <int BITS> __device__ __forceinline__ void aff_word(uint32_t w, float *c) {
+    if (BITS == 4) {
+        uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[2 * i] = aff_byte(lo, i), c[2 * i + 1] = aff_byte(hi, i);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[i] = aff_byte(w, i);
+    }
+}
+
+__device__ __forceinline__ uint32_t u4_word(uint4 q, int u) { return u == 0 ? q.x : u == 1 ? q.y : u == 2 ? q.z : q.w; }
+
+template <int BITS, int N, int GLU>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
+    constexpr int V = 128 / BITS, C = 32 / BITS, S = AFF_RW, RW = GLU ? S / 2 : S;   /* codes a piece, a word; streams; rows */
+    __shared__ float red[GEMV_WARPS];
+    extern __shared__ float xs[];   /* [N][xs_row(k, 1)] with a norm prologue */
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, pad = 0;
+    PDL_ENTRY();
+    if (st.norm) {
+        gemv_norm_prologue<N>(st, x, k, xs, red, 1);
+        x = xs;
+        pad = 1;
+    }
+    const int nu = k / V, ng = k / st.group, xrow = xs_row(k, pad), rpg = GEMV_WARPS * RW;
+    const size_t rb = (size_t)k * BITS / 8;
+    for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x) {
+        int row0, mi = gemv_group(st, grp, rpg, &row0), m = st.m[mi];
+        row0 += warp * RW;
+        const uint4 *wr[S];
+        const void *scp[S], *bip[S];
+        size_t so[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) {   /* a row past the end reads row 0 and is never stored */
+            int wi = GLU ? s / RW : mi, r = row0 + s % RW < m ? row0 + s % RW : 0;
+            wr[s] = (const uint4 *)((const char *)st.w[wi] + (size_t)r * rb);
+            scp[s] = st.sc[wi];
+            bip[s] = st.bi[wi];
+            so[s] = (size_t)r * ng;
+        }
+        float acc[S][N];
+#pragma unroll
+        for (int s = 0; s < S; s++)
+#pragma unroll
+            for (int t = 0; t < N; t++) acc[s][t] = 0.0f;
+        for (int j = lane; j < nu; j += 32) {
+            uint4 q[S];
+            float sc[S], bi[S], xsum[N];
+#pragma unroll
+            for (int s = 0; s < S; s++) q[s] = ld_stream(wr[s] + j);
+            int g = j * V / st.group;
+#pragma unroll
+            for (int s = 0; s < S; s++) sc[s] = cu_mat_get(scp[s], st.sdt, so[s] + g), bi[s] = cu_mat_get(bip[s], st.sdt, so[s] + g);
+#pragma unroll
+            for (int t = 0; t < N; t++) xsum[t] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float cf[S][C];
+#pragma unroll
+                for (int s = 0; s < S; s++) aff_word<BITS>(u4_word(q[s], u), cf[s]);
+#pragma unroll
+                for (int t = 0; t < N; t++) {
+                    const float4 *xp = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, pad));
+                    float xv[C];
+#pragma unroll
+                    for (int i = 0; i < C / 4; i++) {
+                        float4 v = xp[i];
+                        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+                    }
+                    float sx = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < C; i++) sx += xv[i];
+                    xsum[t] += sx;
+#pragma unroll
+                    for (int s = 0; s < S; s++) {
+                        float d = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < C; i++) d += cf[s][i] * xv[i];
+                        acc[s][t] += sc[s] * d;
+                    }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < S; s++)
+#pragma unroll
+                for (int t = 0; t < N; t++) acc[s][t] += bi[s] * xsum[t];
+        }
+#pragma unroll
+        for (int s = 0; s < S; s++) warp_sum<N>(acc[s]);
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+            if (lane == r && row0 + r < m) {
+                float a2[2][N];
+#pragma unroll
+                for (int t = 0; t < N; t++) a2[0][t] = acc[r][t], a2[1][t] = GLU ? acc[RW + r][t] : 0.0f;
+                gemv_store<N>(st, mi, row0 + r, m, a2);
+            }
+    }
+}
+
 /* any k, any alignment, any n: warp per row, weights re-read per token */
 __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const void *bias, int bdt, float *y, int m, int k) {
     PDL_ENTRY();
@@ -294,6 +417,17 @@ __global__ void k_gemv_any(const void *w, int dt, const float *x, int n, const v
     }
 }
 
+/* numbers the set's row groups of rpg rows (st->gend); their count */
+static unsigned gemv_groups(gemv_set *st, int count, int rpg) {
+    int end = 0;
+    if (st->glu) count = 1;   /* one walk over the rows of both matrices */
+    for (int i = 0; i < 3; i++) {
+        if (i < count) end += (st->m[i] + rpg - 1) / rpg;
+        st->gend[i] = end;
+    }
+    return (unsigned)end;
+}
+
 /* launches the GEMV over the set's count matrices (all with k columns) */
 template <typename WT>
 static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
@@ -301,13 +435,7 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
      * slices of at least 128 16-byte loads */
     int ks = 1, nv = k / (int)(16 / sizeof(WT));
     while ((n > 1 || c->batch_inv) && ks < GEMV_WARPS && nv / (ks * 2) >= 128) ks *= 2;
-    int rpg = GEMV_WARPS / ks, end = 0;
-    if (st.glu) count = 1;   /* one walk over the rows of both matrices */
-    for (int i = 0; i < 3; i++) {
-        if (i < count) end += (st.m[i] + rpg - 1) / rpg;
-        st.gend[i] = end;
-    }
-    unsigned groups = (unsigned)end;
+    unsigned groups = gemv_groups(&st, count, GEMV_WARPS / ks);
     if (!groups || n <= 0) return;   /* no rows or no tokens: nothing to launch */
     size_t smem = st.norm ? sizeof(float) * (size_t)n * k : 0;
     st.prefetch = c->prefetch && c->light_prev;
@@ -323,8 +451,29 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
     }
 }
 
+/* the affine GEMV over the set's matrices (BITS 4 or 8) */
+template <int BITS>
+static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
+    unsigned groups = gemv_groups(&st, count, GEMV_WARPS * (st.glu ? AFF_RW / 2 : AFF_RW));
+    if (!groups || n <= 0) return;
+    size_t smem = st.norm ? sizeof(float) * (size_t)n * xs_row(k, 1) : 0;
+    unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
+    dim3 grid(groups < most ? groups : most), block(GEMV_WARPS * 32);
+    switch (n) {
+#define CASE(N)                                                                                      \
+    case N:                                                                                          \
+        if (st.glu) cu_launch(c, k_gemv_aff<BITS, N, 1>, grid, block, smem, st, x, k);               \
+        else cu_launch(c, k_gemv_aff<BITS, N, 0>, grid, block, smem, st, x, k);                      \
+        break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}
+
 static void gemv_launch(be_ctx *c, int n, int dt, gemv_set st, int count, const float *x, int k) {
-    if (dt == BE_BF16) gemv_n<__nv_bfloat16>(c, n, st, count, x, k);
+    if (dt == BE_Q4) gemv_aff_n<4>(c, n, st, count, x, k);
+    else if (dt == BE_Q8) gemv_aff_n<8>(c, n, st, count, x, k);
+    else if (dt == BE_BF16) gemv_n<__nv_bfloat16>(c, n, st, count, x, k);
     else if (dt == BE_F16) gemv_n<__half>(c, n, st, count, x, k);
     else gemv_n<float>(c, n, st, count, x, k);
 }
@@ -463,6 +612,13 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
     st.norm_dt = (int)r->i[12];
     st.norm_add = r->f[0];
     st.eps = r->f[1];
+    int dt = (int)r->i[2], k = (int)r->i[1];
+    if (be_traits((be_dtype)dt)->affine) {   /* i[13]: group | scale dtype << 16 */
+        st.group = (int)(r->i[13] & 0xffff);
+        st.sdt = (int)(r->i[13] >> 16);
+        for (int i = 0; i < count; i++)
+            cu_affine_parts(r->p[1 + i], st.m[i], k, be_traits((be_dtype)dt)->bits, st.group, st.sdt, &st.w[i], &st.sc[i], &st.bi[i]);
+    }
     gemv_launch(c, (int)r->i[0], (int)r->i[2], st, count, (const float *)r->p[0], (int)r->i[1]);
     CU_LAUNCHED(c, "gemv (several matrices)");
 }
@@ -477,11 +633,15 @@ static int gemv_rows(const be_ctx *c) {
 
 /* 1 when the count matrices can share one GEMV launch over x (n rows) */
 static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_mat *const *w) {
-    for (int i = 0; i < count; i++)
-        if (be_traits(w[i]->dt)->affine) return 0;   /* affine.cu, one matrix at a time */
-    int k = (int)w[0]->cols, vec = 16 / (int)be_dtype_size(w[0]->dt);
-    int ok = count >= 1 && count <= 3 && n <= gemv_rows(c) && k % vec == 0 && k % 4 == 0 && ((uintptr_t)x & 15) == 0;
-    for (int i = 1; i < count && ok; i++) ok = w[i]->cols == k && w[i]->dt == w[0]->dt;
+    /* affine: 4- and 8-bit codes (k_gemv_aff) up to GEMV_MAX_N rows, one group size and scale dtype
+     * for the set; other widths go through affine.cu one matrix at a time */
+    int aff = be_traits(w[0]->dt)->affine, bits = be_traits(w[0]->dt)->bits;
+    if (aff && ((bits != 4 && bits != 8) || !c->aff_gemv)) return 0;
+    int k = (int)w[0]->cols, vec = aff ? 128 / bits : 16 / (int)be_dtype_size(w[0]->dt);
+    int ok = count >= 1 && count <= 3 && n <= (aff ? GEMV_MAX_N : gemv_rows(c)) && k % vec == 0 && k % 4 == 0 &&
+             ((uintptr_t)x & 15) == 0 && (!aff || w[0]->group % vec == 0);
+    for (int i = 1; i < count && ok; i++)
+        ok = w[i]->cols == k && w[i]->dt == w[0]->dt && (!aff || (w[i]->group == w[0]->group && w[i]->sdt == w[0]->sdt));
     return ok;
 }
 
@@ -508,6 +668,7 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
     r.i[12] = o->norm ? o->norm->dt : 0;
     r.f[0] = o->norm_add;
     r.f[1] = o->eps;
+    r.i[13] = (int64_t)w[0]->group | (int64_t)w[0]->sdt << 16;
     for (int i = 0; i < count; i++) {
         r.p[1 + i] = w[i]->dev;
         r.p[4 + i] = bias[i] ? bias[i]->dev : NULL;
@@ -520,7 +681,7 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
 
 /* acc: y += the product (the 16-byte GEMV and cuBLAS; the any-shape GEMV has no accumulate) */
 void cu_matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc) {
-    if (be_traits(w->dt)->affine) {   /* affine.cu */
+    if (be_traits(w->dt)->affine && !multi_ok(c, x, n, 1, &w)) {   /* affine.cu */
         cu_affine_matmul(c, x, n, w, bias, y, acc);
         return;
     }
