@@ -122,7 +122,7 @@ typedef struct gemv_set {
     int prefetch;         /* stream this launch's rows into L2 before waiting on the kernel before */
     float norm_add, eps;
     const void *sc[3], *bi[3];   /* affine weights (k_gemv_aff): per-group scales and biases of each matrix */
-    int sdt, group;              /* their dtype and group size (one for the set) */
+    int sdt, group, gshift;      /* their dtype, group size (one for the set) and its log2 */
 } gemv_set;
 
 #define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
@@ -313,9 +313,61 @@ template <int BITS> __device__ __forceinline__ void aff_word(uint32_t w, float *
 
 __device__ __forceinline__ uint32_t u4_word(uint4 q, int u) { return u == 0 ? q.x : u == 1 ? q.y : u == 2 ? q.z : q.w; }
 
-template <int BITS, int N, int GLU>
+/* the codes (16 bytes), scale and bias of piece j of each stream's row */
+template <int S>
+__device__ __forceinline__ void aff_load(const uint4 *const *wr, const void *const *scp, const void *const *bip, const size_t *so, int sdt,
+                                         int g, int j, uint4 *q, float *sc, float *bi) {
+#pragma unroll
+    for (int s = 0; s < S; s++) q[s] = ld_stream(wr[s] + j);
+#pragma unroll
+    for (int s = 0; s < S; s++) sc[s] = cu_mat_get(scp[s], sdt, so[s] + g), bi[s] = cu_mat_get(bip[s], sdt, so[s] + g);
+}
+
+/* acc[s][t] += sc[s] * sum x[t]*q + bi[s] * sum x[t] over piece j's codes (x rows xrow apart, xs_index layout when pad) */
+template <int BITS, int N, int S>
+__device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const float *bi, const float *x, int xrow, int pad, int j,
+                                          float (*acc)[N]) {
+    constexpr int V = 128 / BITS, C = 32 / BITS;
+    float xsum[N];
+#pragma unroll
+    for (int t = 0; t < N; t++) xsum[t] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        float cf[S][C];
+#pragma unroll
+        for (int s = 0; s < S; s++) aff_word<BITS>(u4_word(q[s], u), cf[s]);
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            const float4 *xp = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, pad));
+            float xv[C];
+#pragma unroll
+            for (int i = 0; i < C / 4; i++) {
+                float4 v = xp[i];
+                xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+            }
+            float sx = 0.0f;
+#pragma unroll
+            for (int i = 0; i < C; i++) sx += xv[i];
+            xsum[t] += sx;
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                float d0 = 0.0f, d1 = 0.0f;   /* two chains */
+#pragma unroll
+                for (int i = 0; i < C; i += 2) d0 += cf[s][i] * xv[i], d1 += cf[s][i + 1] * xv[i + 1];
+                acc[s][t] += sc[s] * (d0 + d1);
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int t = 0; t < N; t++) acc[s][t] += bi[s] * xsum[t];
+}
+
+/* PIPE: piece j + 32's loads are issued before piece j is computed */
+template <int BITS, int N, int GLU, int PIPE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
-    constexpr int V = 128 / BITS, C = 32 / BITS, S = AFF_RW, RW = GLU ? S / 2 : S;   /* codes a piece, a word; streams; rows */
+    constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? S / 2 : S;   /* codes a piece; streams; rows */
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [N][xs_row(k, 1)] with a norm prologue */
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, pad = 0;
@@ -325,7 +377,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
         x = xs;
         pad = 1;
     }
-    const int nu = k / V, ng = k / st.group, xrow = xs_row(k, pad), rpg = GEMV_WARPS * RW;
+    const int nu = k / V, ng = k / st.group, xrow = xs_row(k, pad), rpg = GEMV_WARPS * RW, gsh = st.gshift;
     const size_t rb = (size_t)k * BITS / 8;
     for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x) {
         int row0, mi = gemv_group(st, grp, rpg, &row0), m = st.m[mi];
@@ -346,47 +398,20 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
         for (int s = 0; s < S; s++)
 #pragma unroll
             for (int t = 0; t < N; t++) acc[s][t] = 0.0f;
+        uint4 q[S];
+        float sc[S], bi[S];
+        if (PIPE && lane < nu) aff_load<S>(wr, scp, bip, so, st.sdt, (lane * V) >> gsh, lane, q, sc, bi);
         for (int j = lane; j < nu; j += 32) {
-            uint4 q[S];
-            float sc[S], bi[S], xsum[N];
+            uint4 qc[S];
+            float scc[S], bic[S];
+            if (PIPE) {
 #pragma unroll
-            for (int s = 0; s < S; s++) q[s] = ld_stream(wr[s] + j);
-            int g = j * V / st.group;
-#pragma unroll
-            for (int s = 0; s < S; s++) sc[s] = cu_mat_get(scp[s], st.sdt, so[s] + g), bi[s] = cu_mat_get(bip[s], st.sdt, so[s] + g);
-#pragma unroll
-            for (int t = 0; t < N; t++) xsum[t] = 0.0f;
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                float cf[S][C];
-#pragma unroll
-                for (int s = 0; s < S; s++) aff_word<BITS>(u4_word(q[s], u), cf[s]);
-#pragma unroll
-                for (int t = 0; t < N; t++) {
-                    const float4 *xp = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, pad));
-                    float xv[C];
-#pragma unroll
-                    for (int i = 0; i < C / 4; i++) {
-                        float4 v = xp[i];
-                        xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
-                    }
-                    float sx = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < C; i++) sx += xv[i];
-                    xsum[t] += sx;
-#pragma unroll
-                    for (int s = 0; s < S; s++) {
-                        float d = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < C; i++) d += cf[s][i] * xv[i];
-                        acc[s][t] += sc[s] * d;
-                    }
-                }
+                for (int s = 0; s < S; s++) qc[s] = q[s], scc[s] = sc[s], bic[s] = bi[s];
+                if (j + 32 < nu) aff_load<S>(wr, scp, bip, so, st.sdt, ((j + 32) * V) >> gsh, j + 32, q, sc, bi);
+            } else {
+                aff_load<S>(wr, scp, bip, so, st.sdt, (j * V) >> gsh, j, qc, scc, bic);
             }
-#pragma unroll
-            for (int s = 0; s < S; s++)
-#pragma unroll
-                for (int t = 0; t < N; t++) acc[s][t] += bi[s] * xsum[t];
+            aff_piece<BITS, N, S>(qc, scc, bic, x, xrow, pad, j, acc);
         }
 #pragma unroll
         for (int s = 0; s < S; s++) warp_sum<N>(acc[s]);
@@ -462,8 +487,11 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     switch (n) {
 #define CASE(N)                                                                                      \
     case N:                                                                                          \
-        if (st.glu) cu_launch(c, k_gemv_aff<BITS, N, 1>, grid, block, smem, st, x, k);               \
-        else cu_launch(c, k_gemv_aff<BITS, N, 0>, grid, block, smem, st, x, k);                      \
+        if (c->aff_gemv == 2 && N == 1) {   /* A/B: without the pipelined loads */                  \
+            if (st.glu) cu_launch(c, k_gemv_aff<BITS, N, 1, 0>, grid, block, smem, st, x, k);        \
+            else cu_launch(c, k_gemv_aff<BITS, N, 0, 0>, grid, block, smem, st, x, k);               \
+        } else if (st.glu) cu_launch(c, k_gemv_aff<BITS, N, 1, 1>, grid, block, smem, st, x, k);    \
+        else cu_launch(c, k_gemv_aff<BITS, N, 0, 1>, grid, block, smem, st, x, k);                   \
         break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
@@ -616,6 +644,7 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
     if (be_traits((be_dtype)dt)->affine) {   /* i[13]: group | scale dtype << 16 */
         st.group = (int)(r->i[13] & 0xffff);
         st.sdt = (int)(r->i[13] >> 16);
+        while ((1 << st.gshift) < st.group) st.gshift++;   /* groups are powers of two (multi_ok) */
         for (int i = 0; i < count; i++)
             cu_affine_parts(r->p[1 + i], st.m[i], k, be_traits((be_dtype)dt)->bits, st.group, st.sdt, &st.w[i], &st.sc[i], &st.bi[i]);
     }
@@ -639,7 +668,7 @@ static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_
     if (aff && ((bits != 4 && bits != 8) || !c->aff_gemv)) return 0;
     int k = (int)w[0]->cols, vec = aff ? 128 / bits : 16 / (int)be_dtype_size(w[0]->dt);
     int ok = count >= 1 && count <= 3 && n <= (aff ? GEMV_MAX_N : gemv_rows(c)) && k % vec == 0 && k % 4 == 0 &&
-             ((uintptr_t)x & 15) == 0 && (!aff || w[0]->group % vec == 0);
+             ((uintptr_t)x & 15) == 0 && (!aff || (w[0]->group % vec == 0 && !(w[0]->group & (w[0]->group - 1))));
     for (int i = 1; i < count && ok; i++)
         ok = w[i]->cols == k && w[i]->dt == w[0]->dt && (!aff || (w[i]->group == w[0]->group && w[i]->sdt == w[0]->sdt));
     return ok;
