@@ -123,6 +123,7 @@ typedef struct gemv_set {
     float norm_add, eps;
     const void *sc[3], *bi[3];   /* affine weights (k_gemv_aff): per-group scales and biases of each matrix */
     int sdt, group, gshift;      /* their dtype, group size (one for the set) and its log2 */
+    int xcopy;                   /* k_gemv_aff: copy x to shared memory first (no norm prologue) */
 } gemv_set;
 
 #define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
@@ -287,11 +288,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
 
 /* ---------------------------------------------------- MLX affine weights, 4 and 8 bits */
 
-/* A warp streams AFF_RW weight rows side by side (gate/up: 2 of each), so every activation load
- * serves that many rows; each lane takes whole 16-byte pieces of codes (32 4-bit or 16 8-bit codes,
- * always inside one group: groups are multiples of 32), one scale and bias each. Per piece, the
- * association of the other affine kernels: s * sum x*q + b * sum x, in f32, for every token. */
-#define AFF_RW 4
+/* A warp streams AFF_RW weight rows side by side (gate/up: one of each), so every activation read
+ * serves both; each lane takes whole 16-byte pieces of codes (32 4-bit or 16 8-bit codes, always
+ * inside one group: groups are multiples of 32), one scale and bias each, and loads AFF_U pieces of
+ * every row before computing any (a 4-bit row of 4096 codes is one such round: the loads of a
+ * whole row in flight at once). The activations sit in shared memory (the rmsnorm prologue's
+ * output, or a copy when n*k <= AFF_XS_MAX), padded so that lanes reading pieces apart hit
+ * different banks; past that they are read from global memory. Per piece, the association of
+ * the other affine kernels: s * sum x*q + b * sum x, in f32, for every token. Measured on the
+ * H200 (8B shape, 4-bit): 4 rows a warp, one piece a lane at a time and the activations in
+ * global memory stalled on every piece's loads (16-31% of issue slots used, 0.6-1.0 TB/s). */
+#define AFF_RW 2
+#define AFF_U 4
+#define AFF_XS_MAX 16384
 
 /* byte i of w (a code, 0..255) as a float: the byte under 2^23's exponent, minus 2^23 (exact: a
  * byte permute and an add instead of a quarter-rate integer-to-float conversion) */
@@ -364,16 +373,21 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
         for (int t = 0; t < N; t++) acc[s][t] += bi[s] * xsum[t];
 }
 
-/* PIPE: piece j + 32's loads are issued before piece j is computed */
-template <int BITS, int N, int GLU, int PIPE>
+template <int BITS, int N, int GLU>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
-    constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? S / 2 : S;   /* codes a piece; streams; rows */
+    constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
     __shared__ float red[GEMV_WARPS];
-    extern __shared__ float xs[];   /* [N][xs_row(k, 1)] with a norm prologue */
+    extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations */
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, pad = 0;
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<N>(st, x, k, xs, red, 1);
+        x = xs;
+        pad = 1;
+    } else if (st.xcopy) {
+        for (int e = threadIdx.x * 4; e < N * k; e += GEMV_WARPS * 32 * 4)
+            *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = *(const float4 *)(x + e);
+        __syncthreads();
         x = xs;
         pad = 1;
     }
@@ -387,7 +401,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
         size_t so[S];
 #pragma unroll
         for (int s = 0; s < S; s++) {   /* a row past the end reads row 0 and is never stored */
-            int wi = GLU ? s / RW : mi, r = row0 + s % RW < m ? row0 + s % RW : 0;
+            int wi = GLU ? s : mi, r = row0 + s % RW < m ? row0 + s % RW : 0;
             wr[s] = (const uint4 *)((const char *)st.w[wi] + (size_t)r * rb);
             scp[s] = st.sc[wi];
             bip[s] = st.bi[wi];
@@ -398,20 +412,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
         for (int s = 0; s < S; s++)
 #pragma unroll
             for (int t = 0; t < N; t++) acc[s][t] = 0.0f;
-        uint4 q[S];
-        float sc[S], bi[S];
-        if (PIPE && lane < nu) aff_load<S>(wr, scp, bip, so, st.sdt, (lane * V) >> gsh, lane, q, sc, bi);
-        for (int j = lane; j < nu; j += 32) {
-            uint4 qc[S];
-            float scc[S], bic[S];
-            if (PIPE) {
+        for (int j0 = lane; j0 < nu; j0 += 32 * AFF_U) {
+            uint4 q[AFF_U][S];
+            float sc[AFF_U][S], bi[AFF_U][S];
 #pragma unroll
-                for (int s = 0; s < S; s++) qc[s] = q[s], scc[s] = sc[s], bic[s] = bi[s];
-                if (j + 32 < nu) aff_load<S>(wr, scp, bip, so, st.sdt, ((j + 32) * V) >> gsh, j + 32, q, sc, bi);
-            } else {
-                aff_load<S>(wr, scp, bip, so, st.sdt, (j * V) >> gsh, j, qc, scc, bic);
+            for (int p = 0; p < AFF_U; p++) {
+                int j = j0 + 32 * p;
+                if (j < nu) aff_load<S>(wr, scp, bip, so, st.sdt, (j * V) >> gsh, j, q[p], sc[p], bi[p]);
             }
-            aff_piece<BITS, N, S>(qc, scc, bic, x, xrow, pad, j, acc);
+#pragma unroll
+            for (int p = 0; p < AFF_U; p++) {
+                int j = j0 + 32 * p;
+                if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], x, xrow, pad, j, acc);
+            }
         }
 #pragma unroll
         for (int s = 0; s < S; s++) warp_sum<N>(acc[s]);
@@ -420,7 +433,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
             if (lane == r && row0 + r < m) {
                 float a2[2][N];
 #pragma unroll
-                for (int t = 0; t < N; t++) a2[0][t] = acc[r][t], a2[1][t] = GLU ? acc[RW + r][t] : 0.0f;
+                for (int t = 0; t < N; t++) a2[0][t] = acc[r][t], a2[1][t] = GLU ? acc[1][t] : 0.0f;
                 gemv_store<N>(st, mi, row0 + r, m, a2);
             }
     }
@@ -477,21 +490,27 @@ static void gemv_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int
 }
 
 /* the affine GEMV over the set's matrices (BITS 4 or 8) */
+template <int BITS, int N, int GLU>
+static void aff_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
+    if (smem > 48 * 1024 &&
+        cu_check(c, cudaFuncSetAttribute(k_gemv_aff<BITS, N, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        return;
+    cu_launch(c, k_gemv_aff<BITS, N, GLU>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
+}
+
 template <int BITS>
 static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
-    unsigned groups = gemv_groups(&st, count, GEMV_WARPS * (st.glu ? AFF_RW / 2 : AFF_RW));
+    unsigned groups = gemv_groups(&st, count, GEMV_WARPS * (st.glu ? 1 : AFF_RW));
     if (!groups || n <= 0) return;
-    size_t smem = st.norm ? sizeof(float) * (size_t)n * xs_row(k, 1) : 0;
+    st.xcopy = !st.norm && (size_t)n * k <= AFF_XS_MAX && c->aff_gemv != 2;   /* 2: global activations (A/B) */
+    size_t smem = st.norm || st.xcopy ? sizeof(float) * (size_t)n * xs_row(k, 1) : 0;
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
-    dim3 grid(groups < most ? groups : most), block(GEMV_WARPS * 32);
+    dim3 grid(groups < most ? groups : most);
     switch (n) {
-#define CASE(N)                                                                                      \
-    case N:                                                                                          \
-        if (c->aff_gemv == 2 && N == 1) {   /* A/B: without the pipelined loads */                  \
-            if (st.glu) cu_launch(c, k_gemv_aff<BITS, N, 1, 0>, grid, block, smem, st, x, k);        \
-            else cu_launch(c, k_gemv_aff<BITS, N, 0, 0>, grid, block, smem, st, x, k);               \
-        } else if (st.glu) cu_launch(c, k_gemv_aff<BITS, N, 1, 1>, grid, block, smem, st, x, k);    \
-        else cu_launch(c, k_gemv_aff<BITS, N, 0, 1>, grid, block, smem, st, x, k);                   \
+#define CASE(N)                                                                \
+    case N:                                                                    \
+        if (st.glu) aff_launch<BITS, N, 1>(c, grid, smem, st, x, k);           \
+        else aff_launch<BITS, N, 0>(c, grid, smem, st, x, k);                  \
         break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
