@@ -291,7 +291,7 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
             for (int l = 0; l < c->n_layer; l++) {
                 const be_mat *w = (const be_mat *)((const char *)&m->w.layers[l] + offs[o]);
                 be->matmul(bc, x, 1, w, NULL, y);
-                bytes += (size_t)w->rows * w->cols * 2;
+                bytes += mat_bytes(w);
             }
             cudaDeviceSynchronize();
             double t = (cf_now() - a) / c->n_layer;
@@ -310,7 +310,7 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
             const be_mat *ws[3] = {g ? &lw->w_gate : &lw->wq, g ? &lw->w_up : &lw->wk, &lw->wv}, *bs[3] = {NULL, NULL, NULL};
             float *ys[3] = {y, z, y};
             be->norm_matmul(bc, x, 1, &lw->attn_norm, 0.0f, 1e-5f, y, g ? 2 : 3, ws, bs, ys, g);
-            for (int i = 0; i < (g ? 2 : 3); i++) bytes += (size_t)ws[i]->rows * ws[i]->cols * 2;
+            for (int i = 0; i < (g ? 2 : 3); i++) bytes += mat_bytes(ws[i]);
         }
         cudaDeviceSynchronize();
         double t = (cf_now() - a) / c->n_layer;
@@ -322,7 +322,7 @@ static void breakdown(cinfer_model *m, cinfer_ctx *ctx, double step_s) {
     for (int r = 0; r < 5; r++) be->matmul(bc, x, 1, &m->w.lm_head, NULL, y);
     cudaDeviceSynchronize();
     double th = (cf_now() - a) / 5;
-    printf("  %-10s %7.1f us  %6.0f GB/s\n", "lm_head", th * 1e6, (double)m->w.lm_head.rows * m->w.lm_head.cols * 2 / th / 1e9);
+    printf("  %-10s %7.1f us  %6.0f GB/s\n", "lm_head", th * 1e6, (double)mat_bytes(&m->w.lm_head) / th / 1e9);
     /* the attention ops of one decode step at position 200 of a sequence holding two f16 pages of 128 */
     {
         int hd = c->head_dim, cap = 256, p0 = 200, one = 1, zero = 0;

@@ -123,7 +123,6 @@ typedef struct gemv_set {
     float norm_add, eps;
     const void *sc[3], *bi[3];   /* affine weights (k_gemv_aff): per-group scales and biases of each matrix */
     int sdt, group, gshift;      /* their dtype, group size (one for the set) and its log2 */
-    int xcopy;                   /* k_gemv_aff: copy x to shared memory first (no norm prologue) */
 } gemv_set;
 
 #define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
@@ -293,11 +292,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
  * inside one group: groups are multiples of 32), one scale and bias each, and loads AFF_U pieces of
  * every row before computing any (a 4-bit row of 4096 codes is one such round: the loads of a
  * whole row in flight at once). The activations sit in shared memory (the rmsnorm prologue's
- * output, or a copy when n*k <= AFF_XS_MAX), padded so that lanes reading pieces apart hit
- * different banks; past that they are read from global memory. Per piece, the association of
- * the other affine kernels: s * sum x*q + b * sum x, in f32, for every token. Measured on the
- * H200 (8B shape, 4-bit): 4 rows a warp, one piece a lane at a time and the activations in
- * global memory stalled on every piece's loads (16-31% of issue slots used, 0.6-1.0 TB/s). */
+ * output, or a copy), padded so that lanes reading pieces apart hit different banks; a launch
+ * takes as many tokens as fit in AFF_XS_MAX floats (more are further launches). Per piece, the
+ * association of the other affine kernels: s * sum x*q + b * sum x, in f32, for every token.
+ * Measured on the H200 (8B shape, 4-bit, ncu): 4 rows a warp, one piece a lane at a time and the
+ * activations read through generic loads stalled on the long scoreboard at every piece (16-31%
+ * of issue slots used, 0.6-1.0 TB/s). */
 #define AFF_RW 2
 #define AFF_U 4
 #define AFF_XS_MAX 16384
@@ -322,20 +322,31 @@ template <int BITS> __device__ __forceinline__ void aff_word(uint32_t w, float *
 
 __device__ __forceinline__ uint32_t u4_word(uint4 q, int u) { return u == 0 ? q.x : u == 1 ? q.y : u == 2 ? q.z : q.w; }
 
-/* the codes (16 bytes), scale and bias of piece j of each stream's row */
+/* the codes (16 bytes), scale and bias of piece j of each stream's row (one dtype branch around all
+ * the scale loads, so that they issue together) */
 template <int S>
 __device__ __forceinline__ void aff_load(const uint4 *const *wr, const void *const *scp, const void *const *bip, const size_t *so, int sdt,
                                          int g, int j, uint4 *q, float *sc, float *bi) {
 #pragma unroll
     for (int s = 0; s < S; s++) q[s] = ld_stream(wr[s] + j);
+    if (sdt == BE_F32) {
 #pragma unroll
-    for (int s = 0; s < S; s++) sc[s] = cu_mat_get(scp[s], sdt, so[s] + g), bi[s] = cu_mat_get(bip[s], sdt, so[s] + g);
+        for (int s = 0; s < S; s++) sc[s] = ((const float *)scp[s])[so[s] + g], bi[s] = ((const float *)bip[s])[so[s] + g];
+    } else {
+        unsigned short hs[S], hb[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) hs[s] = ((const unsigned short *)scp[s])[so[s] + g], hb[s] = ((const unsigned short *)bip[s])[so[s] + g];
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            if (sdt == BE_BF16) sc[s] = __uint_as_float((uint32_t)hs[s] << 16), bi[s] = __uint_as_float((uint32_t)hb[s] << 16);
+            else sc[s] = __half2float(__ushort_as_half(hs[s])), bi[s] = __half2float(__ushort_as_half(hb[s]));
+        }
+    }
 }
 
-/* acc[s][t] += sc[s] * sum x[t]*q + bi[s] * sum x[t] over piece j's codes (x rows xrow apart, xs_index layout when pad) */
+/* acc[s][t] += sc[s] * sum x[t]*q + bi[s] * sum x[t] over piece j's codes (x: shared memory, rows xrow apart, xs_index's layout) */
 template <int BITS, int N, int S>
-__device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const float *bi, const float *x, int xrow, int pad, int j,
-                                          float (*acc)[N]) {
+__device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const float *bi, const float *x, int xrow, int j, float (*acc)[N]) {
     constexpr int V = 128 / BITS, C = 32 / BITS;
     float xsum[N];
 #pragma unroll
@@ -347,7 +358,7 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
         for (int s = 0; s < S; s++) aff_word<BITS>(u4_word(q[s], u), cf[s]);
 #pragma unroll
         for (int t = 0; t < N; t++) {
-            const float4 *xp = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, pad));
+            const float4 *xp = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, 1));
             float xv[C];
 #pragma unroll
             for (int i = 0; i < C / 4; i++) {
@@ -378,20 +389,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations */
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, pad = 0;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<N>(st, x, k, xs, red, 1);
-        x = xs;
-        pad = 1;
-    } else if (st.xcopy) {
+    } else {
         for (int e = threadIdx.x * 4; e < N * k; e += GEMV_WARPS * 32 * 4)
             *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = *(const float4 *)(x + e);
         __syncthreads();
-        x = xs;
-        pad = 1;
     }
-    const int nu = k / V, ng = k / st.group, xrow = xs_row(k, pad), rpg = GEMV_WARPS * RW, gsh = st.gshift;
+    const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
     const size_t rb = (size_t)k * BITS / 8;
     for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x) {
         int row0, mi = gemv_group(st, grp, rpg, &row0), m = st.m[mi];
@@ -423,7 +430,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
 #pragma unroll
             for (int p = 0; p < AFF_U; p++) {
                 int j = j0 + 32 * p;
-                if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], x, xrow, pad, j, acc);
+                if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], xs, xrow, j, acc);
             }
         }
 #pragma unroll
@@ -502,18 +509,26 @@ template <int BITS>
 static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
     unsigned groups = gemv_groups(&st, count, GEMV_WARPS * (st.glu ? 1 : AFF_RW));
     if (!groups || n <= 0) return;
-    st.xcopy = !st.norm && (size_t)n * k <= AFF_XS_MAX && c->aff_gemv != 2;   /* 2: global activations (A/B) */
-    size_t smem = st.norm || st.xcopy ? sizeof(float) * (size_t)n * xs_row(k, 1) : 0;
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
-    switch (n) {
+    /* tokens a launch takes: their activations fit in shared memory (the norm prologue's always do) */
+    int nc = AFF_XS_MAX / k < n ? AFF_XS_MAX / k : n;
+    for (int r0 = 0; r0 < n; r0 += nc) {
+        int nt = n - r0 < nc ? n - r0 : nc;
+        gemv_set sc = st;
+        for (int i = 0; i < 3; i++)
+            if (sc.y[i]) sc.y[i] += (size_t)r0 * sc.m[i];
+        size_t smem = sizeof(float) * (size_t)nt * xs_row(k, 1);
+        const float *xc = x + (size_t)r0 * k;
+        switch (nt) {
 #define CASE(N)                                                                \
     case N:                                                                    \
-        if (st.glu) aff_launch<BITS, N, 1>(c, grid, smem, st, x, k);           \
-        else aff_launch<BITS, N, 0>(c, grid, smem, st, x, k);                  \
+        if (sc.glu) aff_launch<BITS, N, 1>(c, grid, smem, sc, xc, k);          \
+        else aff_launch<BITS, N, 0>(c, grid, smem, sc, xc, k);                 \
         break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
+        }
     }
 }
 
@@ -684,7 +699,7 @@ static int multi_ok(const be_ctx *c, const float *x, int n, int count, const be_
     /* affine: 4- and 8-bit codes (k_gemv_aff) up to GEMV_MAX_N rows, one group size and scale dtype
      * for the set; other widths go through affine.cu one matrix at a time */
     int aff = be_traits(w[0]->dt)->affine, bits = be_traits(w[0]->dt)->bits;
-    if (aff && ((bits != 4 && bits != 8) || !c->aff_gemv)) return 0;
+    if (aff && ((bits != 4 && bits != 8) || !c->aff_gemv || w[0]->cols > AFF_XS_MAX)) return 0;
     int k = (int)w[0]->cols, vec = aff ? 128 / bits : 16 / (int)be_dtype_size(w[0]->dt);
     int ok = count >= 1 && count <= 3 && n <= (aff ? GEMV_MAX_N : gemv_rows(c)) && k % vec == 0 && k % 4 == 0 &&
              ((uintptr_t)x & 15) == 0 && (!aff || (w[0]->group % vec == 0 && !(w[0]->group & (w[0]->group - 1))));
