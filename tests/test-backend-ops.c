@@ -299,18 +299,23 @@ static void test_matmul_affine(void) {
     CHECK(efails == 0, "affine embedding rows equal aq_dequant_row bit for bit (18 matrices)");
 }
 
-/* affine weights in the fused decode ops: rmsnorm + q/k/v (one with a bias), rmsnorm + gate/up + SwiGLU, and
- * matmul_multi, as one launch on CUDA for 4 and 8 bits (the norm in the prologue while n*k fits, else after a
- * separate rmsnorm), one matrix at a time for other widths; against the reference norm, ref_affine and the GLU */
+/* affine weights in the fused decode ops: rmsnorm + q/k/v (one with a bias), rmsnorm + gate/up + SwiGLU,
+ * matmul_multi and the residual add (matmul_add), as one launch on CUDA for 4 and 8 bits (the tensor-core kernel
+ * for groups of 64 and 128 when k is 8 groups a warp, else the CUDA-core one; the norm in the prologue while n*k
+ * fits, else after a separate rmsnorm; more than 4 tokens in several launches), one matrix at a time for other
+ * widths; against the reference norm, ref_affine and the GLU */
 static void test_affine_fused(void) {
     int has_norm = have((const void *)be->norm_matmul, "norm_matmul"), has_multi = have((const void *)be->matmul_multi, "matmul_multi");
-    static const struct { int bits, group; be_dtype sdt; } cfg[] = {{4, 64, BE_BF16}, {8, 32, BE_F16}, {4, 128, BE_F32}, {3, 64, BE_BF16}, {8, 128, BE_BF16}};
-    static const int ns[] = {1, 3, 8, 12};
+    static const struct { int bits, group; be_dtype sdt; } cfg[] = {{4, 64, BE_BF16}, {8, 32, BE_F16}, {4, 128, BE_F32}, {3, 64, BE_BF16},
+                                                                     {8, 128, BE_BF16}, {8, 64, BE_F16}, {4, 128, BE_BF16}};
+    static const int ns[] = {1, 3, 5, 8, 12};
     for (size_t ci = 0; ci < sizeof cfg / sizeof *cfg; ci++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
-            for (int v = 0; v < 3; v++) {   /* 0: norm + 3 matrices, 1: norm + gate/up + SwiGLU, 2: matmul_multi */
-                if (v == 2 ? !has_multi : !has_norm) continue;
-                int n = ns[ni], k = (ci + ni) % 2 ? 1536 : 512, glu = v == 1 ? BE_ACT_SILU : 0, count = v == 1 ? 2 : 3;
+            for (int v = 0; v < 4; v++) {   /* 0: norm + 3 matrices, 1: norm + gate/up + SwiGLU, 2: matmul_multi, 3: matmul_add */
+                if (v == 2 ? !has_multi : v == 3 ? !be->matmul_add : !has_norm) continue;
+                /* k: 2048 is 8 groups of 128 a warp of CUDA's tensor-core kernel (group 64 also at 512 and 1536) */
+                static const int ks[] = {512, 1536, 2048};
+                int n = ns[ni], k = ks[(ci + ni + v) % 3], glu = v == 1 ? BE_ACT_SILU : 0, count = v == 1 ? 2 : v == 3 ? 1 : 3;
                 int ms[3] = {300, v == 1 ? 300 : 64, 72};
                 be_mat w[3], bias = mk_mat(BE_F32, 1, ms[1], 1.0f), nw = mk_mat(BE_BF16, 1, k, 0.5f);
                 const be_mat *wp[3], *bp[3];
@@ -326,13 +331,18 @@ static void test_affine_fused(void) {
                     gy[i] = gb_new((size_t)n * ms[i]);
                     y[i] = gy[i].p;
                 }
+                float *y0 = rnd((size_t)n * ms[0], 1.0f);   /* matmul_add: y0 + x . w^T */
+                gbuf gt = gb_new((size_t)n * ms[0]);
+                if (v == 3) gb_put(&gy[0], y0);
                 if (v == 2) be->matmul_multi(bc, gx.p, n, count, wp, bp, y);
+                else if (v == 3) be->matmul_add(bc, gx.p, n, &w[0], NULL, y[0], gt.p);
                 else be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu);
-                if (v == 2) memcpy(xn, x, sizeof(float) * n * k);
+                if (v >= 2) memcpy(xn, x, sizeof(float) * n * k);
                 else be_ref_rmsnorm(x, n, k, &nw, 1.0f, 1e-5f, xn);
                 for (int i = 0; i < count; i++) {
                     ref[i] = malloc(sizeof(float) * n * ms[i]);
-                    ref_affine(xn, n, &w[i], ref[i], 0);
+                    if (v == 3) memcpy(ref[i], y0, sizeof(float) * n * ms[i]);
+                    ref_affine(xn, n, &w[i], ref[i], v == 3);
                     if (bp[i])
                         for (int t = 0; t < n; t++)
                             for (int r = 0; r < ms[i]; r++) ref[i][(size_t)t * ms[i] + r] += ((const float *)bias.data)[r];
@@ -350,9 +360,11 @@ static void test_affine_fused(void) {
                     free_affine(&w[i]);
                 }
                 CHECK(guards && worst <= 2e-5, "affine q%d g%d %s n=%d k=%d %s: err %.2e (tol 2e-05), guards %s", cfg[ci].bits, cfg[ci].group,
-                      be_dtype_name(cfg[ci].sdt), n, k, v == 2 ? "matmul_multi (3 matrices, one with bias)" : glu ? "norm + gate/up + SwiGLU"
-                                                                                                               : "norm + 3 matrices, one with bias",
+                      be_dtype_name(cfg[ci].sdt), n, k,
+                      v == 3 ? "matmul_add" : v == 2 ? "matmul_multi (3 matrices, one with bias)" : glu ? "norm + gate/up + SwiGLU" : "norm + 3 matrices, one with bias",
                       worst, guards ? "intact" : "WRITTEN");
+                gb_free(&gt);
+                free(y0);
                 gb_free(&gx); gb_free(&gxn);
                 free_mat(&bias); free_mat(&nw);
                 free(x); free(xn);
