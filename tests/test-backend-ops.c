@@ -300,10 +300,9 @@ static void test_matmul_affine(void) {
 }
 
 /* affine weights in the fused decode ops: rmsnorm + q/k/v (one with a bias), rmsnorm + gate/up + SwiGLU,
- * matmul_multi and the residual add (matmul_add), as one launch on CUDA for 4 and 8 bits (the tensor-core kernel
- * for groups of 64 and 128 when k is 8 groups a warp, else the CUDA-core one; the norm in the prologue while n*k
- * fits, else after a separate rmsnorm; more than 4 tokens in several launches), one matrix at a time for other
- * widths; against the reference norm, ref_affine and the GLU */
+ * matmul_multi and the residual add (matmul_add), as one launch on CUDA for 4 and 8 bits (the norm in the prologue
+ * while n*k fits, else after a separate rmsnorm; more tokens than fit its shared memory in several launches), one
+ * matrix at a time for other widths; against the reference norm, ref_affine and the GLU */
 static void test_affine_fused(void) {
     int has_norm = have((const void *)be->norm_matmul, "norm_matmul"), has_multi = have((const void *)be->matmul_multi, "matmul_multi");
     static const struct { int bits, group; be_dtype sdt; } cfg[] = {{4, 64, BE_BF16}, {8, 32, BE_F16}, {4, 128, BE_F32}, {3, 64, BE_BF16},
@@ -313,7 +312,6 @@ static void test_affine_fused(void) {
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
             for (int v = 0; v < 4; v++) {   /* 0: norm + 3 matrices, 1: norm + gate/up + SwiGLU, 2: matmul_multi, 3: matmul_add */
                 if (v == 2 ? !has_multi : v == 3 ? !be->matmul_add : !has_norm) continue;
-                /* k: 2048 is 8 groups of 128 a warp of CUDA's tensor-core kernel (group 64 also at 512 and 1536) */
                 static const int ks[] = {512, 1536, 2048};
                 int n = ns[ni], k = ks[(ci + ni + v) % 3], glu = v == 1 ? BE_ACT_SILU : 0, count = v == 1 ? 2 : v == 3 ? 1 : 3;
                 int ms[3] = {300, v == 1 ? 300 : 64, 72};

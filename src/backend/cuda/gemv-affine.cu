@@ -18,7 +18,11 @@
  * association of the other affine kernels: s * sum x*q + b * sum x, in f32, for every token.
  * Measured on the H200 (8B shape, 4-bit, ncu): 4 rows a warp, one piece a lane at a time and the
  * activations read through generic loads stalled on the long scoreboard at every piece (16-31%
- * of issue slots used, 0.6-1.0 TB/s). */
+ * of issue slots used, 0.6-1.0 TB/s). A tensor-core form (commit c7575e5: codes to exact f16
+ * pairs, x split into f16 high and low halves, mma.sync per 16 codes of a group, 16-row tiles with
+ * the groups split over the block's warps and summed in shared memory) was correct and slower:
+ * 8B 4-bit step 4.78 ms against this kernel's 3.27 (its per-tile barriers and B-fragment prologue
+ * left it latency-bound, 13-24% of DRAM bandwidth); removed. */
 #define AFF_RW 2
 #define AFF_U 4
 
@@ -64,13 +68,12 @@ __device__ __forceinline__ void aff_load(const uint4 *const *wr, const void *con
     }
 }
 
-/* acc[s][t] += sc[s] * sum x[t]*q + bi[s] * sum x[t] over piece j's codes (x: shared memory, rows xrow apart, xs_index's layout) */
+/* acc[s][t] += sc[s] * sum x[t]*q + bi[s] * sum x[t] over piece j's codes (x: shared memory, rows xrow apart,
+ * xs_index's layout; xp: the pieces' sums of x, rows nu apart) */
 template <int BITS, int N, int S>
-__device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const float *bi, const float *x, int xrow, int j, float (*acc)[N]) {
+__device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const float *bi, const float *x, int xrow, const float *xp, int nu,
+                                          int j, float (*acc)[N]) {
     constexpr int V = 128 / BITS, C = 32 / BITS;
-    float xsum[N];
-#pragma unroll
-    for (int t = 0; t < N; t++) xsum[t] = 0.0f;
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         float cf[S][C];
@@ -78,17 +81,13 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
         for (int s = 0; s < S; s++) aff_word<BITS>(u4_word(q[s], u), cf[s]);
 #pragma unroll
         for (int t = 0; t < N; t++) {
-            const float4 *xp = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, 1));
+            const float4 *xv4 = (const float4 *)(x + (size_t)t * xrow + xs_index(j * V + u * C, 1));
             float xv[C];
 #pragma unroll
             for (int i = 0; i < C / 4; i++) {
-                float4 v = xp[i];
+                float4 v = xv4[i];
                 xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
             }
-            float sx = 0.0f;
-#pragma unroll
-            for (int i = 0; i < C; i++) sx += xv[i];
-            xsum[t] += sx;
 #pragma unroll
             for (int s = 0; s < S; s++) {
                 float d0 = 0.0f, d1 = 0.0f;   /* two chains */
@@ -99,16 +98,18 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
         }
     }
 #pragma unroll
-    for (int s = 0; s < S; s++)
+    for (int t = 0; t < N; t++) {
+        float xsum = xp[t * nu + j];
 #pragma unroll
-        for (int t = 0; t < N; t++) acc[s][t] += bi[s] * xsum[t];
+        for (int s = 0; s < S; s++) acc[s][t] += bi[s] * xsum;
+    }
 }
 
 template <int BITS, int N, int GLU>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
     constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
     __shared__ float red[GEMV_WARPS];
-    extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations */
+    extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations; then [N][k/V] their pieces' sums */
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     PDL_ENTRY();
     if (st.norm) {
@@ -119,6 +120,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
         __syncthreads();
     }
     const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
+    float *xp = xs + (size_t)N * xrow;
+    for (int e = threadIdx.x; e < N * nu; e += GEMV_WARPS * 32) {   /* each piece's sum of x, once for every row */
+        const float4 *v4 = (const float4 *)(xs + (size_t)(e / nu) * xrow + xs_index(e % nu * V, 1));
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < V / 4; i++) sum += (v4[i].x + v4[i].y) + (v4[i].z + v4[i].w);
+        xp[e] = sum;
+    }
+    __syncthreads();
     const size_t rb = (size_t)k * BITS / 8;
     for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x) {
         int row0, mi = gemv_group(st, grp, rpg, &row0), m = st.m[mi];
@@ -150,7 +160,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
 #pragma unroll
             for (int p = 0; p < AFF_U; p++) {
                 int j = j0 + 32 * p;
-                if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], xs, xrow, j, acc);
+                if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], xs, xrow, xp, nu, j, acc);
             }
         }
 #pragma unroll
@@ -188,7 +198,7 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
         gemv_set sc = st;
         for (int i = 0; i < 3; i++)
             if (sc.y[i]) sc.y[i] += (size_t)r0 * sc.m[i];
-        size_t smem = sizeof(float) * (size_t)nt * xs_row(k, 1);
+        size_t smem = sizeof(float) * (size_t)nt * (xs_row(k, 1) + k / (128 / BITS));
         const float *xc = x + (size_t)r0 * k;
         switch (nt) {
 #define CASE(N)                                                                \
@@ -202,259 +212,7 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     }
 }
 
-/* ---------------------------------------------------- on the tensor cores (groups of 64 and 128) */
-
-/* The CUDA-core kernel above spends ~4 instructions a code (the code to a float, its product, the
- * x sums) and at 4 bits cannot read faster than ~1.6 TB/s. Here the codes become exact f16 values
- * two at a time (a mask into 1024's exponent, one packed subtract: ~1.1 instructions a code) and
- * an mma.sync m16n8k16 forms the products: A = 16 weight rows x 16 codes, B = 16 activations x 8
- * columns, two columns a token: x' = x / 2^e (e per token, so that max |x'| is in [2^14, 2^15))
- * split into f16 x'_hi and x'_lo = x' - x'_hi (22 significant bits), products exact, f32 sums.
- * Each MMA's 16 codes lie in one group (k order inside a group is free: a lane's run of group/4
- * codes feeds the k slots the lane owns, and the B fragments, built once a block in shared
- * memory, follow the same order), so a group's MMAs sum into a fresh accumulator and the group's
- * scale and bias apply after: per group s * sum x'q + b * sum x', times 2^e at the end. A block
- * takes 16 rows (gate/up: 16 of each) at a time, its 8 warps each a slice of the groups, the
- * slices summed in shared memory. Up to AFT_TOK tokens a launch (8 columns); more are further
- * launches. */
-#define AFT_TOK 4
-#define AFT_SMEM_MAX (100 * 1024)  /* shared memory a launch may take (2 blocks a multiprocessor) */
-
-/* the index in a lane's run (group/4 codes) of the first code of f16 pair p; the second is 4 (4-bit) or 2 (8-bit) further */
-template <int BITS> __host__ __device__ constexpr int aft_i0(int p) { return BITS == 4 ? 8 * (p / 4) + p % 4 : 4 * (p / 2) + p % 2; }
-
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *(const uint32_t *)&h; }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *(const __half2 *)&u; }
-
-/* pair p of a lane's run (words w) as two exact f16 values: the codes under 1024's exponent, minus 1024
- * (a code 4 bits up: 1024 + 16c, times 1/16 minus 64) */
-template <int BITS> __device__ __forceinline__ uint32_t aft_pair(const uint32_t *w, int p) {
-    if (BITS == 4) {
-        uint32_t v = w[p / 4] >> (p % 4 >= 2 ? 8 : 0);
-        if (p % 2)
-            return h2_bits(__hfma2(bits_h2((v & 0x00F000F0u) | 0x64006400u), __floats2half2_rn(0.0625f, 0.0625f), __floats2half2_rn(-64.f, -64.f)));
-        return h2_bits(__hsub2(bits_h2((v & 0x000F000Fu) | 0x64006400u), __floats2half2_rn(1024.f, 1024.f)));
-    }
-    uint32_t v = w[p / 2] >> (p % 2 ? 8 : 0);
-    return h2_bits(__hsub2(bits_h2((v & 0x00FF00FFu) | 0x64006400u), __floats2half2_rn(1024.f, 1024.f)));
-}
-
-/* RW 32-bit words at p (RW * 4-byte aligned), streamed past L1 */
-template <int RW> __device__ __forceinline__ void aft_ld(const uint32_t *p, uint32_t *w) {
-    if (RW == 2) {
-        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
-    } else {
-#pragma unroll
-        for (int i = 0; i < RW; i += 4) {
-            uint4 v = ld_stream((const uint4 *)(p + i));
-            w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
-        }
-    }
-}
-
-__device__ __forceinline__ void aft_mma(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
-}
-
-/* shared memory of a launch: [N][xs_row(k, 1)] normed activations (with a norm), the B fragments
- * [k/16][2N][4] (8 bytes each), the scaled group sums [N][k/GSZ] */
-static size_t aft_smem(int n, int k, int gsz, int norm) {
-    return (norm ? sizeof(float) * (size_t)n * xs_row(k, 1) : 0) + (size_t)k * n * 4 + sizeof(float) * (size_t)n * (k / gsz);
-}
-
-template <int BITS, int GSZ, int N, int GLU>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aft(gemv_set st, const float *x, int k) {
-    constexpr int T = GLU ? 2 : 1;             /* 16-row tiles a block computes at a time: the rows, or gate's and up's */
-    constexpr int RW = GSZ * BITS / 128;       /* 32-bit words of a lane's run of GSZ/4 codes */
-    constexpr int TPG = GSZ / 16;              /* MMAs (k16 steps) a group */
-    constexpr int CH = 32 / (T * 2 * RW) > 4 ? 4 : 32 / (T * 2 * RW);   /* groups whose codes a lane loads at once (32 words) */
-    extern __shared__ __align__(16) unsigned char sm[];
-    __shared__ float red[GEMV_WARPS], scl[N];
-    __shared__ float part[GEMV_WARPS][T][16][N];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, q = lane % 4, ng = k / GSZ;
-    float *xs = (float *)sm;
-    uint2 *bs = (uint2 *)(sm + (st.norm ? sizeof(float) * N * xs_row(k, 1) : 0));
-    float *xsum = (float *)(bs + (size_t)k * N / 2);
-    PDL_ENTRY();
-    const float *src = x;
-    int pad = 0;
-    if (st.norm) {
-        gemv_norm_prologue<N>(st, x, k, xs, red, 1);
-        src = xs;
-        pad = 1;
-    }
-    const int xr = xs_row(k, pad);
-    for (int t = 0; t < N; t++) {   /* scl[t] = 2^e: max |x_t| / 2^e in [2^14, 2^15) */
-        float mx = 0.0f;
-        for (int i = threadIdx.x * 4; i < k; i += GEMV_WARPS * 32 * 4) {
-            float4 v = *(const float4 *)(src + (size_t)t * xr + xs_index(i, pad));
-            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        if (lane == 0) red[warp] = mx;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < GEMV_WARPS; w++) mx = fmaxf(mx, red[w]);
-            scl[t] = mx > 0.0f && isfinite(mx) ? ldexpf(1.0f, ilogbf(mx) - 14) : 1.0f;
-        }
-        __syncthreads();
-    }
-    for (int e = threadIdx.x; e < k * N / 2; e += GEMV_WARPS * 32) {   /* B fragments: [k/16][2N][4] */
-        int qq = e % 4, col = (e / 4) % (2 * N), step = e / (8 * N), G = step / TPG, tau = step % TPG, t = col / 2;
-        const float *xt = src + (size_t)t * xr;
-        float inv = 1.0f / scl[t];
-        int base = G * GSZ + qq * (GSZ / 4), d = BITS == 4 ? 4 : 2, i0 = aft_i0<BITS>(2 * tau), i1 = aft_i0<BITS>(2 * tau + 1);
-        float v[4] = {xt[xs_index(base + i0, pad)], xt[xs_index(base + i0 + d, pad)], xt[xs_index(base + i1, pad)],
-                      xt[xs_index(base + i1 + d, pad)]};
-        __half h[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float xv = v[j] * inv;
-            __half hi = __float2half_rn(xv);
-            h[j] = col % 2 ? __float2half_rn(xv - __half2float(hi)) : hi;
-        }
-        bs[e] = make_uint2(h2_bits(__halves2half2(h[0], h[1])), h2_bits(__halves2half2(h[2], h[3])));
-    }
-    for (int e = threadIdx.x; e < N * ng; e += GEMV_WARPS * 32) {   /* the groups' sums of x', [N][ng] */
-        int t = e / ng, G = e % ng;
-        const float *xt = src + (size_t)t * xr;
-        float sum = 0.0f;
-        for (int i = 0; i < GSZ; i += 4) {
-            float4 v = *(const float4 *)(xt + xs_index(G * GSZ + i, pad));
-            sum += (v.x + v.y) + (v.z + v.w);
-        }
-        xsum[e] = sum / scl[t];
-    }
-    __syncthreads();
-    const int gpw = ng / GEMV_WARPS, g0 = warp * gpw;   /* this warp's slice of the groups */
-    const size_t rb = (size_t)k * BITS / 8;
-    for (int tile = blockIdx.x; tile < st.gend[2]; tile += gridDim.x) {
-        int row0, mi = gemv_group(st, tile, 16, &row0), m = st.m[mi];
-        const uint32_t *wr[T][2];
-        const void *scp[T], *bip[T];
-        size_t so[T][2];
-#pragma unroll
-        for (int tt = 0; tt < T; tt++) {
-            int wi = GLU ? tt : mi;
-            scp[tt] = st.sc[wi];
-            bip[tt] = st.bi[wi];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {   /* rows g and g + 8 of the tile; one past the end reads row 0, never stored */
-                int r = row0 + g + 8 * h < m ? row0 + g + 8 * h : 0;
-                wr[tt][h] = (const uint32_t *)((const char *)st.w[wi] + (size_t)r * rb) + q * RW;
-                so[tt][h] = (size_t)r * ng;
-            }
-        }
-        float acc[T][2];
-#pragma unroll
-        for (int tt = 0; tt < T; tt++) acc[tt][0] = acc[tt][1] = 0.0f;
-        for (int c0 = 0; c0 < gpw; c0 += CH) {
-            uint32_t wv[CH][T][2][RW];
-            float sc[CH][T][2], bi[CH][T][2];
-#pragma unroll
-            for (int c = 0; c < CH; c++) {
-                if (c0 + c >= gpw) break;
-                int G = g0 + c0 + c;
-#pragma unroll
-                for (int tt = 0; tt < T; tt++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        aft_ld<RW>(wr[tt][h] + (size_t)G * 4 * RW, wv[c][tt][h]);
-                        sc[c][tt][h] = cu_mat_get(scp[tt], st.sdt, so[tt][h] + G);
-                        bi[c][tt][h] = cu_mat_get(bip[tt], st.sdt, so[tt][h] + G);
-                    }
-            }
-#pragma unroll
-            for (int c = 0; c < CH; c++) {
-                if (c0 + c >= gpw) break;
-                int G = g0 + c0 + c;
-                float xg = q < N ? xsum[q * ng + G] : 0.0f;
-                float cc[T][4];
-#pragma unroll
-                for (int tt = 0; tt < T; tt++) cc[tt][0] = cc[tt][1] = cc[tt][2] = cc[tt][3] = 0.0f;
-#pragma unroll
-                for (int tau = 0; tau < TPG; tau++) {
-                    uint2 b = g < 2 * N ? bs[((size_t)(G * TPG + tau) * 2 * N + g) * 4 + q] : make_uint2(0u, 0u);
-#pragma unroll
-                    for (int tt = 0; tt < T; tt++)
-                        aft_mma(cc[tt], aft_pair<BITS>(wv[c][tt][0], 2 * tau), aft_pair<BITS>(wv[c][tt][1], 2 * tau),
-                                aft_pair<BITS>(wv[c][tt][0], 2 * tau + 1), aft_pair<BITS>(wv[c][tt][1], 2 * tau + 1), b);
-                }
-#pragma unroll
-                for (int tt = 0; tt < T; tt++) {   /* token q: its high and low columns */
-                    acc[tt][0] += sc[c][tt][0] * (cc[tt][0] + cc[tt][1]) + bi[c][tt][0] * xg;
-                    acc[tt][1] += sc[c][tt][1] * (cc[tt][2] + cc[tt][3]) + bi[c][tt][1] * xg;
-                }
-            }
-        }
-        if (q < N)
-#pragma unroll
-            for (int tt = 0; tt < T; tt++) part[warp][tt][g][q] = acc[tt][0], part[warp][tt][g + 8][q] = acc[tt][1];
-        __syncthreads();
-        if (threadIdx.x < 16 && row0 + (int)threadIdx.x < m) {
-            float a2[2][N];
-#pragma unroll
-            for (int t = 0; t < N; t++) {
-                float v[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int tt = 0; tt < T; tt++)
-                    for (int w = 0; w < GEMV_WARPS; w++) v[tt] += part[w][tt][threadIdx.x][t];
-                a2[0][t] = v[0] * scl[t], a2[1][t] = v[1] * scl[t];
-            }
-            gemv_store<N>(st, mi, row0 + threadIdx.x, m, a2);
-        }
-        __syncthreads();
-    }
-}
-
-template <int BITS, int GSZ, int N, int GLU>
-static void aft_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
-    if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aft<BITS, GSZ, N, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
-        return;
-    cu_launch(c, k_gemv_aft<BITS, GSZ, N, GLU>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
-}
-
-/* the tensor-core GEMV over the set, in launches of at most AFT_TOK tokens that fit AFT_SMEM_MAX; 0 when it
- * does not take these matrices (group size, a group count that does not split over the warps, too many columns) */
-template <int BITS, int GSZ>
-static int gemv_aft_n(be_ctx *c, int n, gemv_set st, int count, const float *x, int k) {
-    int nc = AFT_TOK;
-    while (nc > 1 && aft_smem(nc, k, GSZ, st.norm != NULL) > AFT_SMEM_MAX) nc--;
-    if (k % (GSZ * GEMV_WARPS) || aft_smem(1, k, GSZ, st.norm != NULL) > AFT_SMEM_MAX) return 0;
-    unsigned tiles = gemv_groups(&st, count, 16);
-    if (!tiles || n <= 0) return 1;
-    unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
-    dim3 grid(tiles < most ? tiles : most);
-    for (int r0 = 0; r0 < n; r0 += nc) {
-        int nt = n - r0 < nc ? n - r0 : nc;
-        gemv_set sc = st;
-        for (int i = 0; i < 3; i++)
-            if (sc.y[i]) sc.y[i] += (size_t)r0 * sc.m[i];
-        size_t smem = aft_smem(nt, k, GSZ, st.norm != NULL);
-        const float *xc = x + (size_t)r0 * k;
-        switch (nt) {
-#define CASE(N)                                                                \
-    case N:                                                                    \
-        if (sc.glu) aft_launch<BITS, GSZ, N, 1>(c, grid, smem, sc, xc, k);     \
-        else aft_launch<BITS, GSZ, N, 0>(c, grid, smem, sc, xc, k);            \
-        break;
-            CASE(1) CASE(2) CASE(3) CASE(4)
-#undef CASE
-        }
-    }
-    return 1;
-}
-
 void cu_gemv_affine(be_ctx *c, int n, int dt, gemv_set st, int count, const float *x, int k) {
-    if (c->aff_gemv != 2 && n <= GEMV_MAX_N) {   /* CINFER_CUDA_AFF_GEMV=2: the CUDA-core kernel (A/B) */
-        int done = dt == BE_Q4 ? (st.group == 64 ? gemv_aft_n<4, 64>(c, n, st, count, x, k) : st.group == 128 ? gemv_aft_n<4, 128>(c, n, st, count, x, k) : 0)
-                               : (st.group == 64 ? gemv_aft_n<8, 64>(c, n, st, count, x, k) : st.group == 128 ? gemv_aft_n<8, 128>(c, n, st, count, x, k) : 0);
-        if (done) return;
-    }
     if (dt == BE_Q4) gemv_aff_n<4>(c, n, st, count, x, k);
     else gemv_aff_n<8>(c, n, st, count, x, k);
 }
