@@ -8,7 +8,7 @@
  *
  * Matmul (same association as the CPU kernels and MLX's quantized_matmul:
  * per group s * sum x*q + b * sum x, f32):
- *   up to AFF_GEMV_N rows, 4 and 8 bits: gemm.cu's k_gemv_aff, inside the
+ *   up to AFF_GEMV_N rows, 4 and 8 bits: gemv-affine.cu's k_gemv_aff, inside the
  *     dense GEMV's machinery (persistent grid, q/k/v and gate/up in one launch,
  *     the rmsnorm prologue, the residual add);
  *   up to AFF_GEMV_N rows, 2/3/5/6 bits: k_affine_gemv here, a warp per

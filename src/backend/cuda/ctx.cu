@@ -241,8 +241,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->dec_blocks = db ? atoi(db) : 1;
     c->dec_many = knob_on("CINFER_CUDA_DEC_MANY");
     c->batched = knob_on("CINFER_CUDA_BATCHED");
-    const char *ag = getenv("CINFER_CUDA_AFF_GEMV");
-    c->aff_gemv = ag ? atoi(ag) : 1;   /* 0: affine.cu's GEMV (A/B) */
+    c->aff_gemv = knob_on("CINFER_CUDA_AFF_GEMV");
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

@@ -96,7 +96,7 @@ struct be_ctx {
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
-    int aff_gemv;            /* 4/8-bit affine decode through gemm.cu's k_gemv_aff (CINFER_CUDA_AFF_GEMV=0: affine.cu's, one matrix a launch) */
+    int aff_gemv;            /* 4/8-bit affine decode through gemv-affine.cu (CINFER_CUDA_AFF_GEMV=0: affine.cu's GEMV, one matrix a launch) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */

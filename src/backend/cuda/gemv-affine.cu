@@ -13,7 +13,8 @@
  * inside one group: groups are multiples of 32), one scale and bias each, and loads AFF_U pieces of
  * every row before computing any (a 4-bit row of 4096 codes is one such round: the loads of a
  * whole row in flight at once). The activations sit in shared memory (the rmsnorm prologue's
- * output, or a copy), padded so that lanes reading pieces apart hit different banks; a launch
+ * output, or a copy), padded so that lanes reading pieces apart hit different banks, beside each
+ * piece's sum of x (computed once a block, not once a row); a launch
  * takes as many tokens as fit in AFF_XS_MAX floats (more are further launches). Per piece, the
  * association of the other affine kernels: s * sum x*q + b * sum x, in f32, for every token.
  * Measured on the H200 (8B shape, 4-bit, ncu): 4 rows a warp, one piece a lane at a time and the
@@ -25,6 +26,10 @@
  * left it latency-bound, 13-24% of DRAM bandwidth); removed. */
 #define AFF_RW 2
 #define AFF_U 4
+/* One token and rows of at least AFF_K3 codes: 2 pieces a lane at a time (80 registers), 3 blocks an SM.
+ * Measured on the H200 (bench-cuda A/B, 4 alternations): 8B 4-bit step 3.07 against 3.16 ms, 8-bit 3.79
+ * against 3.96; 1B 4-bit (rows of 2048 and 8192) 0.93 against 0.87, so shorter rows keep 4 pieces. */
+#define AFF_K3 4096
 
 /* byte i of w (a code, 0..255) as a float: the byte under 2^23's exponent, minus 2^23 (exact: a
  * byte permute and an add instead of a quarter-rate integer-to-float conversion) */
@@ -204,7 +209,7 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
         switch (nt) {
 #define CASE(N)                                                                \
     case N:                                                                    \
-        if (N == 1 && c->aff_gemv == 3) {   /* A/B: 2 pieces a lane at a time, 3 blocks an SM */ \
+        if (N == 1 && k >= AFF_K3) {   /* one token, long rows: 2 pieces a lane, 3 blocks an SM */  \
             if (sc.glu) aff_launch<BITS, 1, 1, 2>(c, grid, smem, sc, xc, k);   \
             else aff_launch<BITS, 1, 0, 2>(c, grid, smem, sc, xc, k);          \
         } else if (sc.glu) aff_launch<BITS, N, 1>(c, grid, smem, sc, xc, k);   \
