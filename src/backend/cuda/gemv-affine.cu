@@ -25,11 +25,7 @@
  * 8B 4-bit step 4.78 ms against this kernel's 3.27 (its per-tile barriers and B-fragment prologue
  * left it latency-bound, 13-24% of DRAM bandwidth); removed. */
 #define AFF_RW 2
-#define AFF_U 4
-/* One token and rows of at least AFF_K3 codes: 2 pieces a lane at a time (80 registers), 3 blocks an SM.
- * Measured on the H200 (bench-cuda A/B, 4 alternations): 8B 4-bit step 3.07 against 3.16 ms, 8-bit 3.79
- * against 3.96; 1B 4-bit (rows of 2048 and 8192) 0.93 against 0.87, so shorter rows keep 4 pieces. */
-#define AFF_K3 4096
+#define AFF_U 4   /* 2 pieces with 3 blocks an SM (80 registers): 8B steps 3% faster, 1B 7-10% slower (H200 A/B); not kept */
 
 /* byte i of w (a code, 0..255) as a float: the byte under 2^23's exponent, minus 2^23 (exact: a
  * byte permute and an add instead of a quarter-rate integer-to-float conversion) */
@@ -110,8 +106,8 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
     }
 }
 
-template <int BITS, int N, int GLU, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, U == 2 ? 3 : GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
+template <int BITS, int N, int GLU>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
     constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations; then [N][k/V] their pieces' sums */
@@ -154,16 +150,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, U == 2 ? 3 : GEMV_BLOCKS_PER_
         for (int s = 0; s < S; s++)
 #pragma unroll
             for (int t = 0; t < N; t++) acc[s][t] = 0.0f;
-        for (int j0 = lane; j0 < nu; j0 += 32 * U) {
-            uint4 q[U][S];
-            float sc[U][S], bi[U][S];
+        for (int j0 = lane; j0 < nu; j0 += 32 * AFF_U) {
+            uint4 q[AFF_U][S];
+            float sc[AFF_U][S], bi[AFF_U][S];
 #pragma unroll
-            for (int p = 0; p < U; p++) {
+            for (int p = 0; p < AFF_U; p++) {
                 int j = j0 + 32 * p;
                 if (j < nu) aff_load<S>(wr, scp, bip, so, st.sdt, (j * V) >> gsh, j, q[p], sc[p], bi[p]);
             }
 #pragma unroll
-            for (int p = 0; p < U; p++) {
+            for (int p = 0; p < AFF_U; p++) {
                 int j = j0 + 32 * p;
                 if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], xs, xrow, xp, nu, j, acc);
             }
@@ -182,13 +178,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, U == 2 ? 3 : GEMV_BLOCKS_PER_
 }
 
 /* the affine GEMV over the set's matrices (BITS 4 or 8) */
-template <int BITS, int N, int GLU, int U = AFF_U>
+template <int BITS, int N, int GLU>
 static void aff_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
     if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aff<BITS, N, GLU, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        cu_check(c, cudaFuncSetAttribute(k_gemv_aff<BITS, N, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
         return;
-    if (U == 2) grid.x = grid.x * 3 / 2 < (unsigned)c->n_sm * 3 ? grid.x * 3 / 2 : (unsigned)c->n_sm * 3;   /* 3 blocks an SM */
-    cu_launch(c, k_gemv_aff<BITS, N, GLU, U>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
+    cu_launch(c, k_gemv_aff<BITS, N, GLU>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
 }
 
 template <int BITS>
@@ -209,10 +204,7 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
         switch (nt) {
 #define CASE(N)                                                                \
     case N:                                                                    \
-        if (N == 1 && k >= AFF_K3) {   /* one token, long rows: 2 pieces a lane, 3 blocks an SM */  \
-            if (sc.glu) aff_launch<BITS, 1, 1, 2>(c, grid, smem, sc, xc, k);   \
-            else aff_launch<BITS, 1, 0, 2>(c, grid, smem, sc, xc, k);          \
-        } else if (sc.glu) aff_launch<BITS, N, 1>(c, grid, smem, sc, xc, k);   \
+        if (sc.glu) aff_launch<BITS, N, 1>(c, grid, smem, sc, xc, k);          \
         else aff_launch<BITS, N, 0>(c, grid, smem, sc, xc, k);                 \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
