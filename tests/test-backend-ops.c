@@ -299,6 +299,23 @@ static void test_matmul_affine(void) {
     CHECK(efails == 0, "affine embedding rows equal aq_dequant_row bit for bit (18 matrices)");
 }
 
+/* the outputs of a multi-matrix op against their references: with glu, ref[0] becomes act(ref[0]) * ref[1] and
+ * y[1] is scratch (not compared); returns the largest error, clears *guards when a guard was written; frees
+ * ref[i] and the device buffers gy[i] */
+static double cmp_outputs(gbuf *gy, float **ref, const int *ms, int count, int n, int glu, int *guards) {
+    double worst = 0;
+    if (glu) be_ref_glu(ref[0], ref[1], ref[0], (size_t)n * ms[0], glu);
+    for (int i = 0; i < count; i++) {
+        float *got = malloc(sizeof(float) * n * ms[i]);
+        *guards &= gb_get(&gy[i], got);
+        double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);
+        if (!(e <= worst)) worst = e;
+        free(got); free(ref[i]);
+        gb_free(&gy[i]);
+    }
+    return worst;
+}
+
 /* affine weights in the fused decode ops: rmsnorm + q/k/v (one with a bias), rmsnorm + gate/up + SwiGLU,
  * matmul_multi and the residual add (matmul_add), as one launch on CUDA for 4 and 8 bits (the norm in the prologue
  * while n*k fits, else after a separate rmsnorm; more tokens than fit its shared memory in several launches), one
@@ -345,18 +362,9 @@ static void test_affine_fused(void) {
                         for (int t = 0; t < n; t++)
                             for (int r = 0; r < ms[i]; r++) ref[i][(size_t)t * ms[i] + r] += ((const float *)bias.data)[r];
                 }
-                if (glu) be_ref_glu(ref[0], ref[1], ref[0], (size_t)n * ms[0], glu);
-                double worst = 0;
                 int guards = 1;
-                for (int i = 0; i < count; i++) {
-                    float *got = malloc(sizeof(float) * n * ms[i]);
-                    guards &= gb_get(&gy[i], got);
-                    double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
-                    if (!(e <= worst)) worst = e;
-                    free(got); free(ref[i]);
-                    gb_free(&gy[i]);
-                    free_affine(&w[i]);
-                }
+                double worst = cmp_outputs(gy, ref, ms, count, n, glu, &guards);
+                for (int i = 0; i < count; i++) free_affine(&w[i]);
                 CHECK(guards && worst <= 2e-5, "affine q%d g%d %s n=%d k=%d %s: err %.2e (tol 2e-05), guards %s", cfg[ci].bits, cfg[ci].group,
                       be_dtype_name(cfg[ci].sdt), n, k,
                       v == 3 ? "matmul_add" : v == 2 ? "matmul_multi (3 matrices, one with bias)" : glu ? "norm + gate/up + SwiGLU" : "norm + 3 matrices, one with bias",
@@ -440,7 +448,6 @@ static void test_norm_matmul(void) {
                     y[i] = gy[i].p;
                 }
                 be->norm_matmul(bc, gx.p, n, &nw, 1.0f, 1e-5f, gxn.p, count, wp, bp, y, glu);
-                double worst = 0;
                 float *tmp = malloc(sizeof(float) * n * k);
                 int guards = gb_get(&gxn, tmp);   /* xn is scratch: guards only... */
                 be_ref_rmsnorm(x, n, k, &nw, 1.0f, 1e-5f, xn);
@@ -458,16 +465,8 @@ static void test_norm_matmul(void) {
                     ref[i] = malloc(sizeof(float) * n * ms[i]);
                     ref_mm(xn, n, &w[i], bp[i], ref[i]);
                 }
-                if (glu) be_ref_glu(ref[0], ref[1], ref[0], (size_t)n * ms[0], glu);
-                for (int i = 0; i < count; i++) {
-                    float *got = malloc(sizeof(float) * n * ms[i]);
-                    guards &= gb_get(&gy[i], got);
-                    double e = glu && i == 1 ? 0 : relerr(got, ref[i], (size_t)n * ms[i]);   /* glu: y[1] is scratch */
-                    if (!(e <= worst)) worst = e;
-                    free(got); free(ref[i]);
-                    gb_free(&gy[i]);
-                    free_mat(&w[i]);
-                }
+                double worst = cmp_outputs(gy, ref, ms, count, n, glu, &guards);
+                for (int i = 0; i < count; i++) free_mat(&w[i]);
                 double tol = mm_tol(n, dt);
                 CHECK(guards && worst <= tol, "norm_matmul %s n=%d k=%d %s: err %.2e (tol %.0e), guards %s", be_dtype_name((be_dtype)dt), n, k,
                       glu == BE_ACT_GELU_TANH ? "gate/up + GeGLU (tanh)" : glu ? "gate/up + SwiGLU" : "3 matrices, one with bias", worst, tol,
