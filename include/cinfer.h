@@ -339,6 +339,49 @@ void cinfer_sampler_free(cinfer_sampler *s);
  * filters). history [n_hist] is the context the repetition penalty sees. */
 int32_t cinfer_sampler_sample(cinfer_sampler *s, float *logits, const int32_t *history, int n_hist);
 
+/* Draws the next uniform in [0, 1) from the sampler's generator (the one its
+ * sampling uses): the u of a cinfer_row_sampling, so a request's draws stay
+ * seeded whichever function samples. */
+double cinfer_sampler_uniform(cinfer_sampler *s);
+
+/* ------------------------------------------- decode steps sampled by the backend */
+
+/* A change to one logit before anything reads the row, applied in order:
+ * mul != 0: CTRL penalty (a positive logit divided by value, a negative one
+ * multiplied); mul == 0: logit += value (presence / frequency penalties,
+ * logit_bias). */
+typedef struct cinfer_logit_edit {
+    int32_t token, mul;
+    float value;
+} cinfer_logit_edit;
+
+#define CINFER_MAX_TOP 20
+typedef struct cinfer_row_sampling {
+    float temp;                       /* 0 = greedy */
+    int top_k;                        /* 0 = off */
+    float top_p, min_p;               /* 1, 0 = off */
+    double u;                         /* uniform in [0, 1) for the draw (cinfer_sampler_uniform) */
+    const cinfer_logit_edit *edits;   /* [n_edits] */
+    int n_edits;
+    int n_top;                        /* -1: no log-probs; else the chosen token's and the n_top (<= CINFER_MAX_TOP) most likely */
+} cinfer_row_sampling;
+
+typedef struct cinfer_row_pick {
+    int32_t token;
+    float logprob;                    /* of token, after the edits (n_top >= 0; else NAN) */
+    int32_t top_id[CINFER_MAX_TOP];   /* the n_top most likely, descending */
+    float top_logprob[CINFER_MAX_TOP];
+} cinfer_row_pick;
+
+/* One decode step of B sequences (row b feeds ids[b] to sequence seqs[b], as
+ * cinfer_forward_seqs with L = 1) whose next tokens are chosen by the backend:
+ * on CUDA the logits never leave the device, only out[B] does. The rule
+ * (edits, temperature, top-k, top-p, min-p, the draw from u) is one
+ * definition on every backend; it keeps mlx-lm's filters, and draws over the
+ * kept ids in id order. Greedy rows return the first index of the maximum. */
+cinfer_status cinfer_decode_sampled(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs,
+                                    const cinfer_row_sampling *rows, cinfer_row_pick *out);
+
 /* -------------------------------------------------------------- generation */
 
 typedef struct cinfer_gen_stats {

@@ -205,6 +205,44 @@ typedef struct be_score_base {
     const int32_t *idx;
 } be_score_base;
 
+/* Sampling one token per row (be_ops.sample; the definition is be_ref_sample_row in cpu/ref-sample.c,
+ * which the CPU backend runs). For each row of logits z[V]:
+ *   1. the row's edits, in order: kind BE_EDIT_PENALTY z[t] = z[t] > 0 ? z[t] / v : z[t] * v, BE_EDIT_ADD
+ *      z[t] += v (repetition / presence / frequency penalties, logit_bias); written back to z;
+ *   2. NaN counts as -inf; order = logit descending, then id ascending (key = order-preserving bits);
+ *      best = the first; n_top >= 0: lse = z[best] + (float)log(sum_i exp((double)z_i - z[best])),
+ *      lp = z[tok] - lse, and the n_top first ids of the order with z - lse;
+ *   3. inv_temp == 0: tok = best. Else each id's mass m_i = llrint(exp((double)(z_i * inv_temp) -
+ *      (double)(z[best] * inv_temp)) * 2^40) (u64 fixed point; best = 2^40); the kept set is
+ *      S (top_k in (0, V): the top_k first of the order; else all)
+ *      ∩ P (top_p < 1: the shortest prefix of S in that order whose mass reaches ceil(top_p * mass(S)))
+ *      ∩ M (min_p > 0: m_i >= min_p * 2^40, i.e. p_i >= min_p * p_max);
+ *      r = floor(u * mass(kept)); tok = the first id (ascending) whose running mass over kept ids exceeds r.
+ *      The draw walks ids in id order (not sorted order): the distribution is the filters', the map
+ *      from u to a token is this definition's. Ids with m_i = 0 (p below ~2^-40 of p_max) are never drawn. */
+enum { BE_EDIT_PENALTY = 0, BE_EDIT_ADD = 1, BE_SAMPLE_TOP = 20 };
+typedef struct be_logit_edit {
+    int32_t tok, kind;
+    float v;
+} be_logit_edit;
+typedef struct be_sample_row {
+    float inv_temp;            /* 0: greedy */
+    int top_k;                 /* 0 or >= V: off */
+    float top_p, min_p;        /* 1, 0: off */
+    double u;                  /* uniform in [0, 1) from the request's generator */
+    int edit0, n_edit;         /* this row's edits: edits[edit0 .. edit0 + n_edit) */
+    int n_top;                 /* -1: no log-probs; else 0..BE_SAMPLE_TOP */
+} be_sample_row;
+typedef struct be_sample_out {
+    int32_t tok;
+    float lp;                  /* n_top >= 0: log-prob of tok; else NAN */
+    int32_t top_id[BE_SAMPLE_TOP];
+    float top_lp[BE_SAMPLE_TOP];
+} be_sample_out;
+static inline BE_HD float be_apply_edit(float x, const be_logit_edit *e) {
+    return e->kind == BE_EDIT_PENALTY ? (x > 0 ? x / e->v : x * e->v) : x + e->v;
+}
+
 typedef struct be_ops {
     const char *name;
     int (*ctx_new)(be_ctx **out, int n_threads);
@@ -293,6 +331,11 @@ typedef struct be_ops {
      * written at codes + i * code_stride (u16 elements) */
     void (*score)(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
                   uint16_t *codes, size_t code_stride, be_score_row *out);
+
+    /* sampling as defined above: rows of z[n][V] (backend memory; the edits are written into it),
+     * params p[n], edits (host), out[n] (host) */
+    void (*sample)(be_ctx *c, float *z, int n, int V, const be_sample_row *p, const be_logit_edit *edits, int n_edits,
+                   be_sample_out *out);
 
     /* Quantized KV (be_kvq). kvq_write: kv_write into a quantized pool, each row
      * src[b][i][h][0..hd) quantized by aq_quantize_row with MLX's GPU rounding rule.

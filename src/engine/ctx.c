@@ -237,9 +237,29 @@ static cinfer_status out_row(cinfer_ctx *c, int mode, int k, int B, int L, const
 /* logits [rows][vocab] to the host, or (argmax != NULL, a backend with an
  * argmax op) only each row's greedy token. Everything is validated and every
  * page reserved before the first op runs. */
+/* what a forward returns, one of: logits [rows][vocab] to the host; argmax: each row's greedy token
+ * (a backend with an argmax op); sr: the score op's statistics; smp: the sample op's picks; head: the LM
+ * head runs with nothing reduced or copied (a benchmark's forward) */
+typedef struct sample_req {
+    const be_sample_row *p;   /* [rows] */
+    const be_logit_edit *edits;
+    int n_edits;
+    be_sample_out *out;       /* [rows] */
+} sample_req;
+typedef struct fwd_out {
+    float *logits;
+    int32_t *argmax;
+    const ctx_score_req *sr;
+    const sample_req *smp;
+    int head;
+} fwd_out;
+
 static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
-                             const int *pos0_in, int mode, const int *out_rows, int n_out, float *logits,
-                             int32_t *argmax, const ctx_score_req *sr, int head) {
+                             const int *pos0_in, int mode, const int *out_rows, int n_out, const fwd_out *o) {
+    float *logits = o->logits;
+    int32_t *argmax = o->argmax;
+    const ctx_score_req *sr = o->sr;
+    const sample_req *smp = o->smp;
     cinfer_model *m = c->m;
     const model_config *cfg = &m->cfg;
     const be_ops *be = m->be;
@@ -284,7 +304,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     if (cfg->embed_scale > 0) be->scale(c->bc, c->x, T * (size_t)cfg->hidden, cfg->embed_scale);
     block_batch bb = {B, L, pos0, len, c->pos};
     arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
-    for (int r0 = 0; r0 < total && (logits || argmax || sr || head); r0 += oc) {
+    for (int r0 = 0; r0 < total && (logits || argmax || sr || smp || o->head); r0 += oc) {
         int nr = total - r0 < oc ? total - r0 : oc;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
@@ -293,6 +313,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
         if (cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
         if (step) { be->step_end(c->bc); step = 0; }
         if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
+        else if (smp) be->sample(c->bc, c->lo, nr, cfg->n_vocab, smp->p + r0, smp->edits, smp->n_edits, smp->out + r0);
         else if (sr) {
             be_score_base sb;
             if (sr->base) { sb = *sr->base; sb.idx += r0; }
@@ -321,7 +342,7 @@ static cinfer_status finite_logits(cinfer_ctx *c, cinfer_status st, const float 
 
 cinfer_status cinfer_forward_seqs(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
                                   const int *pos0, const int *out_rows, int n_out, float *logits) {
-    cinfer_status st = forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, logits, NULL, NULL, 0);
+    cinfer_status st = forward(c, ids, B, L, seqs, lens, pos0, out_rows ? OUT_LIST : OUT_LAST, out_rows, n_out, &(fwd_out){.logits = logits});
     return finite_logits(c, st, logits, out_rows ? (size_t)(n_out > 0 ? n_out : 0) : (size_t)B);
 }
 
@@ -331,7 +352,7 @@ cinfer_status cinfer_forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
 }
 
 cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, float *logits) {
-    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, logits, NULL, NULL, 0);
+    cinfer_status st = forward(c, ids, 1, n, NULL, NULL, NULL, all ? OUT_ALL : OUT_LAST, NULL, 0, &(fwd_out){.logits = logits});
     return finite_logits(c, st, logits, all ? (size_t)n : 1);
 }
 
@@ -339,7 +360,7 @@ cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L,
                                 const int *out_rows, int n_out, const ctx_score_req *sr) {
     if (!c->m->be->score) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no score op", c->m->be->name);
     if (!out_rows && n_out) return ctx_fail(c, CINFER_EINVAL, "forward: %d output positions without a list", n_out);
-    cinfer_status st = forward(c, ids, B, L, NULL, lens, pos0, OUT_LIST, out_rows, n_out, NULL, NULL, sr, 1);
+    cinfer_status st = forward(c, ids, B, L, NULL, lens, pos0, OUT_LIST, out_rows, n_out, &(fwd_out){.sr = sr, .head = 1});
     for (int i = 0; !st && sr && i < n_out; i++)   /* NaN/Inf logits make a non-finite lse: as finite_logits */
         if (!isfinite(sr->out[i].lse))
             st = ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %d hold %s (their log-sum-exp is %g): "
@@ -357,10 +378,57 @@ cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr)
 
 cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok) {
     if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
-    return forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok, NULL, 0);
+    return forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, &(fwd_out){.argmax = tok});
 }
 
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {
     if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
-    return forward(c, ids, 1, n, NULL, NULL, NULL, OUT_LAST, NULL, 0, NULL, tok, NULL, 0);
+    return forward(c, ids, 1, n, NULL, NULL, NULL, OUT_LAST, NULL, 0, &(fwd_out){.argmax = tok});
+}
+
+/* cinfer_decode_sampled: the rows' parameters checked and put in the backend's form, then one decode
+ * forward whose logits the sample op reduces where they are */
+cinfer_status cinfer_decode_sampled(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs,
+                                    const cinfer_row_sampling *rows, cinfer_row_pick *out) {
+    if (!c->m->be->sample) return ctx_fail(c, CINFER_EUNSUPPORTED, "decode: the %s backend has no sample op", c->m->be->name);
+    if (B < 1 || !rows || !out) return ctx_fail(c, CINFER_EINVAL, "decode: need B >= 1 rows with parameters and picks");
+    int V = c->m->cfg.n_vocab, n_ed = 0;
+    for (int b = 0; b < B; b++) {
+        const cinfer_row_sampling *r = &rows[b];
+        if (!(r->temp >= 0 && r->temp < INFINITY) || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1) ||
+            !(r->min_p >= 0 && r->min_p <= 1) || !(r->u >= 0 && r->u < 1) || r->n_top < -1 || r->n_top > CINFER_MAX_TOP ||
+            r->n_edits < 0 || (r->n_edits && !r->edits))
+            return ctx_fail(c, CINFER_EINVAL, "decode: row %d has invalid sampling parameters (temp %g, top_k %d, top_p %g, "
+                            "min_p %g, u %g, n_top %d, %d edits)", b, (double)r->temp, r->top_k, (double)r->top_p,
+                            (double)r->min_p, r->u, r->n_top, r->n_edits);
+        for (int e = 0; e < r->n_edits; e++)
+            if (r->edits[e].token < 0 || r->edits[e].token >= V || !isfinite(r->edits[e].value))
+                return ctx_fail(c, CINFER_EINVAL, "decode: row %d edits token %d by %g (vocabulary [0, %d), finite values)", b,
+                                (int)r->edits[e].token, (double)r->edits[e].value, V);
+        if (n_ed > INT32_MAX - r->n_edits) return ctx_fail(c, CINFER_EINVAL, "decode: too many logit edits");
+        n_ed += r->n_edits;
+    }
+    be_sample_row *p = malloc(sizeof *p * (size_t)B);
+    be_sample_out *o = malloc(sizeof *o * (size_t)B);
+    be_logit_edit *ed = n_ed ? malloc(sizeof *ed * (size_t)n_ed) : NULL;
+    cinfer_status st = CINFER_OK;
+    if (!p || !o || (n_ed && !ed)) st = ctx_fail(c, CINFER_ENOMEM, "decode: out of memory");
+    for (int b = 0, k = 0; !st && b < B; b++) {
+        const cinfer_row_sampling *r = &rows[b];
+        p[b] = (be_sample_row){r->temp > 0 ? 1.0f / r->temp : 0, r->top_k, r->top_p, r->min_p, r->u, k, r->n_edits, r->n_top};
+        for (int e = 0; e < r->n_edits; e++, k++)
+            ed[k] = (be_logit_edit){r->edits[e].token, r->edits[e].mul ? BE_EDIT_PENALTY : BE_EDIT_ADD, r->edits[e].value};
+    }
+    sample_req sq = {p, ed, n_ed, o};
+    if (!st) st = forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, &(fwd_out){.smp = &sq});
+    for (int b = 0; !st && b < B; b++) {
+        out[b].token = o[b].tok;
+        out[b].logprob = o[b].lp;
+        memcpy(out[b].top_id, o[b].top_id, sizeof out[b].top_id);
+        memcpy(out[b].top_logprob, o[b].top_lp, sizeof out[b].top_logprob);
+    }
+    free(p);
+    free(o);
+    free(ed);
+    return st;
 }

@@ -109,6 +109,8 @@ static void select_first(int32_t *idx, int n, int m, const float *l) {
     }
 }
 
+double cinfer_sampler_uniform(cinfer_sampler *s) { return next_unit(s); }
+
 int32_t cinfer_sampler_sample(cinfer_sampler *s, float *logits, const int32_t *hist, int n_hist) {
     int V = s->n_vocab;
     for (int i = 0; i < V; i++)   /* a NaN is no candidate: as -inf it never wins nor poisons the sums */

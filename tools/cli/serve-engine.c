@@ -59,8 +59,10 @@ struct srv_engine {
     srv_tier *tier;         /* --cache-dir: the prefix cache's second level on disk (NULL: none) */
     srv_req **wait;         /* [max_queue] FIFO, taken from the server queue */
     int n_wait;
-    float *logits;          /* [n_slot][V] */
-    float *lp;              /* [V] log-softmax work */
+    cinfer_row_sampling *rs;  /* [n_slot] a decode step's rows: sampling parameters */
+    cinfer_row_pick *pk;      /* [n_slot] ... and their picks */
+    cinfer_logit_edit *ed;    /* [cap_ed] the step's logit edits (penalties, logit_bias), rows' runs back to back */
+    size_t n_ed, cap_ed;
     float *plogits;         /* [ECHO_CHUNK][V] prompt logits of an echo + logprobs request */
     int out_rows[2 * 32];
     int32_t *ids;           /* [n_slot] */
@@ -169,18 +171,29 @@ static int stop_scan(const srv_req *r, slot *q, int final, char **out) {
 
 /* ------------------------------------------------------------ sampling */
 
-/* mlx-lm's logits processors on the raw logits: repetition penalty over the
- * last rep_ctx tokens (prompt included), presence and frequency penalties
- * over their windows, logit_bias */
-static void process_logits(srv_engine *e, const srv_req *r, slot *q, float *l) {
-    (void)e;
+static int put_edit(srv_engine *e, int32_t tok, int mul, float v) {
+    if (e->n_ed == e->cap_ed) {
+        size_t nc = e->cap_ed ? e->cap_ed * 2 : 256;
+        cinfer_logit_edit *ne = realloc(e->ed, sizeof *ne * nc);
+        if (!ne) return -1;
+        e->ed = ne;
+        e->cap_ed = nc;
+    }
+    e->ed[e->n_ed++] = (cinfer_logit_edit){tok, mul, v};
+    return 0;
+}
+
+/* mlx-lm's logits processors as edits of the raw logits, applied in this order by the sample op:
+ * repetition penalty over the last rep_ctx tokens (prompt included), presence and frequency
+ * penalties over their windows, logit_bias; appended to e->ed; -1 when out of memory */
+static int slot_edits(srv_engine *e, const srv_req *r, const slot *q) {
+    int bad = 0;
     if (r->rep_penalty != 1.0f) {
         int from = q->n_hist > r->rep_ctx ? q->n_hist - r->rep_ctx : 0;
         for (int i = from; i < q->n_hist; i++) {   /* each distinct token once */
-            int32_t t = q->hist[i];
             int dup = 0;
-            for (int j = from; j < i && !dup; j++) dup = q->hist[j] == t;
-            if (!dup) l[t] = l[t] > 0 ? l[t] / r->rep_penalty : l[t] * r->rep_penalty;
+            for (int j = from; j < i && !dup; j++) dup = q->hist[j] == q->hist[i];
+            if (!dup) bad |= put_edit(e, q->hist[i], 1, r->rep_penalty);
         }
     }
     if (r->presence != 0.0f) {
@@ -188,14 +201,15 @@ static void process_logits(srv_engine *e, const srv_req *r, slot *q, float *l) {
         for (int i = from; i < q->n_hist; i++) {
             int dup = 0;
             for (int j = from; j < i && !dup; j++) dup = q->hist[j] == q->hist[i];
-            if (!dup) l[q->hist[i]] -= r->presence;
+            if (!dup) bad |= put_edit(e, q->hist[i], 0, -r->presence);
         }
     }
     if (r->frequency != 0.0f) {
         int from = q->n_hist > r->frequency_ctx ? q->n_hist - r->frequency_ctx : 0;
-        for (int i = from; i < q->n_hist; i++) l[q->hist[i]] -= r->frequency;
+        for (int i = from; i < q->n_hist; i++) bad |= put_edit(e, q->hist[i], 0, -r->frequency);
     }
-    for (int i = 0; i < r->n_bias; i++) l[r->bias_id[i]] += r->bias_val[i];
+    for (int i = 0; i < r->n_bias; i++) bad |= put_edit(e, r->bias_id[i], 0, r->bias_val[i]);
+    return bad;
 }
 
 /* log-softmax of l; the chosen token's log-prob and the k most likely */
@@ -216,17 +230,18 @@ static void logprobs(const float *l, int V, int32_t tok, int k, srv_event *ev) {
     }
 }
 
-/* one decode row's logits -> the next token of slot i, its event, maybe its end */
-static void take_token(srv *s, int i, float *l) {
+/* one decode row's pick -> the next token of slot i, its event, maybe its end */
+static void take_token(srv *s, int i, const cinfer_row_pick *pk) {
     srv_engine *e = s->eng;
     slot *q = &e->sl[i];
     srv_req *r = q->r;
-    int V = s->n_vocab;
-    process_logits(e, r, q, l);
     srv_event ev = {.choice = q->choice};
-    if (r->logprobs) memcpy(e->lp, l, sizeof(float) * V);
-    int32_t tok = cinfer_sampler_sample(q->smp, l, NULL, 0);
-    if (r->logprobs) logprobs(e->lp, V, tok, r->top_logprobs, &ev);
+    int32_t tok = pk->token;
+    if (r->logprobs) {
+        ev.logprob = pk->logprob;
+        ev.n_top = r->top_logprobs < s->n_vocab ? r->top_logprobs : s->n_vocab;
+        for (int k = 0; k < ev.n_top; k++) ev.top[k] = (srv_top){pk->top_id[k], pk->top_logprob[k]};
+    }
     ev.token = tok;
     if (q->n_hist == q->cap_hist) {   /* grows with the output: max_tokens may be huge with a rotating window */
         int nc = q->cap_hist * 2;
@@ -386,10 +401,11 @@ static void preempt_newest(srv *s) {
 /* a forward that evicts cached prefixes while the budget is short; 0 ok,
  * 1 when it failed (a choice was preempted or failed instead; the step is to be redone) */
 static int forward(srv *s, const int32_t *ids, int B, int L, const int *seqs, const int *lens, const int *out_rows,
-                   int n_out, float *logits) {
+                   int n_out, float *logits, int sampled) {
     srv_engine *e = s->eng;
     for (;;) {
-        cinfer_status st = cinfer_forward_seqs(e->ctx, ids, B, L, seqs, lens, NULL, out_rows, n_out, logits);
+        cinfer_status st = sampled ? cinfer_decode_sampled(e->ctx, ids, B, seqs, e->rs, e->pk)
+                                   : cinfer_forward_seqs(e->ctx, ids, B, L, seqs, lens, NULL, out_rows, n_out, logits);
         if (!st) return 0;
         if (st == CINFER_ENOMEM && pfx_evict_lru(e->pfx, e->ctx)) continue;
         if (st == CINFER_ENOMEM) preempt_newest(s);
@@ -427,7 +443,7 @@ static void prefill_echo(srv *s, int i, int k) {
     srv_req *r = q->r;
     if (k > ECHO_CHUNK) k = ECHO_CHUNK;
     for (int p = 0; p < k; p++) { e->out_rows[2 * p] = 0; e->out_rows[2 * p + 1] = p; }
-    if (forward(s, r->prompt + q->fed, 1, k, &i, NULL, e->out_rows, k, e->plogits)) return;
+    if (forward(s, r->prompt + q->fed, 1, k, &i, NULL, e->out_rows, k, e->plogits, 0)) return;
     for (int p = 0; p < k; p++) {   /* position fed+p predicts prompt token fed+p+1 */
         srv_event *ev = &r->pev[q->fed + p + 1];
         logprobs(e->plogits + (size_t)p * s->n_vocab, s->n_vocab, r->prompt[q->fed + p + 1], r->top_logprobs, ev);
@@ -485,7 +501,7 @@ static void prefill(srv *s, int budget) {
         memcpy(e->pids + (size_t)p * L, ids + q->fed, sizeof(int32_t) * e->plen[p]);
         memset(e->pids + (size_t)p * L + e->plen[p], 0, sizeof(int32_t) * (L - e->plen[p]));
     }
-    if (forward(s, e->pids, P, L, e->prow, e->plen, NULL, 0, NULL)) return;
+    if (forward(s, e->pids, P, L, e->prow, e->plen, NULL, 0, NULL, 0)) return;
     for (int p = 0; p < P; p++) {
         slot *q = &e->sl[e->prow[p]];
         int want;
@@ -495,17 +511,31 @@ static void prefill(srv *s, int budget) {
     }
 }
 
+/* every choice in its decode phase, one row each, in one forward whose tokens the backend picks
+ * (cinfer_decode_sampled: on CUDA the logits stay on the device) */
 static void decode(srv *s) {
     srv_engine *e = s->eng;
     int B = 0;
-    for (int i = 0; i < e->n_slot; i++)
-        if (e->sl[i].phase == PH_DECODE) {
-            e->ids[B] = e->sl[i].pending;
-            e->seqs[B++] = i;
-        }
-    if (!B || forward(s, e->ids, B, 1, e->seqs, NULL, NULL, 0, e->logits)) return;
+    size_t ed0[64], *at = e->n_slot <= 64 ? ed0 : malloc(sizeof *at * (size_t)e->n_slot);
+    if (!at) return;
+    e->n_ed = 0;
+    for (int i = 0; i < e->n_slot; i++) {
+        slot *q = &e->sl[i];
+        if (q->phase != PH_DECODE) continue;
+        const srv_req *r = q->r;
+        at[B] = e->n_ed;
+        if (slot_edits(e, r, q)) { req_fail(s, q->r, 500, "out of memory"); continue; }
+        e->rs[B] = (cinfer_row_sampling){r->sp.temp, r->sp.top_k, r->sp.top_p, r->sp.min_p,
+                                         r->sp.temp > 0 ? cinfer_sampler_uniform(q->smp) : 0, NULL,
+                                         (int)(e->n_ed - at[B]), r->logprobs ? r->top_logprobs : -1};
+        e->ids[B] = q->pending;
+        e->seqs[B++] = i;
+    }
+    for (int b = 0; b < B; b++) e->rs[b].edits = e->rs[b].n_edits ? e->ed + at[b] : NULL;   /* e->ed is final now */
+    if (at != ed0) free(at);
+    if (!B || forward(s, e->ids, B, 1, e->seqs, NULL, NULL, 0, NULL, 1)) return;
     for (int b = 0; b < B; b++)
-        if (e->sl[e->seqs[b]].phase == PH_DECODE) take_token(s, e->seqs[b], e->logits + (size_t)b * s->n_vocab);
+        if (e->sl[e->seqs[b]].phase == PH_DECODE) take_token(s, e->seqs[b], &e->pk[b]);
 }
 
 /* ends choices whose client left (no event) or whose deadline passed ("length") */
@@ -555,14 +585,14 @@ static int engine_load(srv *s) {
     int na = 0;
     if (s->tok && !cinfer_tokenize(s->tok, "a", 1, 0, 0, &aid, &na) && na == 1) s->anchor = aid[0];
     free(aid);
-    e->logits = malloc(sizeof(float) * (size_t)e->n_slot * info.n_vocab);
-    e->lp = malloc(sizeof(float) * (size_t)info.n_vocab);
+    e->rs = calloc((size_t)e->n_slot, sizeof *e->rs);
+    e->pk = calloc((size_t)e->n_slot, sizeof *e->pk);
     e->plogits = malloc(sizeof(float) * ECHO_CHUNK * (size_t)info.n_vocab);
     cinfer_kv_info kvi;
     cinfer_ctx_kv_info(e->ctx, &kvi);
     e->pfx = pfx_new(s->o.prompt_cache, e->n_slot, kvi.page);
     s->m = m;
-    if (!e->logits || !e->lp || !e->plogits || !e->pfx) return -1;
+    if (!e->rs || !e->pk || !e->plogits || !e->pfx) return -1;
     if (s->o.cache_dir && !(e->tier = stier_open(s->o.cache_dir, s->o.cache_max, m, s->o.quiet))) return -1;
     return 0;
 }
@@ -670,7 +700,7 @@ void srv_engine_free(srv *s) {
     cinfer_ctx_free(e->ctx);
     cinfer_model_free(s->m);
     s->m = NULL;
-    free(e->sl); free(e->wait); free(e->ids); free(e->seqs); free(e->prow); free(e->plen); free(e->pids); free(e->logits); free(e->lp); free(e->plogits);
+    free(e->sl); free(e->wait); free(e->ids); free(e->seqs); free(e->prow); free(e->plen); free(e->pids); free(e->rs); free(e->pk); free(e->ed); free(e->plogits);
     free(s->queue);
     free(e);
     s->eng = NULL;

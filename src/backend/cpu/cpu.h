@@ -61,6 +61,8 @@ void be_ref_kvq_attention(const be_attn *a, const float *q, const be_kvq *k, con
 void be_ref_kvq_query(const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, int b, int i,
                       int h, float *s, float *qs, float *out);
 /* be_ops.score for one row (base row bi; codes: that row's code or NULL) and for n rows */
+/* be_ops.sample for one row (the definition in backend.h) */
+void be_ref_sample_row(float *z, int V, const be_sample_row *p, const be_logit_edit *edits, be_sample_out *out);
 void be_ref_score_row(const float *z, int V, int tgt, const be_score_base *base, int bi, uint16_t *codes,
                       be_score_row *o);
 void be_ref_score(const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,

@@ -287,6 +287,30 @@ static void cpu_score(be_ctx *c, const float *z, int n, int V, const int32_t *tg
     else score_task(&j, 0, 1);
 }
 
+/* be_ops.sample: the definition per row, rows split over the pool */
+typedef struct sample_job {
+    float *z;
+    int n, V;
+    const be_sample_row *p;
+    const be_logit_edit *edits;
+    be_sample_out *out;
+} sample_job;
+
+static void sample_task(void *arg, int ith, int nth) {
+    const sample_job *j = arg;
+    int i0 = (int)((int64_t)j->n * ith / nth), i1 = (int)((int64_t)j->n * (ith + 1) / nth);
+    for (int i = i0; i < i1; i++) be_ref_sample_row(j->z + (size_t)i * j->V, j->V, &j->p[i], j->edits, &j->out[i]);
+}
+
+static void cpu_sample(be_ctx *c, float *z, int n, int V, const be_sample_row *p, const be_logit_edit *edits, int n_edits,
+                       be_sample_out *out) {
+    (void)n_edits;
+    if (n <= 0) return;
+    sample_job j = {z, n, V, p, edits, out};
+    if (n > 1) cpu_pool_run(c->pool, sample_task, &j);
+    else sample_task(&j, 0, 1);
+}
+
 /* MemAvailable from /proc/meminfo (page cache counts as available), else free pages */
 static size_t cpu_mem_available(be_ctx *c) {
     (void)c;
@@ -328,6 +352,7 @@ static const be_ops cpu_ops = {
     .mem_available = cpu_mem_available,
     .batch_invariant = cpu_batch_invariant,
     .score = cpu_score,
+    .sample = cpu_sample,
     .kvq_write = cpu_kvq_write,
     .kvq_attention = cpu_kvq_attention,
 };

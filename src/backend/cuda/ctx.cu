@@ -207,6 +207,8 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->part);
     cudaFree(c->cnt);
     cudaFree(c->score_out);
+    cudaFree(c->samp_mass);
+    cudaFree(c->samp_edits);
     cudaFree(c->arena_d);
     if (c->arena_h) cudaFreeHost(c->arena_h);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -456,6 +458,7 @@ static be_ops make_ops(void) {
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
     o.score = cu_op_score;
+    o.sample = cu_op_sample;
     o.matmul_multi = cu_op_matmul_multi;
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;

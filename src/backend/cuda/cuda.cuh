@@ -75,8 +75,12 @@ struct be_ctx {
     size_t deq_n;
     float *part;             /* [part_n] bytes: split-K attention partials */
     size_t part_n;
-    void *score_out;         /* [score_out_n] bytes: the score op's per-row results */
+    void *score_out;         /* [score_out_n] bytes: the score and sample ops' per-row results */
     size_t score_out_n;
+    void *samp_mass;         /* [samp_mass_n] bytes: the sample op's fixed-point masses [n][V] */
+    size_t samp_mass_n;
+    void *samp_edits;        /* [samp_edits_n] bytes: the sample op's logit edits */
+    size_t samp_edits_n;
     int *cnt;                /* [cnt_n] bytes: split-K arrival counters, zero between launches */
     size_t cnt_n;
     /* graph state */
@@ -180,6 +184,8 @@ void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
                  size_t code_stride, be_score_row *out);
+void cu_op_sample(be_ctx *c, float *z, int n, int V, const be_sample_row *p, const be_logit_edit *edits, int n_edits,
+                  be_sample_out *out);
 
 static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 

@@ -1,0 +1,285 @@
+/*
+ * sample.cu — be_ops.sample on the device (the definition: backend.h and
+ * cpu/ref-sample.c, which this follows step for step): a decode step's rows
+ * become tokens without their logits leaving the GPU; per row only a
+ * be_sample_out (168 bytes) crosses to the host.
+ *
+ * One block of 1024 threads a row. The logits row stays where the LM head
+ * wrote it (L2-resident at decode sizes) and is read once a pass: the argmax,
+ * the masses (written once to a u64 workspace [n][V]), each radix-select
+ * pass, the draw. Radix histograms are one per warp in shared memory (64 kB:
+ * a byte of the key has few distinct values among the logits, so one shared
+ * histogram would serialize the whole block on one bin) and merged in a fixed
+ * order; masses are integers, so every sum is exact and the block's order of
+ * adding does not matter: the device draws the reference's token. Passes
+ * that walk ids in order (ties at a threshold, the draw) give each thread a
+ * contiguous chunk of ids and take a block-wide exclusive scan of the chunks'
+ * sums.
+ */
+#include "backend/cuda/cuda.cuh"
+#include "backend/cuda/cuda-api.h"
+
+#define SP_T 1024
+#define SP_W (SP_T / 32)
+
+struct sp_smem {
+    unsigned long long hist[SP_W][256];   /* per-warp radix histograms */
+    unsigned long long w64[SP_W];         /* per-warp partials of a block reduction / scan */
+    double wd[SP_W];
+    unsigned long long b64;               /* broadcasts */
+    int bi[2];
+};
+
+__device__ __forceinline__ unsigned sp_key(float v) {
+    if (v != v) v = -INFINITY;
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+__device__ __forceinline__ float sp_val(float v) { return v == v ? v : -INFINITY; }
+
+/* a prefix of the order (logit descending, then id): key > T, or key == T and id <= cut; on == 0: everything */
+struct sp_set {
+    unsigned T;
+    int cut, on;
+};
+
+__device__ __forceinline__ bool sp_in(const sp_set &s, unsigned k, int i) { return !s.on || k > s.T || (k == s.T && i <= s.cut); }
+
+__device__ unsigned long long sp_sum(sp_smem &s, unsigned long long v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s.w64[threadIdx.x >> 5] = v;
+    __syncthreads();
+    unsigned long long t = 0;
+    for (int w = 0; w < SP_W; w++) t += s.w64[w];
+    return t;
+}
+
+__device__ unsigned long long sp_max(sp_smem &s, unsigned long long v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        unsigned long long x = __shfl_xor_sync(0xffffffffu, v, o);
+        v = x > v ? x : v;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s.w64[threadIdx.x >> 5] = v;
+    __syncthreads();
+    unsigned long long t = 0;
+    for (int w = 0; w < SP_W; w++) t = s.w64[w] > t ? s.w64[w] : t;
+    return t;
+}
+
+__device__ double sp_dsum(sp_smem &s, double v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s.wd[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0;
+    for (int w = 0; w < SP_W; w++) t += s.wd[w];
+    return t;
+}
+
+/* exclusive prefix of v over the block's threads in order; *tot = the block's sum */
+__device__ unsigned long long sp_scan(sp_smem &s, unsigned long long v, unsigned long long *tot) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned long long x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) s.w64[w] = x;
+    __syncthreads();
+    unsigned long long before = 0, t = 0;
+    for (int k = 0; k < SP_W; k++) {
+        before += k < w ? s.w64[k] : 0;
+        t += s.w64[k];
+    }
+    *tot = t;
+    return before + x - v;
+}
+
+/* this thread's contiguous chunk of ids (passes that walk ids in order) */
+__device__ __forceinline__ void sp_chunk(int V, int *lo, int *hi) {
+    int ch = (V + SP_T - 1) / SP_T;
+    *lo = min(V, (int)threadIdx.x * ch);
+    *hi = min(V, *lo + ch);
+}
+
+/* the shortest prefix of the order, within S, whose weight (masses m, or counts) reaches need (ref-sample.c's
+ * select_prefix) */
+template <bool MASS>
+__device__ sp_set sp_select(sp_smem &s, const float *z, const unsigned long long *m, int V, sp_set S, unsigned long long need) {
+    unsigned pre = 0, msk = 0;
+    int w = threadIdx.x >> 5;
+    for (int sh = 24; sh >= 0; sh -= 8) {
+        __syncthreads();
+        for (int b = threadIdx.x; b < SP_W * 256; b += SP_T) (&s.hist[0][0])[b] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < V; i += SP_T) {
+            unsigned k = sp_key(z[i]);
+            unsigned long long x = MASS ? m[i] : 1ull;
+            if ((k & msk) == pre && sp_in(S, k, i) && x) atomicAdd(&s.hist[w][(k >> sh) & 255], x);
+        }
+        __syncthreads();
+        if (threadIdx.x < 256) {   /* merge the warps' histograms in a fixed order */
+            unsigned long long t = 0;
+            for (int k = 0; k < SP_W; k++) t += s.hist[k][threadIdx.x];
+            s.hist[0][threadIdx.x] = t;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned long long cum = 0;
+            int d = 0;
+            for (int b = 255; b >= 0; b--) {
+                if (cum + s.hist[0][b] >= need) { d = b; break; }
+                cum += s.hist[0][b];
+            }
+            s.bi[0] = d;
+            s.b64 = cum;
+        }
+        __syncthreads();
+        need -= s.b64;
+        pre |= (unsigned)s.bi[0] << sh;
+        msk |= 0xffu << sh;
+    }
+    int lo, hi;
+    sp_chunk(V, &lo, &hi);
+    unsigned long long mine = 0, tot;
+    for (int i = lo; i < hi; i++) {
+        unsigned k = sp_key(z[i]);
+        if (k == pre && sp_in(S, k, i)) mine += MASS ? m[i] : 1ull;
+    }
+    unsigned long long before = sp_scan(s, mine, &tot);
+    if (threadIdx.x == 0) s.bi[1] = V - 1;
+    __syncthreads();
+    if (before < need && before + mine >= need) {   /* the one thread whose chunk holds the last id taken */
+        unsigned long long acc = before;
+        for (int i = lo; i < hi; i++) {
+            unsigned k = sp_key(z[i]);
+            if (k == pre && sp_in(S, k, i) && (acc += MASS ? m[i] : 1ull) >= need) { s.bi[1] = i; break; }
+        }
+    }
+    __syncthreads();
+    sp_set r = {pre, s.bi[1], 1};
+    return r;
+}
+
+__global__ void __launch_bounds__(SP_T) k_sample(float *zall, int V, const be_sample_row *prm, const be_logit_edit *edits,
+                                                 unsigned long long *mall, be_sample_out *out) {
+    extern __shared__ __align__(16) unsigned char sp_raw[];
+    PDL_ENTRY();
+    sp_smem &s = *reinterpret_cast<sp_smem *>(sp_raw);
+    const be_sample_row p = prm[blockIdx.x];
+    float *z = zall + (size_t)blockIdx.x * V;
+    unsigned long long *m = mall ? mall + (size_t)blockIdx.x * V : NULL;
+    if (threadIdx.x == 0)
+        for (int e = 0; e < p.n_edit; e++) {
+            const be_logit_edit *ed = &edits[p.edit0 + e];
+            if (ed->tok >= 0 && ed->tok < V) z[ed->tok] = be_apply_edit(z[ed->tok], ed);
+        }
+    __syncthreads();
+    unsigned long long bk = 0;   /* the order as one number: key << 32 | ~id, the largest first */
+    for (int i = threadIdx.x; i < V; i += SP_T) {
+        unsigned long long k = (unsigned long long)sp_key(z[i]) << 32 | (unsigned)~i;
+        bk = k > bk ? k : bk;
+    }
+    bk = sp_max(s, bk);
+    int best = (int)~(unsigned)bk;
+    float zb = sp_val(z[best]), lse = NAN;
+    be_sample_out *o = &out[blockIdx.x];
+    if (p.n_top >= 0) {
+        double sum = 0;
+        for (int i = threadIdx.x; i < V; i += SP_T) sum += exp((double)sp_val(z[i]) - zb);
+        lse = zb + (float)log(sp_dsum(s, sum));
+        unsigned long long prev = ~0ull;
+        for (int j = 0; j < p.n_top && j < V && j < BE_SAMPLE_TOP; j++) {
+            unsigned long long mx = 0;
+            for (int i = threadIdx.x; i < V; i += SP_T) {
+                unsigned long long k = (unsigned long long)sp_key(z[i]) << 32 | (unsigned)~i;
+                mx = k < prev && k > mx ? k : mx;
+            }
+            prev = sp_max(s, mx);
+            int id = (int)~(unsigned)prev;
+            if (threadIdx.x == 0) {
+                o->top_id[j] = id;
+                o->top_lp[j] = sp_val(z[id]) - lse;
+            }
+        }
+    }
+    int tok = best;
+    float zt = zb * p.inv_temp;
+    if (p.inv_temp > 0 && isfinite(zt) && m) {
+        for (int i = threadIdx.x; i < V; i += SP_T)
+            m[i] = (unsigned long long)__double2ll_rn(exp((double)(sp_val(z[i]) * p.inv_temp) - (double)zt) * 0x1p40);
+        __syncthreads();
+        sp_set all = {0, 0, 0}, S = all, P = all;
+        if (p.top_k > 0 && p.top_k < V) S = sp_select<false>(s, z, m, V, all, (unsigned long long)p.top_k);
+        int lo, hi;
+        sp_chunk(V, &lo, &hi);
+        if (p.top_p < 1.0f) {
+            unsigned long long Zm = 0;
+            for (int i = threadIdx.x; i < V; i += SP_T) Zm += sp_in(S, sp_key(z[i]), i) ? m[i] : 0;
+            Zm = sp_sum(s, Zm);
+            double nd = ceil((double)p.top_p * (double)Zm);
+            unsigned long long need = nd < 1 ? 1 : nd >= (double)Zm ? Zm : (unsigned long long)nd;
+            P = sp_select<true>(s, z, m, V, S, need);
+        }
+        double floor_m = (double)p.min_p * 0x1p40;
+        unsigned long long mine = 0, K;
+        for (int i = lo; i < hi; i++) {
+            unsigned k = sp_key(z[i]);
+            if (sp_in(S, k, i) && sp_in(P, k, i) && (double)m[i] >= floor_m) mine += m[i];
+        }
+        unsigned long long before = sp_scan(s, mine, &K);
+        unsigned long long r = (unsigned long long)(p.u * (double)K);
+        if (r >= K) r = K - 1;
+        if (threadIdx.x == 0) s.bi[0] = best;
+        __syncthreads();
+        if (before <= r && r < before + mine) {
+            unsigned long long acc = before;
+            for (int i = lo; i < hi; i++) {
+                unsigned k = sp_key(z[i]);
+                if (sp_in(S, k, i) && sp_in(P, k, i) && (double)m[i] >= floor_m && (acc += m[i]) > r) { s.bi[0] = i; break; }
+            }
+        }
+        __syncthreads();
+        tok = s.bi[0];
+    }
+    if (threadIdx.x == 0) {
+        o->tok = tok;
+        o->lp = p.n_top >= 0 ? sp_val(z[tok]) - lse : NAN;
+    }
+}
+
+void cu_op_sample(be_ctx *c, float *z, int n, int V, const be_sample_row *p, const be_logit_edit *edits, int n_edits,
+                  be_sample_out *out) {
+    if (n <= 0 || V <= 0) return;
+    cu_go_eager(c);
+    int any_t = 0;
+    for (int i = 0; i < n; i++) any_t |= p[i].inv_temp > 0;
+    if (!cu_ensure(c, &c->score_out, &c->score_out_n, sizeof(be_sample_out) * (size_t)n) ||
+        (any_t && !cu_ensure(c, &c->samp_mass, &c->samp_mass_n, sizeof(unsigned long long) * (size_t)n * V)) ||
+        (n_edits > 0 && !cu_ensure(c, &c->samp_edits, &c->samp_edits_n, sizeof(be_logit_edit) * (size_t)n_edits))) {
+        cu_check(c, cudaErrorMemoryAllocation, "sample workspace");
+        return;
+    }
+    if (n_edits > 0 &&
+        cu_check(c, cudaMemcpyAsync(c->samp_edits, edits, sizeof(be_logit_edit) * (size_t)n_edits, cudaMemcpyHostToDevice, c->stream),
+                 "sample edits"))
+        return;
+    const be_sample_row *d_p = (const be_sample_row *)cu_stage(c, p, sizeof *p * (size_t)n);
+    be_sample_out *d_out = (be_sample_out *)c->score_out;
+    size_t smem = sizeof(sp_smem);
+    if (cu_check(c, cudaFuncSetAttribute(k_sample, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "sample smem")) return;
+    cu_launch(c, k_sample, dim3((unsigned)n), dim3(SP_T), smem, z, V, d_p, (const be_logit_edit *)c->samp_edits,
+              any_t ? (unsigned long long *)c->samp_mass : (unsigned long long *)NULL, d_out);
+    if (!CU_LAUNCHED(c, "sample") &&
+        !cu_check(c, cudaMemcpyAsync(out, d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "sample copy") &&
+        !cu_check(c, cudaStreamSynchronize(c->stream), "sample sync"))
+        c->arena_off = 0;   /* drained: the staged arrays are consumed */
+}
