@@ -7,7 +7,9 @@ written by hand (8-byte little-endian header length, JSON header, raw little-end
 numpy is needed. Tensors are generated and written in chunks, so memory stays at a few tens of MB
 whatever the model size. No tokenizer files: benchmarks feed token ids.
 
-usage: mk-random-model.py SHAPE DTYPE OUT_DIR [--seed N] [--std S]
+usage: mk-random-model.py SHAPE DTYPE OUT_DIR [--seed N] [--std S] [--repeat]
+  --repeat: one random block of 64 MiB written over and over (an 8B model in seconds, not minutes;
+            the weights repeat, which no speed measurement can see)
   SHAPE: tinyllama-1.1b | llama-3.2-1b | qwen2.5-0.5b | tiny
   DTYPE: bf16 | f16 | f32
 Idempotent: if OUT_DIR/model.safetensors exists with the expected size, nothing is rewritten.
@@ -104,6 +106,7 @@ def main(argv):
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--std", type=float, default=0.02)
+    ap.add_argument("--repeat", action="store_true")
     a_ = ap.parse_args(argv)
     shape, dtype, out, seed, std = a_.shape, a_.dtype, a_.out, a_.seed, a_.std
     s = SHAPES[shape]
@@ -134,8 +137,14 @@ def main(argv):
     with open(tmp, "wb") as f:
         f.write(len(hjson).to_bytes(8, "little"))
         f.write(hjson)
+        block = encode(rng.uniform(-a, a, 32 << 20).astype(np.float32), dtype) if a_.repeat else None
         for name, shp, is_norm in tensors:
             n = int(np.prod(shp))
+            if block is not None and not is_norm:
+                nb = n * esize
+                for i in range(0, nb, len(block)):
+                    f.write(block[: min(len(block), nb - i)])
+                continue
             for i in range(0, n, chunk):
                 m = min(chunk, n - i)
                 if is_norm:

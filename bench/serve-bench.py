@@ -11,7 +11,7 @@ Each of N client threads sends one streaming /v1/completions request at the same
 Python stdlib only; threads block on sockets, so the GIL adds little at these rates.
 
 usage: serve-bench.py --url http://127.0.0.1:8080 [--streams 1,8,32,64] [--max-tokens 32] [--prompt-len 32]
-                      [--vocab 32000] [--model ID] [--label NAME]
+                      [--vocab 32000] [--model ID] [--label NAME] [--temperature 0] [--top-p 1]
 prints one markdown table row per stream count.
 """
 import argparse
@@ -64,7 +64,7 @@ def run(args, n):
     threads = []
     for i in range(n):
         prompt = [rng.randrange(3, args.vocab) for _ in range(args.prompt_len)]
-        body = dict(model=args.model, prompt=prompt, max_tokens=args.max_tokens, temperature=0, stream=True,
+        body = dict(model=args.model, prompt=prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, stream=True,
                     ignore_eos=True)
         threads.append(threading.Thread(target=one_stream, args=(args.url, body, outs[i])))
     for t in threads:
@@ -92,6 +92,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--model", default="default_model")
     ap.add_argument("--label", default="server")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     args = ap.parse_args()
     run(args, 1)   # warm-up
     print("| server | streams | tokens | aggregate tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | wall (s) |")

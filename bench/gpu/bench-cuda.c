@@ -532,7 +532,8 @@ static double kv_fmt_bytes(const model_config *c, const kv_fmt *f) {
 
 /* BENCH_AGG: for each N of the list, N sequences with prompts of 64..511 tokens (prefilled 8
  * rows per forward), then G decode steps of N rows: greedy on the device (ctx_decode_greedy),
- * then G/2 steps with every row's logits copied to the host (cinfer_forward_seqs), then the
+ * then G/2 steps with every row's logits copied to the host (cinfer_forward_seqs), G/2 steps sampled
+ * on the device as the server samples (cinfer_decode_sampled, temperature 0.8, top-p 0.95), then the
  * greedy step's graph replayed alone (the GPU's share of a step). A step
  * reads the weights once and each sequence's keys and values. */
 static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
@@ -575,6 +576,22 @@ static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
             for (int b = 0; b < N && !bad; b++) tok[b] = (int32_t)argmax(lg + (size_t)b * V, V);
         }
         double tl = cf_now() - a, tg = 0;
+        /* the server's step: every row sampled on the device (temperature 0.8, top-p 0.95, each row's own u) */
+        cinfer_row_sampling *rs = calloc((size_t)N, sizeof *rs);
+        cinfer_row_pick *pk = calloc((size_t)N, sizeof *pk);
+        uint64_t ux = 99;
+        a = cf_now();
+        for (int i = 0; i < G2 && !bad; i++) {
+            for (int b = 0; b < N; b++) {
+                ux = ux * 6364136223846793005ull + 1442695040888963407ull;
+                rs[b] = (cinfer_row_sampling){0.8f, 0, 0.95f, 0, (double)(ux >> 11) * 0x1p-53, NULL, 0, -1};
+            }
+            bad = cinfer_decode_sampled(ctx, tok, N, seqs, rs, pk);
+            for (int b = 0; b < N && !bad; b++) tok[b] = pk[b].token;
+        }
+        double ts = cf_now() - a;
+        free(rs);
+        free(pk);
         for (int i = 0; i < 2 && !bad; i++) bad = ctx_decode_greedy(ctx, tok, N, seqs, tok);   /* the greedy step's graph again */
         if (!bad && cuda_graph_replay_time(ctx->bc, 10, &tg)) tg = 0;
         if (!bad && getenv("BENCH_AGG_PROFILE")) {   /* one step for `ncu --profile-from-start off --graph-profiling node` */
@@ -591,11 +608,12 @@ static int agg_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
         double step = t / G, gbs = (step_bytes + kv) / step / 1e9;
         printf("aggregate decode N=%d (prompts 64..511, %ld tokens held): %.3f ms/step, %.0f tok/s; reads %.2f GB weights + %.2f GB KV "
                "per step = %.0f GB/s (%.0f%% of copy bandwidth); graph captured %ld, replayed %ld; the step's graph alone %.3f ms; "
-               "with logits to the host: %.3f ms/step, %.0f tok/s\n", N, held, step * 1e3, N / step, step_bytes / 1e9, kv / 1e9, gbs,
-               100.0 * gbs / copy_gbs, caps - caps0, reps - reps0, tg * 1e3, tl / G2 * 1e3, N * G2 / tl);
+               "with logits to the host: %.3f ms/step, %.0f tok/s; sampled on the device (T 0.8, top-p 0.95): %.3f ms/step, %.0f tok/s\n",
+               N, held, step * 1e3, N / step, step_bytes / 1e9, kv / 1e9, gbs, 100.0 * gbs / copy_gbs, caps - caps0, reps - reps0,
+               tg * 1e3, tl / G2 * 1e3, N * G2 / tl, ts / G2 * 1e3, N * G2 / ts);
         printf("{\"engine\":\"cinfer\",\"mode\":\"aggregate_decode\",\"seqs\":%d,\"tok_s\":%.1f,\"step_ms\":%.4f,\"graph_ms\":%.4f,"
-               "\"weight_bytes\":%zu,\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"logits_tok_s\":%.1f}\n", N, N / step, step * 1e3,
-               tg * 1e3, step_bytes, kv, gbs, copy_gbs, N * G2 / tl);
+               "\"weight_bytes\":%zu,\"kv_bytes\":%.0f,\"gbs\":%.1f,\"copy_gbs\":%.1f,\"logits_tok_s\":%.1f,\"sampled_tok_s\":%.1f}\n", N, N / step,
+               step * 1e3, tg * 1e3, step_bytes, kv, gbs, copy_gbs, N * G2 / tl, N * G2 / ts);
         free(lens); free(seqs); free(ids); free(tok); free(lg);
         cinfer_ctx_free(ctx);
     }

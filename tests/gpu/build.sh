@@ -15,11 +15,20 @@ CF="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc -DCINFER
 LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic \
  -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lm -Wl,-rpath,$CUDA_HOME/lib64"
 cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
-# the server needs libmicrohttpd, which the GPU machine lacks: the GPU CLI is built without it
-cc $CF -DCINFER_NO_SERVE -o $B/cinfer $(ls tools/cli/*.c | grep -v -e /cmd-serve.c -e /serve-) $LIBS
-for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/test-seq.c tests/test-gemma.c bench/gpu/*.c bench/bench-ttft.c; do
+# the server needs libmicrohttpd, which the GPU machine lacks and which links statically only with
+# gnutls's dependencies that Debian ships as shared objects alone: it and its non-glibc dependencies
+# are copied into $B/lib, which the CLI and test-serve find through their rpath ($ORIGIN/lib)
+mkdir -p $B/lib
+for l in $(ldd /usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12 | awk '/=>/ {print $3}' | grep -v -e '/libc.so' -e '/libm.so' -e '/libpthread'); do
+  cp -L "$l" $B/lib/
+done
+cp -L /usr/lib/x86_64-linux-gnu/libmicrohttpd.so.12 $B/lib/
+MHD="-L$B/lib -l:libmicrohttpd.so.12 -Wl,-rpath,\$ORIGIN/lib"
+cc $CF -o $B/cinfer tools/cli/*.c $LIBS $MHD
+for t in tests/gpu/test-*.c tests/test-backend-ops.c tests/test-cache.c tests/test-seq.c tests/test-gemma.c tests/test-sample.c \
+         tests/test-serve.c bench/gpu/*.c bench/bench-ttft.c; do
   [ -f "$t" ] || continue
-  cc $CF -I$CUDA_HOME/include -Itests -o $B/$(basename "$t" .c) "$t" $LIBS
+  cc $CF -I$CUDA_HOME/include -Itests -o $B/$(basename "$t" .c) "$t" $LIBS $MHD
 done
 # the standalone cuBLASLt sweep (bench/gpu/lt-sweep.cu: needs only the GPU machine's libcublas)
 $CUDA_HOME/bin/nvcc -O2 -arch=sm_90 -cudart static -o $B/lt-sweep bench/gpu/lt-sweep.cu -lcublasLt -lcublas

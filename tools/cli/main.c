@@ -19,9 +19,7 @@ static const cli_cmd commands[] = {
     {"cache-prompt", cmd_cache_prompt, "prefill a prompt and save an mlx-lm prompt-cache file"},
     {"convert", cmd_convert, "quantize / dequantize / cast a model like mlx_lm.convert (MLX affine format)"},
     {"logprobs", cmd_logprobs, "summed log-probs of responses given prompts (DPO pairs: margin)"},
-#ifndef CINFER_NO_SERVE   /* tests/gpu/build.sh: the GPU machine has no libmicrohttpd */
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching, prefix reuse)"},
-#endif
 };
 
 static void usage(FILE *f) {
