@@ -16,7 +16,11 @@ time is printed). Prints one JSON line per measurement.
 MODE kv: the bytes of transformers' own cache (DynamicCache, which keeps a sliding layer's
 window) after a prefill of P tokens, against every layer kept whole.
 
+MODE batch: the serving peer (issue 19): B prompts of P random tokens decoded together by generate()
+(greedy, dynamic cache, no compilation); aggregate tok/s = B (G - 1) / (t(G tokens) - t(1 token)).
+
 usage: peer-torch.py MODEL_DIR eager|static|kv [P=2048] [G=128]
+       peer-torch.py MODEL_DIR batch P G B
        peer-torch.py table RESULTS.jsonl      (Markdown table of bench-cuda + peer lines)
 """
 import json
@@ -33,7 +37,7 @@ def timed(fn, sync):
     return time.perf_counter() - t
 
 
-def run(model_dir, mode, P, G):
+def run(model_dir, mode, P, G, B=1):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     cfg = AutoConfig.from_pretrained(model_dir)
@@ -71,6 +75,8 @@ def run(model_dir, mode, P, G):
             tp = statistics.median(timed(f, sync) for _ in range(5))
             out.update(prefill_tokens=P, prefill_tok_s=round(P / tp, 1))
         prompt = ids[:, :128]
+        if mode == "batch":
+            prompt = torch.randint(0, V, (B, P), device="cuda")
         mask = torch.ones_like(prompt)
         kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
         if mode == "static":
@@ -81,6 +87,8 @@ def run(model_dir, mode, P, G):
         tg = statistics.median(timed(lambda: gen(G), sync) for _ in range(3))
         t1 = statistics.median(timed(lambda: gen(1), sync) for _ in range(3))
         out.update(decode_tok_s=round((G - 1) / (tg - t1), 2), warmup_s=round(tw, 1))
+        if mode == "batch":
+            out.update(batch=B, prompt_tokens=P, aggregate_tok_s=round(B * (G - 1) / (tg - t1), 1))
     import transformers
     out["transformers"] = transformers.__version__
     print(json.dumps(out), flush=True)
@@ -127,4 +135,4 @@ if __name__ == "__main__":
         table(sys.argv[2])
     else:
         run(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2048,
-            int(sys.argv[4]) if len(sys.argv) > 4 else 128)
+            int(sys.argv[4]) if len(sys.argv) > 4 else 128, int(sys.argv[5]) if len(sys.argv) > 5 else 1)

@@ -73,6 +73,9 @@ struct srv_engine {
     long tick;
     long n_fin;             /* choices ended so far */
     long n_preempt;         /* choices preempted so far */
+    /* step timing, reported when the engine stops (not with -q) */
+    long n_dec, n_dec_rows, n_pre;
+    double t_dec, t_tok, t_pre;   /* seconds: decode forwards (with sampling), their tokens' handling, prefill forwards */
 };
 
 static int is_eos(const srv *s, int32_t t) {
@@ -501,7 +504,11 @@ static void prefill(srv *s, int budget) {
         memcpy(e->pids + (size_t)p * L, ids + q->fed, sizeof(int32_t) * e->plen[p]);
         memset(e->pids + (size_t)p * L + e->plen[p], 0, sizeof(int32_t) * (L - e->plen[p]));
     }
-    if (forward(s, e->pids, P, L, e->prow, e->plen, NULL, 0, NULL, 0)) return;
+    double t0 = srv_now();
+    int failed = forward(s, e->pids, P, L, e->prow, e->plen, NULL, 0, NULL, 0);
+    e->t_pre += srv_now() - t0;
+    e->n_pre++;
+    if (failed) return;
     for (int p = 0; p < P; p++) {
         slot *q = &e->sl[e->prow[p]];
         int want;
@@ -533,9 +540,17 @@ static void decode(srv *s) {
     }
     for (int b = 0; b < B; b++) e->rs[b].edits = e->rs[b].n_edits ? e->ed + at[b] : NULL;   /* e->ed is final now */
     if (at != ed0) free(at);
-    if (!B || forward(s, e->ids, B, 1, e->seqs, NULL, NULL, 0, NULL, 1)) return;
+    if (!B) return;
+    double t0 = srv_now();
+    int failed = forward(s, e->ids, B, 1, e->seqs, NULL, NULL, 0, NULL, 1);
+    double t1 = srv_now();
+    e->t_dec += t1 - t0;
+    e->n_dec++;
+    e->n_dec_rows += B;
+    if (failed) return;
     for (int b = 0; b < B; b++)
         if (e->sl[e->seqs[b]].phase == PH_DECODE) take_token(s, e->seqs[b], &e->pk[b]);
+    e->t_tok += srv_now() - t1;
 }
 
 /* ends choices whose client left (no event) or whose deadline passed ("length") */
@@ -650,6 +665,10 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     publish(s);
     pthread_mutex_unlock(&s->mu);
+    if (!s->o.quiet && e->n_dec)
+        fprintf(stderr, "cinfer serve: %ld decode steps (%.1f rows on average): %.3f ms a step in the forward and sampling, "
+                "%.3f ms handling its tokens; %ld prefill forwards, %.3f ms each\n", e->n_dec, (double)e->n_dec_rows / e->n_dec,
+                1e3 * e->t_dec / e->n_dec, 1e3 * e->t_tok / e->n_dec, e->n_pre, e->n_pre ? 1e3 * e->t_pre / e->n_pre : 0.0);
     return NULL;
 }
 

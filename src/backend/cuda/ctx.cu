@@ -8,13 +8,17 @@
  * m->dev in their stored dtype. Activations and caches are device memory.
  *
  * Graphs: ctx.c brackets small forwards (decode) with step_begin/step_end.
- * The first bracketed step is captured (cudaStreamBeginCapture, relaxed) and
- * launched at step_end; later steps replay it when their op records match
- * the captured ones byte for byte. Anything that cannot be captured (an
- * allocation, a free, a copy to the host, a grown workspace, a different
- * record) first leaves the graph: the records issued so far are launched
- * eagerly after one bulk copy of the staging arena, and the graph is dropped
- * so the next step captures afresh.
+ * A step is captured (cudaStreamBeginCapture, relaxed) and launched at
+ * step_end; the context keeps up to CU_GRAPHS of them (one per batch size a
+ * server runs, say), each with the op records it was captured from. A later
+ * step replays the graph whose records it issues byte for byte: while it
+ * runs, the graphs that still match are followed together; when none does,
+ * the step is captured from there (the matched records re-issued under
+ * capture) as a new graph, replacing the least recently used. Anything that
+ * cannot be captured (an allocation, a free, a copy to the host, a grown
+ * workspace) leaves the graph: the records issued so far are launched
+ * eagerly after one bulk copy of the staging arena; a grown workspace (new
+ * addresses) drops every graph.
  *
  * Errors: the first failing CUDA/cuBLAS call is kept in the context (code and
  * message); ops after it do nothing; the status op reports it (ctx.c turns it
@@ -63,10 +67,29 @@ static void take(be_ctx *c, cudaError_t e, cudaError_t expected, const char *wha
     cu_clear_expected(c, e, what);
 }
 
+static void free_graph(cu_graph *g) {
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    free(g->recs);
+    memset(g, 0, sizeof *g);
+}
+
 static void drop_graph(be_ctx *c) {
-    if (c->exec) cudaGraphExecDestroy(c->exec);
-    c->exec = NULL;
-    c->n_graph_recs = 0;
+    for (int g = 0; g < CU_GRAPHS; g++) free_graph(&c->graphs[g]);
+    c->live = 0;
+    c->last = -1;
+}
+
+static int first_live(const be_ctx *c) {
+    for (int g = 0; g < CU_GRAPHS; g++)
+        if (c->live >> g & 1) return g;
+    return -1;
+}
+
+/* replay found no graph for this step: its records so far (a prefix of any graph still live) go to c->recs */
+static int take_prefix(be_ctx *c) {
+    int g = first_live(c);
+    if (g >= 0 && c->i_rec) memcpy(c->recs, c->graphs[g].recs, sizeof *c->recs * (size_t)c->i_rec);
+    return g >= 0 ? c->i_rec : 0;
 }
 
 /* launches records [0, n) eagerly after copying the staged bytes they read */
@@ -86,11 +109,22 @@ void cu_go_eager(be_ctx *c) {
         catch_up(c, c->n_recs);
     } else if (c->mode == CU_REPLAY) {
         c->mode = CU_EAGER;
-        catch_up(c, c->i_rec);
-        drop_graph(c);
+        catch_up(c, take_prefix(c));
     }
     c->mode = CU_EAGER;
     c->step_ok = 0;
+}
+
+/* in a replay that no graph matches any more: capture the step from its start, re-issuing the records
+ * that matched (their staged bytes are in the arena, which the graph's first node copies) */
+static void recapture(be_ctx *c) {
+    int n = take_prefix(c);
+    c->mode = CU_EAGER;
+    if (cu_check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "begin capture")) return;
+    c->mode = CU_CAPTURE;
+    c->n_recs = n;
+    cu_check(c, cudaMemcpyAsync(c->arena_d, c->arena_h, CU_STEP_STAGE, cudaMemcpyHostToDevice, c->stream), "step staging copy");
+    for (int i = 0; i < n && !c->err; i++) c->recs[i].fn(c, &c->recs[i]);
 }
 
 static void sync(be_ctx *c, const char *what) {
@@ -156,9 +190,18 @@ void cu_submit(be_ctx *c, const cu_rec *r) {
     if (c->err) return;
     if (r->fn != cu_matmul_launcher) c->act16_src = NULL;   /* the rounded copy may be stale now */
     if (c->mode == CU_REPLAY) {
-        if (c->i_rec < c->n_graph_recs && !memcmp(r, &c->recs[c->i_rec], sizeof *r)) { c->i_rec++; return; }
-        cu_go_eager(c);
-    } else if (c->mode == CU_CAPTURE) {
+        unsigned live = 0;
+        for (int g = 0; g < CU_GRAPHS; g++)
+            if ((c->live >> g & 1) && c->i_rec < c->graphs[g].n && !memcmp(r, &c->graphs[g].recs[c->i_rec], sizeof *r))
+                live |= 1u << g;
+        if (live) {
+            c->live = live;
+            c->i_rec++;
+            return;
+        }
+        recapture(c);
+    }
+    if (c->mode == CU_CAPTURE) {
         if (c->n_recs < CU_MAX_RECS) c->recs[c->n_recs++] = *r;
         else cu_go_eager(c);
     }
@@ -234,6 +277,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     be_ctx *c = (be_ctx *)calloc(1, sizeof *c);
     if (!c) return 1;
     c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
+    c->last = -1;
     c->pdl = knob_on("CINFER_CUDA_PDL");
     c->prefetch = knob_on("CINFER_CUDA_PREFETCH");
     c->cluster = knob_on("CINFER_CUDA_CLUSTER");
@@ -363,7 +407,9 @@ static void cuda_step_begin(be_ctx *c) {
     if (c->err) return;   /* no capture is opened while an error is pending */
     c->in_step = 1;
     c->step_ok = 1;
-    if (c->exec) {
+    c->live = 0;
+    for (int g = 0; g < CU_GRAPHS; g++) c->live |= (unsigned)(c->graphs[g].exec != NULL) << g;
+    if (c->live) {
         c->mode = CU_REPLAY;
         c->i_rec = 0;
     } else if (!cu_check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "begin capture")) {
@@ -391,15 +437,39 @@ static void cuda_step_end(be_ctx *c) {
             catch_up(c, c->n_recs);   /* nothing ran yet: run it eagerly */
             return;
         }
-        c->exec = ex;
-        c->n_graph_recs = c->n_recs;
+        int slot = 0;   /* a free slot, else the least recently used */
+        for (int k = 1; k < CU_GRAPHS; k++)
+            if (c->graphs[slot].exec && (!c->graphs[k].exec || c->graphs[k].used < c->graphs[slot].used)) slot = k;
+        cu_graph *gr = &c->graphs[slot];
+        free_graph(gr);
+        gr->recs = (cu_rec *)malloc(sizeof *gr->recs * (size_t)(c->n_recs ? c->n_recs : 1));
+        if (!gr->recs) {   /* launched once, not kept */
+            cu_check(c, cudaGraphLaunch(ex, c->stream), "graph launch");
+            cudaGraphExecDestroy(ex);
+            return;
+        }
+        memcpy(gr->recs, c->recs, sizeof *gr->recs * (size_t)c->n_recs);
+        gr->exec = ex;
+        gr->n = c->n_recs;
+        gr->used = ++c->tick;
+        c->last = slot;
         c->n_captures++;
-        cu_check(c, cudaGraphLaunch(c->exec, c->stream), "graph launch");
+        cu_check(c, cudaGraphLaunch(ex, c->stream), "graph launch");
     } else if (c->mode == CU_REPLAY) {
-        if (c->i_rec != c->n_graph_recs) { cu_go_eager(c); return; }
+        int g = -1;
+        for (int k = 0; k < CU_GRAPHS && g < 0; k++)
+            if ((c->live >> k & 1) && c->graphs[k].n == c->i_rec) g = k;
+        if (g < 0) {   /* the step issued a prefix of every live graph: capture it as it is */
+            recapture(c);
+            c->in_step = 1;
+            cuda_step_end(c);
+            return;
+        }
         c->mode = CU_EAGER;
         c->n_replays++;
-        cu_check(c, cudaGraphLaunch(c->exec, c->stream), "graph replay");
+        c->graphs[g].used = ++c->tick;
+        c->last = g;
+        cu_check(c, cudaGraphLaunch(c->graphs[g].exec, c->stream), "graph replay");
     }
     c->mode = CU_EAGER;
 }
@@ -411,12 +481,13 @@ extern "C" void cuda_graph_stats(const be_ctx *c, long *captures, long *replays)
 
 extern "C" int cuda_graph_replay_time(be_ctx *c, int reps, double *seconds) {
     *seconds = 0;
-    if (!c->exec || reps <= 0) return 1;
+    if (c->last < 0 || !c->graphs[c->last].exec || reps <= 0) return 1;
+    cudaGraphExec_t ex = c->graphs[c->last].exec;
     cudaEvent_t e0, e1;
     if (cudaEventCreate(&e0) != cudaSuccess) return 1;
     if (cudaEventCreate(&e1) != cudaSuccess) { cudaEventDestroy(e0); return 1; }
     int bad = cudaStreamSynchronize(c->stream) != cudaSuccess || cudaEventRecord(e0, c->stream) != cudaSuccess;
-    for (int r = 0; r < reps && !bad; r++) bad = cudaGraphLaunch(c->exec, c->stream) != cudaSuccess;
+    for (int r = 0; r < reps && !bad; r++) bad = cudaGraphLaunch(ex, c->stream) != cudaSuccess;
     float ms = 0;
     bad = bad || cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
           cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess;

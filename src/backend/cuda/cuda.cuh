@@ -51,6 +51,15 @@ enum { CU_EAGER = 0, CU_CAPTURE = 1, CU_REPLAY = 2 };
 #define CU_STEP_STAGE ((size_t)128 << 10)   /* staged bytes a graph step may use */
 #define CU_MAX_RECS 8192
 
+/* a captured decode step: its graph and the records it was captured from */
+#define CU_GRAPHS 8
+typedef struct cu_graph {
+    cudaGraphExec_t exec;
+    struct cu_rec *recs;     /* [n] */
+    int n;
+    long used;
+} cu_graph;
+
 struct be_ctx {
     int device;
     int n_sm;                /* multiprocessors */
@@ -89,8 +98,10 @@ struct be_ctx {
     cu_rec *recs;            /* [CU_MAX_RECS] records of the step being captured/replayed */
     int n_recs, i_rec;       /* captured count, replay cursor */
     int step_ok;             /* current step stayed graph-compatible */
-    cudaGraphExec_t exec;    /* the captured decode step, or NULL */
-    int n_graph_recs;        /* records in exec */
+    cu_graph graphs[CU_GRAPHS];  /* captured steps (NULL exec: a free slot), least recently used replaced */
+    unsigned live;           /* replay: the graphs whose records equal the step's so far (bit g: graphs[g]) */
+    int last;                /* the graph launched last (-1: none) */
+    long tick;               /* graph use clock (LRU) */
     long n_replays, n_captures;
     int pdl;                 /* launch with programmatic dependent launch (CINFER_CUDA_PDL=0: off) */
     int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */

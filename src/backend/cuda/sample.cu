@@ -7,10 +7,10 @@
  * One block of 1024 threads a row. The logits row stays where the LM head
  * wrote it (L2-resident at decode sizes) and is read once a pass: the argmax,
  * the masses (written once to a u64 workspace [n][V]), each radix-select
- * pass, the draw. Radix histograms are one per warp in shared memory (64 kB:
- * a byte of the key has few distinct values among the logits, so one shared
- * histogram would serialize the whole block on one bin) and merged in a fixed
- * order; masses are integers, so every sum is exact and the block's order of
+ * pass, the draw. A byte of the key has few distinct values among a row's
+ * logits, so the radix histograms would serialize on one bin: the lanes of a
+ * warp that hit the same bin add once (match_any, then a warp reduction), into
+ * one histogram per warp (64 kB of shared memory) merged in a fixed order; masses are integers, so every sum is exact and the block's order of
  * adding does not matter: the device draws the reference's token. Passes
  * that walk ids in order (ties at a threshold, the draw) give each thread a
  * contiguous chunk of ids and take a block-wide exclusive scan of the chunks'
@@ -120,10 +120,22 @@ __device__ sp_set sp_select(sp_smem &s, const float *z, const unsigned long long
         __syncthreads();
         for (int b = threadIdx.x; b < SP_W * 256; b += SP_T) (&s.hist[0][0])[b] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < V; i += SP_T) {
-            unsigned k = sp_key(z[i]);
-            unsigned long long x = MASS ? m[i] : 1ull;
-            if ((k & msk) == pre && sp_in(S, k, i) && x) atomicAdd(&s.hist[w][(k >> sh) & 255], x);
+        for (int i0 = 0; i0 < V; i0 += SP_T) {   /* lanes of one bin add once: a key byte has few values */
+            int i = i0 + threadIdx.x;
+            unsigned bin = 256;
+            unsigned long long x = 0;
+            if (i < V) {
+                unsigned k = sp_key(z[i]);
+                x = (k & msk) == pre && sp_in(S, k, i) ? (MASS ? m[i] : 1ull) : 0;
+                bin = x ? (k >> sh) & 255 : 256;
+            }
+            unsigned peers = __match_any_sync(0xffffffffu, bin);
+            unsigned long long t;
+            if (MASS) {   /* masses <= 2^40 + 1: two 32-bit sums of 32 lanes cannot overflow */
+                unsigned lo = __reduce_add_sync(peers, (unsigned)(x & 0xfffffu)), hi = __reduce_add_sync(peers, (unsigned)(x >> 20));
+                t = ((unsigned long long)hi << 20) + lo;
+            } else t = (unsigned long long)__popc(peers);
+            if (bin < 256 && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[w][bin], t);
         }
         __syncthreads();
         if (threadIdx.x < 256) {   /* merge the warps' histograms in a fixed order */
