@@ -6,6 +6,8 @@ Each of N client threads sends one streaming /v1/completions request at the same
 --prompt-len random token ids (distinct per stream, so no prompt is shared and prefix caches do not help),
 --max-tokens greedy tokens with ignore_eos. A token is one SSE chunk (both servers send one per token).
   aggregate tok/s = all streams' tokens / (last token's time - first request's send time)
+  all decoding    = tokens arriving while every stream is decoding (after the last stream's first token, up to
+                    the first stream's last token) / that window: the steady decode rate at N streams
   TTFT            = first chunk's arrival - the request's send time (queueing + prefill included)
   ITL             = gaps between consecutive chunks of a stream, pooled over streams
 Python stdlib only; threads block on sockets, so the GIL adds little at these rates.
@@ -79,7 +81,12 @@ def run(args, n):
     toks = sum(len(o["times"]) for o in outs)
     ttft = [o["times"][0] - o["t0"] for o in outs if o["times"]]
     itl = [b - a for o in outs for a, b in zip(o["times"], o["times"][1:])]
-    return dict(streams=n, tokens=toks, tps=toks / (end - start), ttft_p50=pct(ttft, 50), ttft_p99=pct(ttft, 99),
+    # steady state: the window in which every stream is decoding (from the last first token to the first last token)
+    lo = max(o["times"][0] for o in outs if o["times"])
+    hi = min(o["times"][-1] for o in outs if o["times"])
+    inwin = sum(1 for o in outs for t in o["times"] if lo < t <= hi)
+    steady = inwin / (hi - lo) if hi > lo else float("nan")
+    return dict(streams=n, tokens=toks, tps=toks / (end - start), steady=steady, ttft_p50=pct(ttft, 50), ttft_p99=pct(ttft, 99),
                 itl_p50=pct(itl, 50), itl_p99=pct(itl, 99), wall=end - start)
 
 
@@ -96,11 +103,11 @@ def main():
     ap.add_argument("--top-p", type=float, default=1.0)
     args = ap.parse_args()
     run(args, 1)   # warm-up
-    print("| server | streams | tokens | aggregate tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | wall (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| server | streams | tokens | aggregate tok/s | all decoding, tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for n in [int(x) for x in args.streams.split(",")]:
         r = run(args, n)
-        print(f"| {args.label} | {n} | {r['tokens']} | {r['tps']:.1f} | {1e3 * r['ttft_p50']:.0f} / {1e3 * r['ttft_p99']:.0f} "
+        print(f"| {args.label} | {n} | {r['tokens']} | {r['tps']:.1f} | {r['steady']:.1f} | {1e3 * r['ttft_p50']:.0f} / {1e3 * r['ttft_p99']:.0f} "
               f"| {1e3 * r['itl_p50']:.1f} / {1e3 * r['itl_p99']:.1f} | {r['wall']:.1f} |", flush=True)
 
 

@@ -157,6 +157,8 @@ typedef struct cinfer_kv_info {
     int max_kv_size;     /* 0: none */
 } cinfer_kv_info;
 void cinfer_ctx_kv_info(const cinfer_ctx *c, cinfer_kv_info *info);
+/* Decode steps the backend has captured as graphs and replayed so far (CUDA; 0 and 0 on the CPU). */
+void cinfer_ctx_graph_stats(const cinfer_ctx *c, long *captures, long *replays);
 
 /* ------------------------------------------------------------- sequences
  * Sequence ids are 0..max_seqs-1; every id exists from the start, empty. A

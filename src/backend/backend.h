@@ -308,6 +308,8 @@ typedef struct be_ops {
      * and replay it when a later bracket issues the same ops (decode steps) */
     void (*step_begin)(be_ctx *c);
     void (*step_end)(be_ctx *c);
+    /* steps captured as graphs and steps replayed so far */
+    void (*graph_stats)(const be_ctx *c, long *captures, long *replays);
     /* out[i] = index of the largest of x[i][0..dim) (first on ties), host array */
     void (*argmax)(be_ctx *c, const float *x, int n, int dim, int32_t *out);
     /* matmul of one input by count (1..3) matrices of the same cols in one pass:

@@ -67,6 +67,11 @@ void cinfer_ctx_kv_info(const cinfer_ctx *c, cinfer_kv_info *info) {
     info->max_kv_size = c->max_kv;
 }
 
+void cinfer_ctx_graph_stats(const cinfer_ctx *c, long *captures, long *replays) {
+    *captures = *replays = 0;
+    if (c->m->be->graph_stats) c->m->be->graph_stats(c->bc, captures, replays);
+}
+
 /* ------------------------------------------------------------ snapshots */
 
 void cinfer_snapshot_free(cinfer_snapshot *s) {

@@ -665,10 +665,13 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     publish(s);
     pthread_mutex_unlock(&s->mu);
+    long caps = 0, reps = 0;
+    cinfer_ctx_graph_stats(e->ctx, &caps, &reps);
     if (!s->o.quiet && e->n_dec)
         fprintf(stderr, "cinfer serve: %ld decode steps (%.1f rows on average): %.3f ms a step in the forward and sampling, "
-                "%.3f ms handling its tokens; %ld prefill forwards, %.3f ms each\n", e->n_dec, (double)e->n_dec_rows / e->n_dec,
-                1e3 * e->t_dec / e->n_dec, 1e3 * e->t_tok / e->n_dec, e->n_pre, e->n_pre ? 1e3 * e->t_pre / e->n_pre : 0.0);
+                "%.3f ms handling its tokens; %ld prefill forwards, %.3f ms each; graphs captured %ld, replayed %ld\n", e->n_dec,
+                (double)e->n_dec_rows / e->n_dec, 1e3 * e->t_dec / e->n_dec, 1e3 * e->t_tok / e->n_dec, e->n_pre,
+                e->n_pre ? 1e3 * e->t_pre / e->n_pre : 0.0, caps, reps);
     return NULL;
 }
 

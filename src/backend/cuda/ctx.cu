@@ -530,6 +530,7 @@ static be_ops make_ops(void) {
     o.argmax = cu_op_argmax;
     o.score = cu_op_score;
     o.sample = cu_op_sample;
+    o.graph_stats = cuda_graph_stats;
     o.matmul_multi = cu_op_matmul_multi;
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;

@@ -10,11 +10,11 @@
  * pass, the draw. A byte of the key has few distinct values among a row's
  * logits, so the radix histograms would serialize on one bin: the lanes of a
  * warp that hit the same bin add once (match_any, then a warp reduction), into
- * one histogram per warp (64 kB of shared memory) merged in a fixed order; masses are integers, so every sum is exact and the block's order of
- * adding does not matter: the device draws the reference's token. Passes
- * that walk ids in order (ties at a threshold, the draw) give each thread a
- * contiguous chunk of ids and take a block-wide exclusive scan of the chunks'
- * sums.
+ * one histogram per warp (64 kB of shared memory) merged in a fixed order.
+ * Masses are integers, so every sum is exact and the block's order of adding
+ * does not matter: the device draws the reference's token. Walks in id order
+ * (ties at a threshold, the draw) give each warp a contiguous range (lanes on
+ * consecutive ids) and scan within the one warp that holds the crossing.
  */
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/cuda-api.h"
@@ -82,33 +82,76 @@ __device__ double sp_dsum(sp_smem &s, double v) {
     return t;
 }
 
-/* exclusive prefix of v over the block's threads in order; *tot = the block's sum */
-__device__ unsigned long long sp_scan(sp_smem &s, unsigned long long v, unsigned long long *tot) {
+/* Walks ids in ascending order: the first id at which the running sum of wt(i) reaches need (dflt when none
+ * does); with u (the draw), need = floor(u * total) + 1 (at most the total) instead. Each warp owns a contiguous range of ids, its lanes reading consecutive
+ * ids (coalesced): the warps' sums, then the one warp whose range holds the crossing walks it 32 ids at a
+ * time with a warp scan. */
+template <class W>
+__device__ int sp_first_reaching(sp_smem &s, int V, const W &wt, unsigned long long need, const double *u, int dflt) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    unsigned long long x = v;
+    int ch = ((V + SP_W - 1) / SP_W + 31) & ~31, lo = min(V, w * ch), hi = min(V, lo + ch);
+    unsigned long long mine = 0;
+    for (int i = lo + lane; i < hi; i += 32) mine += wt(i);
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
+    for (int o = 16; o; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
     __syncthreads();
-    if (lane == 31) s.w64[w] = x;
+    if (lane == 0) s.w64[w] = mine;
+    if (threadIdx.x == 0) s.bi[1] = dflt;
     __syncthreads();
     unsigned long long before = 0, t = 0;
     for (int k = 0; k < SP_W; k++) {
         before += k < w ? s.w64[k] : 0;
         t += s.w64[k];
     }
-    *tot = t;
-    return before + x - v;
+    if (u) {
+        unsigned long long r = (unsigned long long)(*u * (double)t);
+        need = (r < t ? r : t - 1) + 1;
+    }
+    if (before < need && before + mine >= need) {   /* warp-uniform: this warp's range holds the crossing */
+        unsigned long long acc = before;
+        for (int i0 = lo; i0 < hi; i0 += 32) {
+            int i = i0 + lane;
+            unsigned long long inc = i < hi ? wt(i) : 0;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            unsigned hit = __ballot_sync(0xffffffffu, acc + inc >= need);
+            if (hit) {
+                if (lane == __ffs(hit) - 1) s.bi[1] = i;
+                break;
+            }
+            acc += __shfl_sync(0xffffffffu, inc, 31);
+        }
+    }
+    __syncthreads();
+    return s.bi[1];
 }
 
-/* this thread's contiguous chunk of ids (passes that walk ids in order) */
-__device__ __forceinline__ void sp_chunk(int V, int *lo, int *hi) {
-    int ch = (V + SP_T - 1) / SP_T;
-    *lo = min(V, (int)threadIdx.x * ch);
-    *hi = min(V, *lo + ch);
-}
+/* weights of the walks: the ties at key T within S (mass or count), and the kept ids' masses */
+template <bool MASS>
+struct sp_tie_w {
+    const float *z;
+    const unsigned long long *m;
+    sp_set S;
+    unsigned T;
+    __device__ unsigned long long operator()(int i) const {
+        unsigned k = sp_key(z[i]);
+        return k == T && sp_in(S, k, i) ? (MASS ? m[i] : 1ull) : 0;
+    }
+};
+
+struct sp_kept_w {
+    const float *z;
+    const unsigned long long *m;
+    sp_set S, P;
+    double floor_m;
+    __device__ unsigned long long operator()(int i) const {
+        unsigned k = sp_key(z[i]);
+        return sp_in(S, k, i) && sp_in(P, k, i) && (double)m[i] >= floor_m ? m[i] : 0;
+    }
+};
 
 /* the shortest prefix of the order, within S, whose weight (masses m, or counts) reaches need (ref-sample.c's
  * select_prefix) */
@@ -159,25 +202,8 @@ __device__ sp_set sp_select(sp_smem &s, const float *z, const unsigned long long
         pre |= (unsigned)s.bi[0] << sh;
         msk |= 0xffu << sh;
     }
-    int lo, hi;
-    sp_chunk(V, &lo, &hi);
-    unsigned long long mine = 0, tot;
-    for (int i = lo; i < hi; i++) {
-        unsigned k = sp_key(z[i]);
-        if (k == pre && sp_in(S, k, i)) mine += MASS ? m[i] : 1ull;
-    }
-    unsigned long long before = sp_scan(s, mine, &tot);
-    if (threadIdx.x == 0) s.bi[1] = V - 1;
-    __syncthreads();
-    if (before < need && before + mine >= need) {   /* the one thread whose chunk holds the last id taken */
-        unsigned long long acc = before;
-        for (int i = lo; i < hi; i++) {
-            unsigned k = sp_key(z[i]);
-            if (k == pre && sp_in(S, k, i) && (acc += MASS ? m[i] : 1ull) >= need) { s.bi[1] = i; break; }
-        }
-    }
-    __syncthreads();
-    sp_set r = {pre, s.bi[1], 1};
+    sp_tie_w<MASS> wt = {z, m, S, pre};
+    sp_set r = {pre, sp_first_reaching(s, V, wt, need, (const double *)NULL, V - 1), 1};
     return r;
 }
 
@@ -231,8 +257,6 @@ __global__ void __launch_bounds__(SP_T) k_sample(float *zall, int V, const be_sa
         __syncthreads();
         sp_set all = {0, 0, 0}, S = all, P = all;
         if (p.top_k > 0 && p.top_k < V) S = sp_select<false>(s, z, m, V, all, (unsigned long long)p.top_k);
-        int lo, hi;
-        sp_chunk(V, &lo, &hi);
         if (p.top_p < 1.0f) {
             unsigned long long Zm = 0;
             for (int i = threadIdx.x; i < V; i += SP_T) Zm += sp_in(S, sp_key(z[i]), i) ? m[i] : 0;
@@ -241,26 +265,8 @@ __global__ void __launch_bounds__(SP_T) k_sample(float *zall, int V, const be_sa
             unsigned long long need = nd < 1 ? 1 : nd >= (double)Zm ? Zm : (unsigned long long)nd;
             P = sp_select<true>(s, z, m, V, S, need);
         }
-        double floor_m = (double)p.min_p * 0x1p40;
-        unsigned long long mine = 0, K;
-        for (int i = lo; i < hi; i++) {
-            unsigned k = sp_key(z[i]);
-            if (sp_in(S, k, i) && sp_in(P, k, i) && (double)m[i] >= floor_m) mine += m[i];
-        }
-        unsigned long long before = sp_scan(s, mine, &K);
-        unsigned long long r = (unsigned long long)(p.u * (double)K);
-        if (r >= K) r = K - 1;
-        if (threadIdx.x == 0) s.bi[0] = best;
-        __syncthreads();
-        if (before <= r && r < before + mine) {
-            unsigned long long acc = before;
-            for (int i = lo; i < hi; i++) {
-                unsigned k = sp_key(z[i]);
-                if (sp_in(S, k, i) && sp_in(P, k, i) && (double)m[i] >= floor_m && (acc += m[i]) > r) { s.bi[0] = i; break; }
-            }
-        }
-        __syncthreads();
-        tok = s.bi[0];
+        sp_kept_w kw = {z, m, S, P, (double)p.min_p * 0x1p40};
+        tok = sp_first_reaching(s, V, kw, 0, &p.u, best);   /* r = floor(u * mass(kept)): the id where it is passed */
     }
     if (threadIdx.x == 0) {
         o->tok = tok;
