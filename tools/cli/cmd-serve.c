@@ -42,6 +42,8 @@ static void serve_help(FILE *f) {
         "  -t, --threads N            CPU threads (default: all cores)\n"
         "      --device cpu|cuda      backend (default cpu)\n"
         CLI_KV_HELP
+        "                             (serve on CUDA: the KV cache defaults to a bf16/f16 model's own dtype,\n"
+        "                             as mlx-lm's cache and llama-server's do; --kv-dtype f32 keeps f32)\n"
         "  -q, --quiet                no access log\n"
         "  -h, --help                 this help\n");
 }

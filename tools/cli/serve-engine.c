@@ -584,6 +584,11 @@ static int engine_load(srv *s) {
     cinfer_model_get_info(m, &info);
     cinfer_ctx_opts co = s->o.co;
     co.n_threads = s->o.threads;
+    /* on CUDA a 16-bit model's KV cache keeps its dtype unless --kv-dtype says otherwise: f32 pages read twice
+     * the bytes at every decode step and miss the many-sequence attention kernel (16-bit pages) */
+    if (!co.kv_dtype && !co.kv_f16 && s->o.device && !strcmp(s->o.device, "cuda") &&
+        (!strcmp(info.weight_dtype, "bf16") || !strcmp(info.weight_dtype, "f16")))
+        co.kv_dtype = info.weight_dtype;
     co.max_seqs = e->n_slot + s->o.prompt_cache;
     char err[512];
     if (cinfer_ctx_new(m, &co, &e->ctx, err, sizeof err)) {
@@ -631,7 +636,11 @@ static void *engine_main(void *arg) {
         atomic_store(&s->ready, -1);
         return NULL;
     }
-    if (!s->o.quiet) fprintf(stderr, "cinfer serve: model loaded; serving '%s'\n", s->o.model_id);
+    if (!s->o.quiet) {
+        cinfer_kv_info ki;
+        cinfer_ctx_kv_info(e->ctx, &ki);
+        fprintf(stderr, "cinfer serve: model loaded; serving '%s' (KV cache %s)\n", s->o.model_id, ki.dtype);
+    }
     atomic_store(&s->ready, 1);
     double stop_at = 0;
     for (;;) {

@@ -8,9 +8,9 @@
  * wrote it (L2-resident at decode sizes) and is read once a pass: the argmax,
  * the masses (written once to a u64 workspace [n][V]), each radix-select
  * pass, the draw. A byte of the key has few distinct values among a row's
- * logits, so the radix histograms would serialize on one bin: the lanes of a
- * warp that hit the same bin add once (match_any, then a warp reduction), into
- * one histogram per warp (64 kB of shared memory) merged in a fixed order.
+ * logits, so the radix histograms would serialize on one bin: a thread sums
+ * into 4 (bin, sum) registers and adds a sum to its warp's histogram (64 kB
+ * of shared memory in all) only when it evicts it; merged in a fixed order.
  * Masses are integers, so every sum is exact and the block's order of adding
  * does not matter: the device draws the reference's token. Walks in id order
  * (ties at a threshold, the draw) give each warp a contiguous range (lanes on
@@ -163,23 +163,33 @@ __device__ sp_set sp_select(sp_smem &s, const float *z, const unsigned long long
         __syncthreads();
         for (int b = threadIdx.x; b < SP_W * 256; b += SP_T) (&s.hist[0][0])[b] = 0;
         __syncthreads();
-        for (int i0 = 0; i0 < V; i0 += SP_T) {   /* lanes of one bin add once: a key byte has few values */
-            int i = i0 + threadIdx.x;
-            unsigned bin = 256;
-            unsigned long long x = 0;
-            if (i < V) {
-                unsigned k = sp_key(z[i]);
-                x = (k & msk) == pre && sp_in(S, k, i) ? (MASS ? m[i] : 1ull) : 0;
-                bin = x ? (k >> sh) & 255 : 256;
+        /* a thread's adds go through 4 (bin, sum) registers, flushed to the warp's histogram when a bin is
+         * not among them: the few bins a byte of the logits' keys takes get few atomics */
+        int cb[4] = {-1, -1, -1, -1}, rr = 0;
+        unsigned long long cs[4] = {0, 0, 0, 0};
+        for (int i = threadIdx.x; i < V; i += SP_T) {
+            unsigned k = sp_key(z[i]);
+            if ((k & msk) != pre || !sp_in(S, k, i)) continue;
+            unsigned long long x = MASS ? m[i] : 1ull;
+            int bin = (int)((k >> sh) & 255);
+            if (bin == cb[0]) cs[0] += x;
+            else if (bin == cb[1]) cs[1] += x;
+            else if (bin == cb[2]) cs[2] += x;
+            else if (bin == cb[3]) cs[3] += x;
+            else {
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    if (q == rr) {
+                        if (cb[q] >= 0 && cs[q]) atomicAdd(&s.hist[w][cb[q]], cs[q]);
+                        cb[q] = bin;
+                        cs[q] = x;
+                    }
+                rr = (rr + 1) & 3;
             }
-            unsigned peers = __match_any_sync(0xffffffffu, bin);
-            unsigned long long t;
-            if (MASS) {   /* masses <= 2^40 + 1: two 32-bit sums of 32 lanes cannot overflow */
-                unsigned lo = __reduce_add_sync(peers, (unsigned)(x & 0xfffffu)), hi = __reduce_add_sync(peers, (unsigned)(x >> 20));
-                t = ((unsigned long long)hi << 20) + lo;
-            } else t = (unsigned long long)__popc(peers);
-            if (bin < 256 && (int)(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[w][bin], t);
         }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (cb[q] >= 0 && cs[q]) atomicAdd(&s.hist[w][cb[q]], cs[q]);
         __syncthreads();
         if (threadIdx.x < 256) {   /* merge the warps' histograms in a fixed order */
             unsigned long long t = 0;
