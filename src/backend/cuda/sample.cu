@@ -21,6 +21,7 @@
 
 #define SP_T 1024
 #define SP_W (SP_T / 32)
+#define SP_U 4   /* elements a thread loads before using any (a pass is bound by L2 latency, not bandwidth) */
 
 struct sp_smem {
     unsigned long long hist[SP_W][256];   /* per-warp radix histograms */
@@ -91,6 +92,7 @@ __device__ int sp_first_reaching(sp_smem &s, int V, const W &wt, unsigned long l
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int ch = ((V + SP_W - 1) / SP_W + 31) & ~31, lo = min(V, w * ch), hi = min(V, lo + ch);
     unsigned long long mine = 0;
+#pragma unroll 4
     for (int i = lo + lane; i < hi; i += 32) mine += wt(i);
 #pragma unroll
     for (int o = 16; o; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
@@ -167,24 +169,36 @@ __device__ sp_set sp_select(sp_smem &s, const float *z, const unsigned long long
          * not among them: the few bins a byte of the logits' keys takes get few atomics */
         int cb[4] = {-1, -1, -1, -1}, rr = 0;
         unsigned long long cs[4] = {0, 0, 0, 0};
-        for (int i = threadIdx.x; i < V; i += SP_T) {
-            unsigned k = sp_key(z[i]);
-            if ((k & msk) != pre || !sp_in(S, k, i)) continue;
-            unsigned long long x = MASS ? m[i] : 1ull;
-            int bin = (int)((k >> sh) & 255);
-            if (bin == cb[0]) cs[0] += x;
-            else if (bin == cb[1]) cs[1] += x;
-            else if (bin == cb[2]) cs[2] += x;
-            else if (bin == cb[3]) cs[3] += x;
-            else {
+        for (int i0 = threadIdx.x; i0 < V; i0 += SP_U * SP_T) {
+            unsigned kq[SP_U];
+            unsigned long long xq[SP_U];
 #pragma unroll
-                for (int q = 0; q < 4; q++)
-                    if (q == rr) {
-                        if (cb[q] >= 0 && cs[q]) atomicAdd(&s.hist[w][cb[q]], cs[q]);
-                        cb[q] = bin;
-                        cs[q] = x;
-                    }
-                rr = (rr + 1) & 3;
+            for (int q = 0; q < SP_U; q++) {   /* the loads of SP_U elements first: a pass is bound by L2 latency */
+                int i = i0 + q * SP_T;
+                kq[q] = i < V ? sp_key(z[i]) : 0;
+                xq[q] = MASS && i < V ? m[i] : 1ull;
+            }
+#pragma unroll
+            for (int q = 0; q < SP_U; q++) {
+                int i = i0 + q * SP_T;
+                unsigned k = kq[q];
+                if (i >= V || (k & msk) != pre || !sp_in(S, k, i)) continue;
+                unsigned long long x = xq[q];
+                int bin = (int)((k >> sh) & 255);
+                if (bin == cb[0]) cs[0] += x;
+                else if (bin == cb[1]) cs[1] += x;
+                else if (bin == cb[2]) cs[2] += x;
+                else if (bin == cb[3]) cs[3] += x;
+                else {   /* evict round robin */
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (e == rr) {
+                            if (cb[e] >= 0 && cs[e]) atomicAdd(&s.hist[w][cb[e]], cs[e]);
+                            cb[e] = bin;
+                            cs[e] = x;
+                        }
+                    rr = (rr + 1) & 3;
+                }
             }
         }
 #pragma unroll
@@ -232,6 +246,7 @@ __global__ void __launch_bounds__(SP_T) k_sample(float *zall, int V, const be_sa
         }
     __syncthreads();
     unsigned long long bk = 0;   /* the order as one number: key << 32 | ~id, the largest first */
+#pragma unroll 4
     for (int i = threadIdx.x; i < V; i += SP_T) {
         unsigned long long k = (unsigned long long)sp_key(z[i]) << 32 | (unsigned)~i;
         bk = k > bk ? k : bk;
@@ -242,11 +257,13 @@ __global__ void __launch_bounds__(SP_T) k_sample(float *zall, int V, const be_sa
     be_sample_out *o = &out[blockIdx.x];
     if (p.n_top >= 0) {
         double sum = 0;
+#pragma unroll 4
         for (int i = threadIdx.x; i < V; i += SP_T) sum += exp((double)sp_val(z[i]) - zb);
         lse = zb + (float)log(sp_dsum(s, sum));
         unsigned long long prev = ~0ull;
         for (int j = 0; j < p.n_top && j < V && j < BE_SAMPLE_TOP; j++) {
             unsigned long long mx = 0;
+#pragma unroll 4
             for (int i = threadIdx.x; i < V; i += SP_T) {
                 unsigned long long k = (unsigned long long)sp_key(z[i]) << 32 | (unsigned)~i;
                 mx = k < prev && k > mx ? k : mx;
@@ -262,13 +279,21 @@ __global__ void __launch_bounds__(SP_T) k_sample(float *zall, int V, const be_sa
     int tok = best;
     float zt = zb * p.inv_temp;
     if (p.inv_temp > 0 && isfinite(zt) && m) {
-        for (int i = threadIdx.x; i < V; i += SP_T)
-            m[i] = (unsigned long long)__double2ll_rn(exp((double)(sp_val(z[i]) * p.inv_temp) - (double)zt) * 0x1p40);
+        for (int i0 = threadIdx.x; i0 < V; i0 += SP_U * SP_T) {
+            float v[SP_U];
+#pragma unroll
+            for (int q = 0; q < SP_U; q++) v[q] = i0 + q * SP_T < V ? sp_val(z[i0 + q * SP_T]) : 0.0f;
+#pragma unroll
+            for (int q = 0; q < SP_U; q++)
+                if (i0 + q * SP_T < V)
+                    m[i0 + q * SP_T] = (unsigned long long)__double2ll_rn(exp((double)(v[q] * p.inv_temp) - (double)zt) * 0x1p40);
+        }
         __syncthreads();
         sp_set all = {0, 0, 0}, S = all, P = all;
         if (p.top_k > 0 && p.top_k < V) S = sp_select<false>(s, z, m, V, all, (unsigned long long)p.top_k);
         if (p.top_p < 1.0f) {
             unsigned long long Zm = 0;
+#pragma unroll 4
             for (int i = threadIdx.x; i < V; i += SP_T) Zm += sp_in(S, sp_key(z[i]), i) ? m[i] : 0;
             Zm = sp_sum(s, Zm);
             double nd = ceil((double)p.top_p * (double)Zm);
