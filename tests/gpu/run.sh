@@ -2,7 +2,8 @@
 # Runs the CUDA backend's tests on the GPU machine (binaries built here by
 # tests/gpu/build.sh and carried in build-gpu/): every op vs its scalar reference
 # (test-backend-ops), the cache conformance and many-sequence tests on CUDA
-# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda), Gemma 2/3 against transformers'
+# (test-cache, test-seq; CINFER_TEST_DEVICE=cuda), the sample op and the server on CUDA (test-sample,
+# test-serve --device cuda --batch-invariant), Gemma 2/3 against transformers'
 # fixtures (test-gemma: logits, decode, batches, greedy, sliding-window KV),
 # whole models vs the CPU backend and transformers' fixtures, stories260k
 # greedy text vs the CPU, the CLI end to end with --device cuda (generate,
@@ -42,6 +43,7 @@ if ldd $B/test-backend-ops | grep -q 'not found'; then
   lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):$LD_LIBRARY_PATH"
 fi
+export LD_LIBRARY_PATH="$B/lib:${LD_LIBRARY_PATH:-}"   # libmicrohttpd and its dependencies (tests/gpu/build.sh)
 PART=${PART:-all}   # tests | sanitize | all
 fails=0; f=0
 if [ "$PART" != sanitize ]; then
@@ -54,6 +56,8 @@ run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq
 run $B/test-gemma
+run $B/test-sample   # be_ops.sample on CUDA against its definition; cinfer_decode_sampled end to end
+run $B/test-serve    # cinfer serve --device cuda --batch-invariant (needs $B/lib: libmicrohttpd and its dependencies)
 # CLI end to end: the same greedy text on both devices
 for d in cpu cuda; do
   $B/cinfer generate -m "$MODELS/stories260k" -p "Once upon a time" -n 60 --temp 0 --device $d >$T/gen-$d.txt 2>$T/gen-$d.err
