@@ -33,12 +33,14 @@ static int in_set(const prefix_set *s, uint32_t k, int i) { return !s->on || k >
 
 /* the shortest prefix (in order) of the ids of S whose weight (mass, or count when w is NULL) reaches need
  * (1 <= need <= the weight of S) */
-static prefix_set select_prefix(const uint32_t *key, const uint64_t *w, int V, const prefix_set *S, uint64_t need) {
+static prefix_set select_prefix(const float *z, const uint64_t *w, int V, const prefix_set *S, uint64_t need) {
     uint32_t pre = 0, msk = 0;
     for (int sh = 24; sh >= 0; sh -= 8) {
         uint64_t hist[256] = {0}, cum = 0;
-        for (int i = 0; i < V; i++)
-            if ((key[i] & msk) == pre && in_set(S, key[i], i)) hist[(key[i] >> sh) & 255] += w ? w[i] : 1;
+        for (int i = 0; i < V; i++) {
+            uint32_t k = order_key(z[i]);
+            if ((k & msk) == pre && in_set(S, k, i)) hist[(k >> sh) & 255] += w ? w[i] : 1;
+        }
         int d = 0;
         for (int b = 255; b >= 0; b--) {
             if (cum + hist[b] >= need) { d = b; break; }
@@ -51,7 +53,7 @@ static prefix_set select_prefix(const uint32_t *key, const uint64_t *w, int V, c
     prefix_set r = {pre, V - 1, 1};
     uint64_t acc = 0;
     for (int i = 0; i < V; i++)
-        if (key[i] == pre && in_set(S, key[i], i) && (acc += w ? w[i] : 1) >= need) { r.cut = i; break; }
+        if (order_key(z[i]) == pre && in_set(S, pre, i) && (acc += w ? w[i] : 1) >= need) { r.cut = i; break; }
     return r;
 }
 
@@ -60,15 +62,13 @@ void be_ref_sample_row(float *z, int V, const be_sample_row *p, const be_logit_e
         const be_logit_edit *ed = &edits[p->edit0 + e];
         if (ed->tok >= 0 && ed->tok < V) z[ed->tok] = be_apply_edit(z[ed->tok], ed);
     }
-    uint32_t *key = malloc(sizeof *key * (size_t)V);
-    uint64_t *mass = malloc(sizeof *mass * (size_t)V);
     memset(out, 0, sizeof *out);
     out->lp = NAN;
-    if (!key || !mass) { free(key); free(mass); return; }   /* token 0: the caller's allocation failed first */
     int best = 0;
-    for (int i = 0; i < V; i++) {
-        key[i] = order_key(z[i]);
-        if (key[i] > key[best]) best = i;
+    uint32_t kb = order_key(z[0]);
+    for (int i = 1; i < V; i++) {
+        uint32_t k = order_key(z[i]);
+        if (k > kb) { kb = k; best = i; }
     }
     float zb = z[best] == z[best] ? z[best] : -INFINITY;
     float lse = NAN;
@@ -80,7 +80,7 @@ void be_ref_sample_row(float *z, int V, const be_sample_row *p, const be_logit_e
         for (int j = 0; j < p->n_top && j < V && j < BE_SAMPLE_TOP; j++) {
             uint64_t m = 0;
             for (int i = 0; i < V; i++) {
-                uint64_t k = (uint64_t)key[i] << 32 | (uint32_t)~i;
+                uint64_t k = (uint64_t)order_key(z[i]) << 32 | (uint32_t)~i;
                 if (k < prev && k > m) m = k;
             }
             prev = m;
@@ -91,34 +91,38 @@ void be_ref_sample_row(float *z, int V, const be_sample_row *p, const be_logit_e
     }
     int tok = best;
     float zt = zb * p->inv_temp;
-    if (p->inv_temp > 0 && isfinite(zt)) {
+    uint64_t *mass = p->inv_temp > 0 && isfinite(zt) ? malloc(sizeof *mass * (size_t)V) : NULL;
+    if (mass) {   /* (out of memory: the greedy token) */
         for (int i = 0; i < V; i++) {
             float v = z[i] == z[i] ? z[i] : -INFINITY;
             mass[i] = (uint64_t)llrint(exp((double)(v * p->inv_temp) - (double)zt) * 0x1p40);
         }
         prefix_set all = {0, 0, 0}, S = all, P = all;
-        if (p->top_k > 0 && p->top_k < V) S = select_prefix(key, NULL, V, &all, (uint64_t)p->top_k);
+        if (p->top_k > 0 && p->top_k < V) S = select_prefix(z, NULL, V, &all, (uint64_t)p->top_k);
         if (p->top_p < 1.0f) {
             uint64_t Z = 0;
-            for (int i = 0; i < V; i++) Z += in_set(&S, key[i], i) ? mass[i] : 0;
+            for (int i = 0; i < V; i++) Z += in_set(&S, order_key(z[i]), i) ? mass[i] : 0;
             double nd = ceil((double)p->top_p * (double)Z);
             uint64_t need = nd < 1 ? 1 : nd >= (double)Z ? Z : (uint64_t)nd;
-            P = select_prefix(key, mass, V, &S, need);
+            P = select_prefix(z, mass, V, &S, need);
         }
         double floor_m = (double)p->min_p * 0x1p40;
         uint64_t K = 0;
-        for (int i = 0; i < V; i++)
-            if (in_set(&S, key[i], i) && in_set(&P, key[i], i) && (double)mass[i] >= floor_m) K += mass[i];
+        for (int i = 0; i < V; i++) {
+            uint32_t k = order_key(z[i]);
+            if (in_set(&S, k, i) && in_set(&P, k, i) && (double)mass[i] >= floor_m) K += mass[i];
+        }
         uint64_t r = (uint64_t)(p->u * (double)K), acc = 0;
         if (r >= K) r = K - 1;
-        for (int i = 0; i < V; i++)
-            if (in_set(&S, key[i], i) && in_set(&P, key[i], i) && (double)mass[i] >= floor_m && (acc += mass[i]) > r) {
+        for (int i = 0; i < V; i++) {
+            uint32_t k = order_key(z[i]);
+            if (in_set(&S, k, i) && in_set(&P, k, i) && (double)mass[i] >= floor_m && (acc += mass[i]) > r) {
                 tok = i;
                 break;
             }
+        }
     }
     out->tok = tok;
     if (p->n_top >= 0) out->lp = (z[tok] == z[tok] ? z[tok] : -INFINITY) - lse;
-    free(key);
     free(mass);
 }
