@@ -198,10 +198,11 @@ static void test_op(void) {
         char msg[256] = "";
         int st = be->status && be->status(bc, msg, sizeof msg);
         be->to_host(bc, z, dz, sizeof(float) * nv);   /* the edits, written back */
-        int tok_bad = 0, top_bad = 0, edit_bad = 0;
+        int tok_bad = 0, top_bad = 0, edit_bad = 0, zmax_bad = 0;
         double e_lp = 0;
         for (int r = 0; r < n; r++) {
             tok_bad += got[r].tok != ref[r].tok;
+            zmax_bad += memcmp(&got[r].zmax, &ref[r].zmax, sizeof(float)) != 0;
             if (p[r].n_top >= 0) {
                 double lse = z[(size_t)r * V + ref[r].tok] - ref[r].lp;
                 e_lp = fmax(e_lp, rel(got[r].lp, ref[r].lp, lse));
@@ -212,9 +213,9 @@ static void test_op(void) {
             }
         }
         for (size_t i = 0; i < nv; i++) edit_bad += memcmp(&z[i], &zr[i], 4) != 0;
-        CHECK(!st && !tok_bad && !top_bad && !edit_bad && e_lp <= 1e-6,
-              "%s sample V=%d, %d rows: %d tokens and %d top ids differ, log-probs %.1e of |lse|, %d edited logits differ %s",
-              be->name, V, n, tok_bad, top_bad, e_lp, edit_bad, msg);
+        CHECK(!st && !tok_bad && !top_bad && !edit_bad && !zmax_bad && e_lp <= 1e-6,
+              "%s sample V=%d, %d rows: %d tokens, %d top ids and %d row maxima differ, log-probs %.1e of |lse|, %d edited "
+              "logits differ %s", be->name, V, n, tok_bad, top_bad, zmax_bad, e_lp, edit_bad, msg);
         be->free(bc, dz);
         free(z); free(zr); free(p); free(ref); free(got);
     }

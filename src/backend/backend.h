@@ -236,6 +236,7 @@ typedef struct be_sample_row {
 typedef struct be_sample_out {
     int32_t tok;
     float lp;                  /* n_top >= 0: log-prob of tok; else NAN */
+    float zmax;                /* the row's largest logit after the edits (NaN counted as -inf): not finite = bad logits */
     int32_t top_id[BE_SAMPLE_TOP];
     float top_lp[BE_SAMPLE_TOP];
 } be_sample_out;

@@ -234,9 +234,6 @@ static cinfer_status out_row(cinfer_ctx *c, int mode, int k, int B, int L, const
     return CINFER_OK;
 }
 
-/* logits [rows][vocab] to the host, or (argmax != NULL, a backend with an
- * argmax op) only each row's greedy token. Everything is validated and every
- * page reserved before the first op runs. */
 /* what a forward returns, one of: logits [rows][vocab] to the host; argmax: each row's greedy token
  * (a backend with an argmax op); sr: the score op's statistics; smp: the sample op's picks; head: the LM
  * head runs with nothing reduced or copied (a benchmark's forward) */
@@ -254,6 +251,8 @@ typedef struct fwd_out {
     int head;
 } fwd_out;
 
+/* one forward of B rows of L tokens, its outputs as o asks. Everything is validated and every page
+ * reserved before the first op runs. */
 static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *seqs, const int *lens,
                              const int *pos0_in, int mode, const int *out_rows, int n_out, const fwd_out *o) {
     float *logits = o->logits;
@@ -421,6 +420,10 @@ cinfer_status cinfer_decode_sampled(cinfer_ctx *c, const int32_t *ids, int B, co
     }
     sample_req sq = {p, ed, n_ed, o};
     if (!st) st = forward(c, ids, B, 1, seqs, NULL, NULL, OUT_LAST, NULL, 0, &(fwd_out){.smp = &sq});
+    for (int b = 0; !st && b < B; b++)   /* as finite_logits: overflowed weights or activations are an error */
+        if (!isfinite(o[b].zmax))
+            st = ctx_fail(c, CINFER_EFORMAT, "decode: the logits of row %d are not finite (largest %g): the model's weights "
+                          "or activations are not finite", b, (double)o[b].zmax);
     for (int b = 0; !st && b < B; b++) {
         out[b].token = o[b].tok;
         out[b].logprob = o[b].lp;

@@ -123,6 +123,7 @@ void be_ref_sample_row(float *z, int V, const be_sample_row *p, const be_logit_e
         }
     }
     out->tok = tok;
+    out->zmax = zb;
     if (p->n_top >= 0) out->lp = (z[tok] == z[tok] ? z[tok] : -INFINITY) - lse;
     free(mass);
 }

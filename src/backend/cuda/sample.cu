@@ -2,7 +2,7 @@
  * sample.cu — be_ops.sample on the device (the definition: backend.h and
  * cpu/ref-sample.c, which this follows step for step): a decode step's rows
  * become tokens without their logits leaving the GPU; per row only a
- * be_sample_out (168 bytes) crosses to the host.
+ * be_sample_out (172 bytes) crosses to the host.
  *
  * One cluster of 4 blocks of 1024 threads a row (a 32-row step fills 128 SMs;
  * one block a row was instruction bound on 32 SMs: ncu, 648 us for 32 rows of
@@ -352,6 +352,7 @@ __global__ void __cluster_dims__(SP_CL, 1, 1) __launch_bounds__(SP_T)
     }
     if (rank == 0 && threadIdx.x == 0) {
         o->tok = tok;
+        o->zmax = zb;
         o->lp = p.n_top >= 0 ? sp_val(z[tok]) - lse : NAN;
     }
 }
