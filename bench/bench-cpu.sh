@@ -7,7 +7,7 @@
 #   defaults: "tinyllama-1.1b llama-3.2-1b" "bf16 f16" "1 2" 3
 #   env: CINFER_BENCH_DIR (default /tmp/cinfer-bench: models and GGUFs, never in the repo),
 #        NO_PEER=1 skips llama.cpp, PP/TG change 512/128, ROUNDS (default 2) alternations of cinfer and
-#        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a bf16 row with CINFER_BF16_ACT=1
+#        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a row with CINFER_BF16_ACT=1 (bf16 and affine types)
 #        (prefill on bf16-rounded activations, AVX-512 BF16).
 #   DTYPES may name MLX affine types as qBgG (e.g. q4g64, q8g64): the bf16 model converted by `cinfer convert -q
 #   --q-bits B --q-group-size G`, next to llama.cpp's QB_0 (q4g64 and Q4_0 are both 4.5 bits per weight, q8g64
@@ -71,9 +71,8 @@ for shape in $SHAPES; do
       r=0
       while [ $r -lt "$ROUNDS" ]; do
         ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n "$TG" -r "$REPS" >>"$f"
-        if [ "$dt" = bf16 ] && [ -n "$BF16_ACT" ]; then
-          CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"
-        fi
+        case $dt in bf16|q*g*) if [ -n "$BF16_ACT" ]; then
+          CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"; fi ;; esac
         case $dt in q*g*) if [ -n "$INT8_ACT" ]; then
           CINFER_INT8_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p 0 -n "$TG" -r "$REPS" >>"$f.i8"; fi ;; esac
         if [ -z "$NO_PEER" ]; then
@@ -90,7 +89,7 @@ for shape in $SHAPES; do
       ltg=$(awk -v k="tg$TG" '$5 == k { print $6 }' "$f.peer" | sort -g | tail -1)
       row "$shape" "$dt" "$t" "$pp" "$lpp" "$gf" "$sg" "$tg" "$ltg" "$gb" "$bw"
       if [ -s "$f.act" ]; then
-        row "$shape" "bf16, bf16 activations" "$t" "$(val "pp${PP}_tok_s" "$f.act")" "$lpp" \
+        row "$shape" "$dt, bf16 activations (prefill)" "$t" "$(val "pp${PP}_tok_s" "$f.act")" "$lpp" \
             "$(val "pp${PP}_GFLOP_s" "$f.act")" "$sg" "" "" "" "$bw"
       fi
       if [ -s "$f.i8" ]; then

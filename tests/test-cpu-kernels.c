@@ -241,6 +241,38 @@ static void test_gemm_bf16(void) {
     double e = err_ratio(xr, n, &w.m, &bias.m, y, ref);
     CHECK(e <= 1.0, "cpu_matmul with CINFER_BF16_ACT=1 (bf16 x, n=77, +bias; %s): error %.3g of bound",
           gemm_bf16_available() ? "AVX-512 BF16" : "emulated", e);
+    /* MLX affine weights in the same mode: each row dequantized, rounded to bf16, then the same products
+     * (the reference: that row from cpu_mat_row_f32, rounded, through be_ref_matmul) */
+    static const int bits[] = {4, 8, 3};
+    for (int bi = 0; bi < 3; bi++) {
+        be_mat a = {0};
+        int64_t ka = 512, ma = 37;
+        size_t rb = aq_row_bytes(ka, bits[bi]), ng = (size_t)(ka / 64);
+        uint8_t *codes = malloc(rb * (size_t)ma);
+        uint16_t *sc = malloc(2 * ng * (size_t)ma), *bs = malloc(2 * ng * (size_t)ma);
+        float *row = malloc(sizeof(float) * (size_t)ka), *wr = malloc(sizeof(float) * (size_t)(ma * ka));
+        for (int64_t r = 0; r < ma; r++) {
+            for (int64_t i = 0; i < ka; i++) row[i] = frand();
+            aq_quantize_row(row, ka, bits[bi], 64, AQ_ROUND_GPU, BE_BF16, codes + (size_t)r * rb, sc + (size_t)r * ng, bs + (size_t)r * ng);
+        }
+        be_dtype_affine(bits[bi], &a.dt);
+        a = (be_mat){.data = codes, .dt = a.dt, .rows = ma, .cols = ka, .scales = sc, .biases = bs, .sdt = BE_BF16, .group = 64};
+        for (int64_t r = 0; r < ma; r++) {
+            cpu_mat_row_f32(&a, r, wr + r * ka);
+            for (int64_t i = 0; i < ka; i++) wr[r * ka + i] = be_bf16_to_f32(be_f32_to_bf16(wr[r * ka + i]));
+        }
+        be_mat wm = {.data = wr, .dt = BE_F32, .rows = ma, .cols = ka};
+        int na = 45;
+        float *xa = malloc(sizeof(float) * (size_t)(na * ka)), *xar = malloc(sizeof(float) * (size_t)(na * ka));
+        float *ya = malloc(sizeof(float) * (size_t)(na * ma)), *refa = malloc(sizeof(float) * (size_t)(na * ma));
+        for (int64_t i = 0; i < na * ka; i++) { xa[i] = frand(); xar[i] = be_bf16_to_f32(be_f32_to_bf16(xa[i])); }
+        be_ref_matmul(xar, na, &wm, NULL, refa);
+        ops->matmul(c, xa, na, &a, NULL, ya);
+        double ea = err_ratio(xar, na, &wm, NULL, ya, refa);
+        CHECK(ea <= 1.0, "cpu_matmul with CINFER_BF16_ACT=1 on %d-bit affine weights (rows dequantized and rounded to bf16, "
+              "n=45; %s): error %.3g of bound", bits[bi], gemm_bf16_available() ? "AVX-512 BF16" : "emulated", ea);
+        free(codes); free(sc); free(bs); free(row); free(wr); free(xa); free(xar); free(ya); free(refa);
+    }
     unsetenv("CINFER_BF16_ACT");
     free(x); free(xr); free(y); free(ref); free(w.buf); free(bias.buf);
     ops->ctx_free(c);

@@ -25,7 +25,10 @@
  * activations to bf16 and uses AVX-512 BF16 dot products (gemm-bf16.c), as
  * llama.cpp does for BF16 models: about twice the FLOP rate of sgemm (on a CPU
  * without them, the rounded activations go through the f32 path: same mode,
- * no speed-up). It is also how mlx-lm computes a bf16 model.
+ * no speed-up). It is also how mlx-lm computes a bf16 model. MLX affine
+ * weights take the same path in that mode: each worker dequantizes a block of
+ * its rows and rounds them to bf16 (BF16_BLK rows), then the dot products
+ * (emulated: the rounded rows through sgemm).
  */
 #include <cblas.h>
 #include <stdatomic.h>
@@ -36,6 +39,7 @@
 
 #define GEMV_MAX_N 8     /* up to this many tokens: GEMV kernels */
 #define GEMM_FLOATS (4u << 20)   /* f32 weights converted per sgemm call, per thread (16 MiB) */
+#define BF16_BLK 96      /* affine weight rows dequantized to bf16 at a time (CINFER_BF16_ACT), per thread */
 
 void cpu_mat_row_f32(const be_mat *w, int64_t r, float *dst) {
     gemv_pick()->rows_f32[w->dt](w, r, r + 1, dst);
@@ -58,6 +62,9 @@ typedef struct mm_job {
     float *ys[MM_MAX];
     int64_t end[MM_MAX];
     int64_t chunk;           /* GEMV: rows per claimed chunk */
+    int round_w;             /* GEMM path: converted weights rounded to bf16 (CINFER_BF16_ACT, affine) */
+    uint16_t *wb;            /* bf16 dot path, affine: [nth][BF16_BLK][k] dequantized rows */
+    float *wf;               /* ... and [nth][k] one row in f32 */
     atomic_llong next;       /* GEMV: first row not yet claimed */
 } mm_job;
 
@@ -110,6 +117,24 @@ static void bf16dot_task(void *arg, int ith, int nth) {
     add_bias(j->bias, j->n, j->y, j->w->rows, r0, r1);
 }
 
+/* the bf16 dot products on affine weights: blocks of rows dequantized, rounded to bf16, multiplied */
+static void bf16dot_affine_task(void *arg, int ith, int nth) {
+    const mm_job *j = arg;
+    int64_t k = j->w->cols, r0, r1;
+    split_rows(j->w->rows, 12, ith, nth, &r0, &r1);
+    uint16_t *wb = j->wb + (size_t)ith * BF16_BLK * (size_t)k;
+    float *wf = j->wf + (size_t)ith * (size_t)k;
+    for (int64_t rb = r0; rb < r1; rb += BF16_BLK) {
+        int64_t re = rb + BF16_BLK < r1 ? rb + BF16_BLK : r1;
+        for (int64_t r = rb; r < re; r++) {
+            j->g->rows_f32[j->w->dt](j->w, r, r + 1, wf);
+            for (int64_t i = 0; i < k; i++) wb[(r - rb) * k + i] = be_f32_to_bf16(wf[i]);
+        }
+        gemm_bf16_rows((const uint32_t *)j->scratch, j->n, k, wb, j->w->rows, 0, re - rb, j->y + rb);
+    }
+    if (r0 < r1) add_bias(j->bias, j->n, j->y, j->w->rows, r0, r1);
+}
+
 static void gemm_task(void *arg, int ith, int nth) {
     const mm_job *j = arg;
     int64_t m = j->w->rows, k = j->w->cols, r0, r1;
@@ -123,6 +148,7 @@ static void gemm_task(void *arg, int ith, int nth) {
         for (int64_t rb = r0; rb < r1; rb += j->blk) {
             int64_t re = rb + j->blk < r1 ? rb + j->blk : r1;
             j->g->rows_f32[j->w->dt](j->w, rb, re, s);
+            for (size_t i = 0; j->round_w && i < (size_t)(re - rb) * (size_t)k; i++) s[i] = be_bf16_to_f32(be_f32_to_bf16(s[i]));
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, (int)(re - rb), (int)k, 1.0f,
                         j->x, (int)k, s, (int)k, 0.0f, j->y + rb, (int)m);
         }
@@ -172,9 +198,12 @@ void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat 
 
 static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
 
+/* CINFER_BF16_ACT=1 and weights it applies to: bf16, MLX affine */
+static int bf16_act(const be_mat *w) { return (w->dt == BE_BF16 || be_traits(w->dt)->affine) && getenv("CINFER_BF16_ACT"); }
+
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
     if (gemv_path(c, n)) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
-    if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && !gemm_bf16_available()) {
+    if (bf16_act(w) && !gemm_bf16_available()) {
         /* the opt-in without AVX-512 BF16: the same bf16-rounded activations into the f32 path
          * (products of two bf16 values are exact in f32), so the mode means one thing on every CPU */
         size_t len = (size_t)n * (size_t)w->cols;
@@ -192,9 +221,13 @@ void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat 
 /* the GEMM paths of cpu_matmul (more tokens than the GEMV takes) */
 static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
     mm_job j = { .x = x, .n = n, .w = w, .bias = bias, .y = y, .g = gemv_pick() };
-    if (w->dt == BE_BF16 && getenv("CINFER_BF16_ACT") && gemm_bf16_available()) {
-        /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products */
-        size_t words = gemm_bf16_xp_words(n, w->cols), need = words + ((size_t)w->cols + 2) / 2;
+    j.round_w = bf16_act(w) && w->dt != BE_BF16;   /* (emulated mode: x already rounded by cpu_matmul) */
+    if (bf16_act(w) && gemm_bf16_available()) {
+        /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products; affine rows dequantized per block */
+        int nth = cpu_pool_size(c->pool), aff = w->dt != BE_BF16;
+        size_t words = gemm_bf16_xp_words(n, w->cols), xw = words + ((size_t)w->cols + 2) / 2;
+        size_t wbw = aff ? ((size_t)nth * BF16_BLK * (size_t)w->cols + 1) / 2 : 0;   /* u16 pairs, in floats */
+        size_t need = xw + wbw + (aff ? (size_t)nth * (size_t)w->cols : 0);
         if (c->scratch_n < need) {
             float *s = realloc(c->scratch, need * sizeof(float));
             if (s) { c->scratch = s; c->scratch_n = need; }
@@ -202,7 +235,9 @@ static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const
         if (c->scratch_n >= need) {
             gemm_bf16_pack_x(x, n, w->cols, (uint32_t *)c->scratch, (uint16_t *)(c->scratch + words));
             j.scratch = c->scratch;
-            cpu_pool_run(c->pool, bf16dot_task, &j);
+            j.wb = (uint16_t *)(c->scratch + xw);
+            j.wf = c->scratch + xw + wbw;
+            cpu_pool_run(c->pool, aff ? bf16dot_affine_task : bf16dot_task, &j);
             return;
         }
     }
