@@ -43,6 +43,13 @@ size_t gemm_bf16_xp_words(int n, int64_t k) {
     return (size_t)((n + NR - 1) / NR) * (size_t)((k + 1) / 2) * NR;
 }
 
+/* dst[i] = bf16(src[i]), round to nearest even (be_f32_to_bf16's rule for finite values) */
+KERNEL void gemm_bf16_round(const float *src, int64_t k, uint16_t *dst) {
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    for (; i < k; i++) dst[i] = be_f32_to_bf16(src[i]);
+}
+
 /* x[n][k] f32 -> xp[nb][kp][NR] bf16 pairs; tmp holds one bf16 row (k+1 u16) */
 KERNEL void gemm_bf16_pack_x(const float *x, int n, int64_t k, uint32_t *xp, uint16_t *tmp) {
     int64_t kp = (k + 1) / 2;
@@ -53,11 +60,7 @@ KERNEL void gemm_bf16_pack_x(const float *x, int n, int64_t k, uint32_t *xp, uin
             for (int64_t i = 0; i < kp; i++) dst[i * NR] = 0;
             continue;
         }
-        const float *row = x + (size_t)t * k;
-        int64_t i = 0;
-        for (; i + 16 <= k; i += 16)
-            _mm256_storeu_si256((__m256i *)(tmp + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + i)));
-        for (; i < k; i++) tmp[i] = be_f32_to_bf16(row[i]);
+        gemm_bf16_round(x + (size_t)t * k, k, tmp);
         tmp[k] = 0;
         for (int64_t j = 0; j < kp; j++) {
             uint32_t v;
@@ -132,6 +135,9 @@ int gemm_bf16_available(void) { return 0; }
 size_t gemm_bf16_xp_words(int n, int64_t k) { (void)n; (void)k; return 0; }
 void gemm_bf16_pack_x(const float *x, int n, int64_t k, uint32_t *xp, uint16_t *tmp) {
     (void)x; (void)n; (void)k; (void)xp; (void)tmp;
+}
+void gemm_bf16_round(const float *src, int64_t k, uint16_t *dst) {
+    for (int64_t i = 0; i < k; i++) dst[i] = be_f32_to_bf16(src[i]);
 }
 void gemm_bf16_rows(const uint32_t *xp, int n, int64_t k, const uint16_t *w, int64_t m, int64_t r0,
                     int64_t r1, float *y) {

@@ -63,6 +63,8 @@ AFFINE_DECLS(scalar)
 int gemm_bf16_available(void);
 size_t gemm_bf16_xp_words(int n, int64_t k);
 void gemm_bf16_pack_x(const float *x, int n, int64_t k, uint32_t *xp, uint16_t *tmp);
+/* dst[i] = bf16(src[i]) (round to nearest even); AVX-512 where gemm_bf16_available */
+void gemm_bf16_round(const float *src, int64_t k, uint16_t *dst);
 void gemm_bf16_rows(const uint32_t *xp, int n, int64_t k, const uint16_t *w, int64_t m, int64_t r0,
                     int64_t r1, float *y);
 

@@ -128,7 +128,7 @@ static void bf16dot_affine_task(void *arg, int ith, int nth) {
         int64_t re = rb + BF16_BLK < r1 ? rb + BF16_BLK : r1;
         for (int64_t r = rb; r < re; r++) {
             j->g->rows_f32[j->w->dt](j->w, r, r + 1, wf);
-            for (int64_t i = 0; i < k; i++) wb[(r - rb) * k + i] = be_f32_to_bf16(wf[i]);
+            gemm_bf16_round(wf, k, wb + (r - rb) * k);
         }
         gemm_bf16_rows((const uint32_t *)j->scratch, j->n, k, wb, j->w->rows, 0, re - rb, j->y + rb);
     }
