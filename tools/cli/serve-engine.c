@@ -186,31 +186,25 @@ static int put_edit(srv_engine *e, int32_t tok, int mul, float v) {
     return 0;
 }
 
+/* an edit (mul, v) of each token of the last ctx of q's history: every occurrence, or (distinct) each token once */
+static int window_edits(srv_engine *e, const slot *q, int ctx, int distinct, int mul, float v) {
+    int bad = 0, from = q->n_hist > ctx ? q->n_hist - ctx : 0;
+    for (int i = from; i < q->n_hist; i++) {
+        int dup = 0;
+        for (int j = from; distinct && j < i && !dup; j++) dup = q->hist[j] == q->hist[i];
+        if (!dup) bad |= put_edit(e, q->hist[i], mul, v);
+    }
+    return bad;
+}
+
 /* mlx-lm's logits processors as edits of the raw logits, applied in this order by the sample op:
  * repetition penalty over the last rep_ctx tokens (prompt included), presence and frequency
  * penalties over their windows, logit_bias; appended to e->ed; -1 when out of memory */
 static int slot_edits(srv_engine *e, const srv_req *r, const slot *q) {
     int bad = 0;
-    if (r->rep_penalty != 1.0f) {
-        int from = q->n_hist > r->rep_ctx ? q->n_hist - r->rep_ctx : 0;
-        for (int i = from; i < q->n_hist; i++) {   /* each distinct token once */
-            int dup = 0;
-            for (int j = from; j < i && !dup; j++) dup = q->hist[j] == q->hist[i];
-            if (!dup) bad |= put_edit(e, q->hist[i], 1, r->rep_penalty);
-        }
-    }
-    if (r->presence != 0.0f) {
-        int from = q->n_hist > r->presence_ctx ? q->n_hist - r->presence_ctx : 0;
-        for (int i = from; i < q->n_hist; i++) {
-            int dup = 0;
-            for (int j = from; j < i && !dup; j++) dup = q->hist[j] == q->hist[i];
-            if (!dup) bad |= put_edit(e, q->hist[i], 0, -r->presence);
-        }
-    }
-    if (r->frequency != 0.0f) {
-        int from = q->n_hist > r->frequency_ctx ? q->n_hist - r->frequency_ctx : 0;
-        for (int i = from; i < q->n_hist; i++) bad |= put_edit(e, q->hist[i], 0, -r->frequency);
-    }
+    if (r->rep_penalty != 1.0f) bad |= window_edits(e, q, r->rep_ctx, 1, 1, r->rep_penalty);
+    if (r->presence != 0.0f) bad |= window_edits(e, q, r->presence_ctx, 1, 0, -r->presence);
+    if (r->frequency != 0.0f) bad |= window_edits(e, q, r->frequency_ctx, 0, 0, -r->frequency);
     for (int i = 0; i < r->n_bias; i++) bad |= put_edit(e, r->bias_id[i], 0, r->bias_val[i]);
     return bad;
 }
@@ -297,7 +291,7 @@ static int slot_init(srv *s, int i, srv_req *r, int choice) {
     q->cap_hist = r->n_prompt + (r->max_tokens < 256 ? r->max_tokens : 256) + 1;
     q->hist = malloc(sizeof(int32_t) * (size_t)q->cap_hist);
     cinfer_sampler_params sp = r->sp;
-    sp.rep_penalty = 1.0f;   /* applied by process_logits, before log-probs are read */
+    sp.rep_penalty = 1.0f;   /* applied as a logit edit (slot_edits), before log-probs are read */
     sp.seed += (uint64_t)choice;
     if (cinfer_sampler_new(&sp, s->n_vocab, &q->smp) || !q->hist) return -1;
     if (s->tok && !(q->ds = cinfer_detok_stream_new(s->tok, 1))) return -1;
@@ -523,23 +517,25 @@ static void prefill(srv *s, int budget) {
 static void decode(srv *s) {
     srv_engine *e = s->eng;
     int B = 0;
-    size_t ed0[64], *at = e->n_slot <= 64 ? ed0 : malloc(sizeof *at * (size_t)e->n_slot);
-    if (!at) return;
     e->n_ed = 0;
     for (int i = 0; i < e->n_slot; i++) {
         slot *q = &e->sl[i];
         if (q->phase != PH_DECODE) continue;
         const srv_req *r = q->r;
-        at[B] = e->n_ed;
-        if (slot_edits(e, r, q)) { req_fail(s, q->r, 500, "out of memory"); continue; }
+        size_t at = e->n_ed;
+        if (slot_edits(e, r, q)) {
+            e->n_ed = at;   /* the rows' edits stay back to back */
+            req_fail(s, q->r, 500, "out of memory");
+            continue;
+        }
         e->rs[B] = (cinfer_row_sampling){r->sp.temp, r->sp.top_k, r->sp.top_p, r->sp.min_p,
                                          r->sp.temp > 0 ? cinfer_sampler_uniform(q->smp) : 0, NULL,
-                                         (int)(e->n_ed - at[B]), r->logprobs ? r->top_logprobs : -1};
+                                         (int)(e->n_ed - at), r->logprobs ? r->top_logprobs : -1};
         e->ids[B] = q->pending;
         e->seqs[B++] = i;
     }
-    for (int b = 0; b < B; b++) e->rs[b].edits = e->rs[b].n_edits ? e->ed + at[b] : NULL;   /* e->ed is final now */
-    if (at != ed0) free(at);
+    for (size_t b = 0, at = 0; b < (size_t)B; at += (size_t)e->rs[b++].n_edits)   /* e->ed is final now */
+        e->rs[b].edits = e->rs[b].n_edits ? e->ed + at : NULL;
     if (!B) return;
     double t0 = srv_now();
     int failed = forward(s, e->ids, B, 1, e->seqs, NULL, NULL, 0, NULL, 1);

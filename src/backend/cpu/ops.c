@@ -271,9 +271,16 @@ typedef struct score_job {
     be_score_row *out;
 } score_job;
 
+/* worker ith's share [*i0, *i1) of n rows */
+static void row_share(int n, int ith, int nth, int *i0, int *i1) {
+    *i0 = (int)((int64_t)n * ith / nth);
+    *i1 = (int)((int64_t)n * (ith + 1) / nth);
+}
+
 static void score_task(void *arg, int ith, int nth) {
     const score_job *j = arg;
-    int i0 = (int)((int64_t)j->n * ith / nth), i1 = (int)((int64_t)j->n * (ith + 1) / nth);
+    int i0, i1;
+    row_share(j->n, ith, nth, &i0, &i1);
     for (int i = i0; i < i1; i++)
         be_ref_score_row(j->z + (size_t)i * j->V, j->V, j->tgt[i], j->base, j->base ? j->base->idx[i] : 0,
                          j->codes ? j->codes + (size_t)i * j->cs : NULL, &j->out[i]);
@@ -298,7 +305,8 @@ typedef struct sample_job {
 
 static void sample_task(void *arg, int ith, int nth) {
     const sample_job *j = arg;
-    int i0 = (int)((int64_t)j->n * ith / nth), i1 = (int)((int64_t)j->n * (ith + 1) / nth);
+    int i0, i1;
+    row_share(j->n, ith, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) be_ref_sample_row(j->z + (size_t)i * j->V, j->V, &j->p[i], j->edits, &j->out[i]);
 }
 

@@ -95,7 +95,7 @@ struct be_ctx {
     /* graph state */
     int mode;                /* CU_EAGER / CU_CAPTURE / CU_REPLAY */
     int in_step;
-    cu_rec *recs;            /* [CU_MAX_RECS] records of the step being captured/replayed */
+    cu_rec *recs;            /* [CU_MAX_RECS] records of the step being captured (a replay compares graphs[].recs) */
     int n_recs, i_rec;       /* captured count, replay cursor */
     int step_ok;             /* current step stayed graph-compatible */
     cu_graph graphs[CU_GRAPHS];  /* captured steps (NULL exec: a free slot), least recently used replaced */

@@ -65,47 +65,33 @@ __device__ __forceinline__ bool sp_in(const sp_set &s, unsigned k, int i) { retu
 #define SP_STRIDE (SP_CL * SP_T)
 __device__ __forceinline__ int sp_first(const cg::cluster_group &cl) { return (int)cl.block_rank() * SP_T + (int)threadIdx.x; }
 
-/* block reductions, then the cluster's: each block's partial read by every block in rank order (the same
- * result everywhere, whatever the timing); OP 0 sum, 1 max */
-template <int OP>
-__device__ unsigned long long sp_red(sp_smem &s, const cg::cluster_group &cl, unsigned long long v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-        unsigned long long x = __shfl_xor_sync(0xffffffffu, v, o);
-        v = OP ? (x > v ? x : v) : v + x;
-    }
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) s.w64[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long t = 0;
-        for (int w = 0; w < SP_W; w++) t = OP ? (s.w64[w] > t ? s.w64[w] : t) : t + s.w64[w];
-        s.c64 = t;
-    }
-    cl.sync();
-    unsigned long long t = 0;
-    for (unsigned r = 0; r < SP_CL; r++) {
-        unsigned long long x = *cl.map_shared_rank(&s.c64, r);
-        t = OP ? (x > t ? x : t) : t + x;
-    }
-    cl.sync();
-    return t;
-}
+/* the shared slots of a reduction of T: per-warp partials and this block's partial */
+__device__ __forceinline__ unsigned long long *sp_wslot(sp_smem &s, unsigned long long) { return s.w64; }
+__device__ __forceinline__ double *sp_wslot(sp_smem &s, double) { return s.wd; }
+__device__ __forceinline__ unsigned long long *sp_cslot(sp_smem &s, unsigned long long) { return &s.c64; }
+__device__ __forceinline__ double *sp_cslot(sp_smem &s, double) { return &s.cd; }
 
-__device__ double sp_dsum(sp_smem &s, const cg::cluster_group &cl, double v) {
+template <int OP, class T>
+__device__ __forceinline__ T sp_op(T a, T b) { return OP ? (b > a ? b : a) : a + b; }
+
+/* block reductions, then the cluster's: each block's partial read by every block in rank order (the same
+ * result everywhere, whatever the timing); OP 0 sum, 1 max; T u64 or double */
+template <int OP, class T>
+__device__ T sp_red(sp_smem &s, const cg::cluster_group &cl, T v) {
+    T *ws = sp_wslot(s, v), *cs = sp_cslot(s, v);
 #pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o; o >>= 1) v = sp_op<OP>(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads();
-    if ((threadIdx.x & 31) == 0) s.wd[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        double t = 0;
-        for (int w = 0; w < SP_W; w++) t += s.wd[w];
-        s.cd = t;
+        T t = 0;
+        for (int w = 0; w < SP_W; w++) t = sp_op<OP>(t, ws[w]);
+        *cs = t;
     }
     cl.sync();
-    double t = 0;
-    for (unsigned r = 0; r < SP_CL; r++) t += *cl.map_shared_rank(&s.cd, r);
+    T t = 0;
+    for (unsigned r = 0; r < SP_CL; r++) t = sp_op<OP>(t, *cl.map_shared_rank(cs, r));
     cl.sync();
     return t;
 }
@@ -305,7 +291,7 @@ __global__ void __cluster_dims__(SP_CL, 1, 1) __launch_bounds__(SP_T)
         double sum = 0;
 #pragma unroll 4
         for (int i = sp_first(cl); i < V; i += SP_STRIDE) sum += exp((double)sp_val(z[i]) - zb);
-        lse = zb + (float)log(sp_dsum(s, cl, sum));
+        lse = zb + (float)log(sp_red<0>(s, cl, sum));
         unsigned long long prev = ~0ull;
         for (int j = 0; j < p.n_top && j < V && j < BE_SAMPLE_TOP; j++) {
             unsigned long long mx = 0;
