@@ -729,7 +729,7 @@ static void test_score(void) {
             }
         }
         /* a model against itself: kld exactly 0 on both */
-        be_score_base self = {gz.p, NULL, NULL, 0, NULL};
+        be_score_base self = {gz.p, NULL, NULL, 0, NULL, NULL, NULL};
         float *lse_self = malloc(sizeof(float) * n);
         int32_t id0[9];
         for (int i = 0; i < n; i++) { id0[i] = i; lse_self[i] = got[i].lse; }
@@ -742,6 +742,98 @@ static void test_score(void) {
         free(lse_self);
         gb_free(&gz); gb_free(&gzb); gb_free(&grec); gb_free(&gcodes);
         free(z); free(zb); free(rbase); free(ref); free(got); free(rec); free(lseb); free(refc); free(gotc);
+    }
+}
+
+/* z[n][V] = x . w^T as the backend's matmul defines it on 16-bit weights for many rows: x rounded to
+ * bf16, every product exact, summed in double here */
+static float *head_logits(const float *x, int n, const be_mat *w) {
+    int V = (int)w->rows, K = (int)w->cols;
+    float *z = malloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < V; v++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += (double)be_bf16_to_f32(be_f32_to_bf16(x[(size_t)i * K + k])) * be_mat_get(w, v, k);
+            z[(size_t)i * V + v] = (float)a;
+        }
+    return z;
+}
+
+/* be_ops.score_head (backends that have it) against be_ref_score on the reference's logits of
+ * the same head: no base, a file base (16-bit records), a base head (its own x and w), and a
+ * model against itself. The device sums its products in f32 in its own order, so the bars are
+ * those of the products (1e-5 of |lse| for lse, lp, kld) and argmax may differ only where the
+ * reference's top two logits are within 1e-5; a row against itself gives exactly 0. */
+static void test_score_head(void) {
+    static const int SH[][3] = {{9, 1001, 64}, {130, 32000, 256}, {300, 517, 128}};
+    for (int si = 0; si < 3; si++) {
+        int n = SH[si][0], V = SH[si][1], K = SH[si][2];
+        be_mat w = mk_mat(BE_BF16, V, K, 0.5f), wb = mk_mat(BE_BF16, V, K, 0.5f);
+        if (!be->score_head(bc, NULL, 0, &w, NULL, NULL, NULL)) {
+            printf("# score_head: V=%d K=%d not taken\n", V, K);
+            free_mat(&w); free_mat(&wb);
+            continue;
+        }
+        float *x = rnd((size_t)n * K, 1.0f), *xb = rnd((size_t)n * K, 1.0f);
+        for (size_t i = 0; i < (size_t)n * K; i++) xb[i] = 0.8f * x[i] + 0.2f * xb[i];
+        float *z = head_logits(x, n, &w), *zb = head_logits(xb, n, &wb);
+        size_t rb = 16 + 2 * (size_t)V + (V & 1 ? 2 : 0);
+        int32_t *tgt = malloc(sizeof(int32_t) * n), *idx = malloc(sizeof(int32_t) * n), *id0 = malloc(sizeof(int32_t) * n);
+        be_score_row *rbase = malloc(sizeof *rbase * n), *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
+        unsigned char *rec = calloc((size_t)n, rb);
+        float *lseb = malloc(sizeof(float) * n), *lse_self = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) {
+            tgt[i] = irand(V);
+            idx[i] = (int32_t)(((size_t)i * 7) % n);   /* base rows permuted (n is not a multiple of 7) */
+            id0[i] = i;
+            be_ref_score_row(zb + (size_t)i * V, V, tgt[i], NULL, 0, (uint16_t *)(void *)(rec + i * rb + 16), &rbase[i]);
+            memcpy(rec + i * rb, &rbase[i].code_scale, 4);
+            memcpy(rec + i * rb + 4, &rbase[i].code_min, 4);
+            lseb[i] = rbase[i].lse;
+        }
+        gbuf gx = gb_new((size_t)n * K), gxb = gb_new((size_t)n * K), grec = gb_new((size_t)n * rb / 4);
+        gb_put(&gx, x);
+        gb_put(&gxb, xb);
+        gb_put(&grec, (const float *)(const void *)rec);
+        static const char *KN[4] = {"no base", "file base", "base head", "itself"};
+        for (int kind = 0; kind < 4; kind++) {
+            be_score_base bh = {0}, bd = {0};
+            bh.idx = bd.idx = idx;
+            if (kind == 1) { bh.rec = rec; bd.rec = (const unsigned char *)grec.p; bh.rec_bytes = bd.rec_bytes = rb; }
+            if (kind == 2) { bh.z = zb; bh.lse = bd.lse = lseb; bd.x = gxb.p; bd.w = &wb; }
+            if (kind == 3) { bh.z = z; bh.lse = bd.lse = lse_self; bd.x = gx.p; bd.w = &w; bh.idx = bd.idx = id0; }
+            be_ref_score(z, n, V, tgt, kind ? &bh : NULL, NULL, 0, ref);
+            memset(got, 0xff, sizeof *got * n);
+            int taken = be->score_head(bc, gx.p, n, &w, tgt, kind ? &bd : NULL, got);
+            char msg[256] = "";
+            int bad = !taken || (be->status && be->status(bc, msg, sizeof msg));
+            double e_lse = 0, e_lp = 0, e_kl = 0, kl_self = 0;
+            int am_bad = 0;
+            for (int i = 0; i < n; i++) {
+                e_lse = fmax(e_lse, rel1(got[i].lse, ref[i].lse, ref[i].lse));
+                e_lp = fmax(e_lp, rel1(got[i].lp, ref[i].lp, ref[i].lse));
+                e_kl = fmax(e_kl, rel1(got[i].kld, ref[i].kld, ref[i].lse));
+                kl_self = fmax(kl_self, fabs(got[i].kld));
+                if (got[i].argmax != ref[i].argmax) {
+                    const float *zi = z + (size_t)i * V;
+                    int ga = got[i].argmax;
+                    am_bad += ga < 0 || ga >= V || fabsf(zi[ga] - zi[ref[i].argmax]) > 1e-5f * fabsf(zi[ref[i].argmax]);
+                }
+            }
+            if (kind == 0)
+                for (int i = 0; i < n; i++) lse_self[i] = got[i].lse;
+            if (kind == 3)
+                CHECK(!bad && kl_self == 0.0 && e_lse <= 1e-5, "score_head n=%d V=%d K=%d itself: KL %.1e (exactly 0), lse %.1e %s", n, V,
+                      K, kl_self, e_lse, msg);
+            else
+                CHECK(!bad && !am_bad && e_lse <= 1e-5 && e_lp <= 1e-5 && e_kl <= 1e-5,
+                      "score_head n=%d V=%d K=%d %s: lse %.1e, lp %.1e, kld %.1e (of |lse|), argmax %d differ beyond a near tie %s", n, V,
+                      K, KN[kind], e_lse, e_lp, e_kl, am_bad, msg);
+        }
+        gb_free(&gx); gb_free(&gxb); gb_free(&grec);
+        free_mat(&w); free_mat(&wb);
+        free(x); free(xb); free(z); free(zb); free(tgt); free(idx); free(id0); free(rbase); free(ref); free(got); free(rec);
+        free(lseb); free(lse_self);
     }
 }
 
@@ -1282,6 +1374,7 @@ int main(void) {
     RUN(test_rope);
     RUN(test_elementwise);
     RUN(test_score);
+    if (be->score_head) RUN(test_score_head);
     RUN(test_kv_write);
     RUN(test_rope_kv_write);
     RUN(test_attention);

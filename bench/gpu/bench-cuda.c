@@ -465,19 +465,34 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
         if (n_rows < B) n_rows = B;
         cinfer_ctx_opts co = {0};
         co.max_seqs = B > 64 ? B : 0;
-        cinfer_ctx *ctx = NULL, *cb = NULL;
+        cinfer_ctx *ctx = NULL, *cb = NULL, *ctx2 = NULL, *cb2 = NULL;
         char err[512];
         if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err) || cinfer_ctx_new(m, &co, &cb, err, sizeof err)) {
             fprintf(stderr, "ctx: %s\n", err);
             return 1;
         }
+        /* BENCH_SCORE_AB=V: perplexity and kl also on contexts made under CINFER_CUDA_SCORE_HEAD=V
+         * (0: the LM head never folded into the score op; 1: every bf16 head folded), interleaved */
+        const char *ab = getenv("BENCH_SCORE_AB");
+        if (ab) {
+            const char *was = getenv("CINFER_CUDA_SCORE_HEAD");
+            char keep[32];
+            snprintf(keep, sizeof keep, "%s", was ? was : "");
+            setenv("CINFER_CUDA_SCORE_HEAD", ab, 1);
+            if (cinfer_ctx_new(m, &co, &ctx2, err, sizeof err) || cinfer_ctx_new(m, &co, &cb2, err, sizeof err)) {
+                fprintf(stderr, "ctx: %s\n", err);
+                return 1;
+            }
+            if (was) setenv("CINFER_CUDA_SCORE_HEAD", keep, 1);
+            else unsetenv("CINFER_CUDA_SCORE_HEAD");
+        }
         int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_rows * L);
         uint64_t x = 777 + L;
         for (size_t i = 0; i < (size_t)n_rows * L; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; rows[i] = (int32_t)((x >> 33) % c->n_vocab); }
         int64_t N = (int64_t)n_rows * (L - 1);
-        cinfer_ppl_result r;
-        double th[2], tp[2], tk[2];
-        cinfer_kl_stats ks;
+        cinfer_ppl_result r, r2;
+        double th[2], tp[2], tk[2], tp2[2], tk2[2];
+        cinfer_kl_stats ks, ks2;
         for (int rep = 0; rep < 3 && !bad; rep++) {   /* one warm-up, then the mean of 2 of each, interleaved */
             double a = cf_now();
             bad |= head_only(ctx, rows, n_rows, L, B);
@@ -487,8 +502,16 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
             double t_p = cf_now() - a;
             a = cf_now();
             bad |= cinfer_kl(ctx, cb, NULL, rows, n_rows, L, B, NULL, NULL, NULL, &ks, err, sizeof err) != CINFER_OK;
-            double t_k = cf_now() - a;
-            if (rep) { th[rep - 1] = t_h; tp[rep - 1] = t_p; tk[rep - 1] = t_k; }
+            double t_k = cf_now() - a, t_p2 = 0, t_k2 = 0;
+            if (ctx2) {
+                a = cf_now();
+                bad |= cinfer_perplexity(ctx2, rows, n_rows, L, B, NULL, NULL, NULL, &r2, err, sizeof err) != CINFER_OK;
+                t_p2 = cf_now() - a;
+                a = cf_now();
+                bad |= cinfer_kl(ctx2, cb2, NULL, rows, n_rows, L, B, NULL, NULL, NULL, &ks2, err, sizeof err) != CINFER_OK;
+                t_k2 = cf_now() - a;
+            }
+            if (rep) { th[rep - 1] = t_h; tp[rep - 1] = t_p; tk[rep - 1] = t_k; tp2[rep - 1] = t_p2; tk2[rep - 1] = t_k2; }
         }
         if (bad) { fprintf(stderr, "score bench L=%d: %s / %s\n", L, err, cinfer_ctx_error(ctx)); break; }
         double h = N / median(th, 2), pp = N / median(tp, 2), kl = N / median(tk, 2);
@@ -504,6 +527,14 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
         printf("{\"engine\":\"cinfer\",\"bench\":\"score\",\"shape\":\"%s\",\"L\":%d,\"rows\":%d,\"batch\":%d,\"chunk\":%d,"
                "\"forward_logits_pos_s\":%.1f,\"perplexity_pos_s\":%.1f,\"kl_tok_s\":%.1f,\"ppl_ratio\":%.4f,\"kl_ratio\":%.4f}\n",
                shape_name, L, n_rows, B, W, h, pp, kl, pp / h, 2 * kl / h);
+        if (ctx2) {
+            double pp2 = N / median(tp2, 2), kl2 = N / median(tk2, 2);
+            printf("score %s L=%d, CINFER_CUDA_SCORE_HEAD=%s: perplexity %.0f pos/s (%.1f%% of the forward; ppl %.2f, default %.2f); kl %.0f "
+                   "tok/s (%.1f%% of half; mean KLD %.2g, same top %.4f)\n",
+                   shape_name, L, ab, pp2, 100.0 * pp2 / h, r2.perplexity, r.perplexity, kl2, 200.0 * kl2 / h, ks2.mean_kld, ks2.same_top);
+            cinfer_ctx_free(cb2);
+            cinfer_ctx_free(ctx2);
+        }
         free(rows);
         cinfer_ctx_free(cb);
         cinfer_ctx_free(ctx);

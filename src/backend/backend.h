@@ -192,8 +192,10 @@ typedef struct be_score_row {
     double kld;
 } be_score_row;
 
-/* The base log-probs lb of the rows a score op reduces, one of two kinds (both in backend memory):
+/* The base log-probs lb of the rows a score op reduces, one of three kinds (in backend memory):
  *   z != NULL: base logits, lb_i = z[idx][i] - lse[idx] (f32), lse [rows of z] on the host;
+ *   x != NULL (score_head only): the base's LM head folded in the same way, its logits
+ *     zb = x[idx] . w^T never stored, lb_i = zb_i - lse[idx];
  *   rec != NULL: records of the base file (score-kl.c), rec_bytes apart, each f32 scale, f32 min,
  *     8 bytes, then u16 q[V]: lb_i = scale * q_i + min (f32 multiply, then add).
  * idx[n] (host): the base row / record of each scored row. */
@@ -203,6 +205,8 @@ typedef struct be_score_base {
     const unsigned char *rec;
     size_t rec_bytes;
     const int32_t *idx;
+    const float *x;      /* [rows][w->cols] the base's normed hidden states */
+    const be_mat *w;     /* the base's LM head */
 } be_score_base;
 
 /* Sampling one token per row (be_ops.sample; the definition is be_ref_sample_row in cpu/ref-sample.c,
@@ -334,6 +338,14 @@ typedef struct be_ops {
      * written at codes + i * code_stride (u16 elements) */
     void (*score)(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base,
                   uint16_t *codes, size_t code_stride, be_score_row *out);
+    /* optional: the score op with the LM head folded in, its logits z = x . w^T (x[n][w->cols],
+     * backend memory) reduced where they are computed, never stored (no codes). The definition is
+     * matmul's then score's; the backend takes the products in its matmul's precision and its own
+     * order, and may reassociate the exp sum and the KL sum (its source states how). x NULL: only
+     * asks whether this head (and a base's head) is taken, 1 or 0; a head not taken goes through
+     * matmul and score. */
+    int (*score_head)(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
+                      be_score_row *out);
 
     /* sampling as defined above: rows of z[n][V] (backend memory; the edits are written into it),
      * params p[n], edits (host), out[n] (host) */

@@ -303,22 +303,26 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     if (cfg->embed_scale > 0) be->scale(c->bc, c->x, T * (size_t)cfg->hidden, cfg->embed_scale);
     block_batch bb = {B, L, pos0, len, c->pos};
     arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
+    /* a scoring forward without codes reduces its logits where the backend computes them, when it can */
+    int fold = sr && !sr->codes && !sr->materialize && ctx_head_folds(c, sr->base);
+    c->head_folded = fold;
     for (int r0 = 0; r0 < total && (logits || argmax || sr || smp || o->head); r0 += oc) {
         int nr = total - r0 < oc ? total - r0 : oc;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, cfg->norm_add, cfg->eps, c->xo);
-        be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
-        if (cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
+        if (!fold) be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
+        if (!fold && cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
         if (step) { be->step_end(c->bc); step = 0; }
+        be_score_base sb;
+        if (sr && sr->base) { sb = *sr->base; sb.idx += r0; }
         if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
         else if (smp) be->sample(c->bc, c->lo, nr, cfg->n_vocab, smp->p + r0, smp->edits, smp->n_edits, smp->out + r0);
-        else if (sr) {
-            be_score_base sb;
-            if (sr->base) { sb = *sr->base; sb.idx += r0; }
+        else if (fold) be->score_head(c->bc, c->xo, nr, &m->w.lm_head, sr->tgt + r0, sr->base ? &sb : NULL, sr->out + r0);
+        else if (sr)
             be->score(c->bc, c->lo, nr, cfg->n_vocab, sr->tgt + r0, sr->base ? &sb : NULL,
                       sr->codes ? sr->codes + (size_t)r0 * sr->code_stride : NULL, sr->code_stride, sr->out + r0);
-        } else if (logits)
+        else if (logits)
             be->to_host(c->bc, logits + (size_t)r0 * cfg->n_vocab, c->lo, (size_t)nr * cfg->n_vocab * sizeof(float));
     }
     if (step) be->step_end(c->bc);
@@ -368,10 +372,16 @@ cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L,
     return st;
 }
 
+int ctx_head_folds(const cinfer_ctx *c, const be_score_base *base) {
+    const be_ops *be = c->m->be;
+    return be->score_head && c->m->cfg.final_softcap <= 0 && be->score_head(c->bc, NULL, 0, &c->m->w.lm_head, NULL, base, NULL);
+}
+
 cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr) {
     const be_ops *be = c->m->be;
     if ((size_t)n_out > c->cap_out || !c->lo) return ctx_fail(c, CINFER_EINVAL, "score: %d rows, the logits buffer holds %zu", n_out, c->cap_out);
-    be->score(c->bc, c->lo, n_out, c->m->cfg.n_vocab, sr->tgt, sr->base, sr->codes, sr->code_stride, sr->out);
+    if (c->head_folded) be->score_head(c->bc, c->xo, n_out, &c->m->w.lm_head, sr->tgt, sr->base, sr->out);
+    else be->score(c->bc, c->lo, n_out, c->m->cfg.n_vocab, sr->tgt, sr->base, sr->codes, sr->code_stride, sr->out);
     return backend_status(c);
 }
 

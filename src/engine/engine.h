@@ -51,6 +51,8 @@ struct cinfer_ctx {
     size_t cap_out;         /* rows the logits buffers hold (OUT_CHUNK, or more: ctx_reserve_out) */
     float *xo;              /* [cap_out][hidden] gathered rows */
     float *lo;              /* [cap_out][n_vocab] backend logits */
+    int head_folded;        /* the last scoring forward folded the LM head into the score op
+                             * (be_ops.score_head): xo holds its rows, lo nothing */
     int *out_idx;           /* [cap_out] hidden-state row of each logits row (host) */
     /* host arrays for one call */
     int *pos;               /* [cap_tokens] */
@@ -87,7 +89,12 @@ typedef struct ctx_score_req {
     uint16_t *codes;             /* NULL, or backend memory: output row i's 16-bit code at codes + i * code_stride */
     size_t code_stride;
     be_score_row *out;           /* [n_out] host results */
+    int materialize;             /* 1: the logits go to c->lo and be_ops.score, never be_ops.score_head */
 } ctx_score_req;
+
+/* whether c's scoring forwards fold its LM head into the score op (be_ops.score_head) for a
+ * request against base (NULL: none; a base head: its x may be any non-NULL placeholder) */
+int ctx_head_folds(const cinfer_ctx *c, const be_score_base *base);
 
 /* grows the logits buffers to hold `rows` output rows at once (a scoring forward of at most
  * that many outputs runs its LM head in one chunk and leaves every row's logits in c->lo) */
@@ -96,8 +103,9 @@ cinfer_status ctx_reserve_out(cinfer_ctx *c, size_t rows);
  * and left in c->lo (the benchmark's "forward with logits at every position") */
 cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
                                 const int *out_rows, int n_out, const ctx_score_req *sr);
-/* be_ops.score once more over the logits the last scoring forward left in c->lo
- * (n_out rows; KL of a context against itself reads them as the base too) */
+/* be_ops.score once more over the logits the last scoring forward left in c->lo, or
+ * be_ops.score_head over its rows in c->xo when it folded the head (n_out rows; KL of a
+ * context against itself reads them as the base too) */
 cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr);
 
 #endif

@@ -212,7 +212,8 @@ typedef struct {
 
 /* The rows in batches of B0, each fed in chunks of W positions; per chunk the
  * base's logits (live) stay in its context's buffer and the model's score op
- * reads them there, or the batch's records (file) are uploaded once per batch;
+ * reads them there (or, LM heads folded, the base's normed rows stay and the
+ * model's score op computes the base's logits beside its own), or the batch's records (file) are uploaded once per batch;
  * saving, the base's 16-bit codes are made on the backend, in place in
  * records that come back whole. */
 static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L, int batch, kl_acc *acc,
@@ -228,6 +229,15 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
     if (!st && r->base && r->model && r->base != r->model) st = score_chunk_width(r->base, B0, L - 1, extra, &Wb, err, en);
     if (st) return st;
     if (Wb && Wb < W) W = Wb;
+    /* a live base: both LM heads folded into the score op (the model's tile reads the base's rows
+     * through its head, be_score_base.x) or neither (the base's logits stay in its buffer) */
+    int materialize = 0;
+    if (r->base && r->model) {
+        be_score_base probe = {0};
+        probe.x = r->base->xo;
+        probe.w = &r->base->m->w.lm_head;
+        materialize = !(ctx_head_folds(r->base, NULL) && ctx_head_folds(r->model, &probe));
+    }
     /* backend records: the batch's (file) or the chunk's (saving) */
     size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
     unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
@@ -248,6 +258,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         if (r->file) be->from_host(any->bc, drec, frec, (size_t)B * (L - 1) * rb);   /* once per batch */
         score_plan p;
         if (score_plan_init(&p, ids, B, L, n_in, lo, W)) { st = cf_err(err, en, CINFER_ENOMEM, "out of memory"); break; }
+        p.materialize = materialize;
         while (!st && score_plan_next(&p)) {
             for (int i = 0; i < p.n_out; i++) idx[i] = r->file ? p.out_b[i] * (L - 1) + p.out_p[i] : i;
             if (r->base) {
@@ -277,12 +288,13 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
             }
             if (!st && r->model) {
                 be_score_base sb = {0};
-                if (r->base) { sb.z = r->base->lo; sb.lse = lseb; }
+                if (r->base && r->base->head_folded) { sb.x = r->base->xo; sb.w = &r->base->m->w.lm_head; sb.lse = lseb; }
+                else if (r->base) { sb.z = r->base->lo; sb.lse = lseb; }
                 else { sb.rec = drec; sb.rec_bytes = rb; }
                 sb.idx = idx;
                 if (r->model != r->base) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
-                else {   /* a context against itself: its logits are still in its buffer */
-                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm};
+                else {   /* a context against itself: its logits (or rows) are still in its buffers */
+                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm, 0};
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
                 for (int i = 0; !st && i < p.n_out; i++) {

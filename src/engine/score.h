@@ -34,6 +34,7 @@ typedef struct score_plan {
     int *out_b, *out_p;   /* [B*W] row and absolute position of each output */
     int32_t *tgt;         /* [B*W] the token each output is scored against (the next one) */
     int n_out;
+    int materialize;      /* the chunks' logits go through c->lo (ctx_score_req.materialize) */
 } score_plan;
 
 /* W for B rows from the backend's free memory, given the backend bytes each scored position

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <type_traits>
 #include "backend/cuda/kvq.cuh"
+#include "backend/cuda/mma.cuh"
 
 #define SPLIT_MAX 4096   /* keys per split-K slice at most (shared memory) */
 #define SPLIT_THREADS 128
@@ -174,12 +175,6 @@ __global__ void __launch_bounds__(SPLIT_THREADS) k_attn_split(const float *q, co
 
 /* ------------------------------------------------------------------ flash */
 
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
     return *(uint32_t *)&h;
@@ -202,24 +197,6 @@ __device__ __forceinline__ uint4 load8h(const __nv_bfloat16 *p) {
     const __nv_bfloat162 *b = (const __nv_bfloat162 *)&r;
     float2 f0 = __bfloat1622float2(b[0]), f1 = __bfloat1622float2(b[1]), f2 = __bfloat1622float2(b[2]), f3 = __bfloat1622float2(b[3]);
     return make_uint4(pack_h2(f0.x, f0.y), pack_h2(f1.x, f1.y), pack_h2(f2.x, f2.y), pack_h2(f3.x, f3.y));
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t *r, const __half *p) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const __half *p) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
 /* Where flash tiles come from: a source gives the 8 f16 values of (pool row, dims d8..d8+7).

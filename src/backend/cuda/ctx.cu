@@ -31,6 +31,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/cuda-api.h"
@@ -250,6 +251,7 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->part);
     cudaFree(c->cnt);
     cudaFree(c->score_out);
+    cudaFree(c->sh_ws);
     cudaFree(c->samp_mass);
     cudaFree(c->samp_edits);
     cudaFree(c->arena_d);
@@ -288,6 +290,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->dec_many = knob_on("CINFER_CUDA_DEC_MANY");
     c->batched = knob_on("CINFER_CUDA_BATCHED");
     c->aff_gemv = knob_on("CINFER_CUDA_AFF_GEMV");
+    const char *sh = getenv("CINFER_CUDA_SCORE_HEAD");   /* 0: never; 1: every bf16 head; unset: hidden <= 1024 */
+    c->score_head_k = sh && !strcmp(sh, "0") ? 0 : sh && !strcmp(sh, "1") ? INT_MAX : 1024;
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");
@@ -529,6 +533,7 @@ static be_ops make_ops(void) {
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
     o.score = cu_op_score;
+    o.score_head = cu_op_score_head;
     o.sample = cu_op_sample;
     o.graph_stats = cuda_graph_stats;
     o.matmul_multi = cu_op_matmul_multi;

@@ -86,6 +86,9 @@ struct be_ctx {
     size_t part_n;
     void *score_out;         /* [score_out_n] bytes: the score and sample ops' per-row results */
     size_t score_out_n;
+    void *sh_ws;             /* [sh_ws_n] bytes: score_head's rounded rows and partials */
+    size_t sh_ws_n;
+    int score_head_k;        /* score_head takes bf16 heads of hidden <= this (CINFER_CUDA_SCORE_HEAD) */
     void *samp_mass;         /* [samp_mass_n] bytes: the sample op's fixed-point masses [n][V] */
     size_t samp_mass_n;
     void *samp_edits;        /* [samp_edits_n] bytes: the sample op's logit edits */
@@ -193,6 +196,8 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
 void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
 void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
+                     be_score_row *out);
 void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
                  size_t code_stride, be_score_row *out);
 void cu_op_sample(be_ctx *c, float *z, int n, int V, const be_sample_row *p, const be_logit_edit *edits, int n_edits,
