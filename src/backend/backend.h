@@ -341,7 +341,8 @@ typedef struct be_ops {
     /* optional: the score op with the LM head folded in, its logits z = x . w^T (x[n][w->cols],
      * backend memory) reduced where they are computed, never stored (no codes). The definition is
      * matmul's then score's; the backend takes the products in its matmul's precision and its own
-     * order, and may reassociate the exp sum and the KL sum (its source states how). x NULL: only
+     * order, and may reassociate the exp sum and the KL sum (its source states how); code_scale and
+     * code_min (only a code row needs them) are left 0. x NULL: only
      * asks whether this head (and a base's head) is taken, 1 or 0; a head not taken goes through
      * matmul and score. */
     int (*score_head)(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,

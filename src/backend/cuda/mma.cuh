@@ -20,6 +20,14 @@ __device__ __forceinline__ void mma16816_bf16(float *d, const uint32_t *a, uint3
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* d = a b (the accumulator's first product: no zeroing pass) */
+__device__ __forceinline__ void mma16816_bf16_z(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    const float z = 0.0f;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+}
+
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
