@@ -12,7 +12,9 @@ usage: score-compare.py ppl|kl|tsv|lp LABEL PREC CPU_FILE CUDA_FILE
 
 Bars. The CUDA and CPU logits differ by the forward's activation precision
 alone (the reduction is one definition, be_ref_score_row, checked to 1e-6 on
-identical logits by test-backend-ops). With R the relative bar of a mean
+identical logits by test-backend-ops; with the LM head folded into the score
+op, prose-13m's bf16 head on CUDA, be_ops.score_head against the reference's
+matmul and reduction within 1e-5 of |lse|, measured <= 1e-6). With R the relative bar of a mean
 log-prob (run.sh's perplexity bars: 5e-7 f32, 1e-3 bf16):
   perplexities, PPL ratio, mean loss, response log-prob sums: R relative;
   ln PPL ratio (a difference of two mean nlls): 2R absolute; PPL(Q)-PPL(base): 2R * PPL;

@@ -290,8 +290,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->dec_many = knob_on("CINFER_CUDA_DEC_MANY");
     c->batched = knob_on("CINFER_CUDA_BATCHED");
     c->aff_gemv = knob_on("CINFER_CUDA_AFF_GEMV");
-    const char *sh = getenv("CINFER_CUDA_SCORE_HEAD");   /* 0: never; 1: every bf16 head; unset: hidden <= 1024 */
-    c->score_head_k = sh && !strcmp(sh, "0") ? 0 : sh && !strcmp(sh, "1") ? INT_MAX : 1024;
+    const char *sh = getenv("CINFER_CUDA_SCORE_HEAD");   /* 0: never; 1: every bf16 head; unset: hidden <= 256 */
+    c->score_head_k = sh && !strcmp(sh, "0") ? 0 : sh && !strcmp(sh, "1") ? INT_MAX : 256;
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");

@@ -6,30 +6,44 @@
  * to keep: prose-13m (hidden 256, vocabulary 32,000) spends 2 x 256 FLOPs on
  * a logit that costs 4 bytes to write and 8-12 to read back (score.cu); at
  * the H200's 800 TFLOP/s and 4.3 TB/s that round trip is worth ~2,000 FLOPs.
- * Taken for bf16 heads with hidden <= 1024 (CINFER_CUDA_SCORE_HEAD=0: never,
+ * Taken for bf16 heads with hidden <= 256 (CINFER_CUDA_SCORE_HEAD=0: never,
  * =1: every bf16 head whose hidden is a multiple of 64); larger heads keep
- * cuBLAS + score.cu, which the H200 runs at 96-99% of the forward's rate.
+ * cuBLAS + score.cu. Measured on the H200 (bench-cuda BENCH_SCORE_AB, 2026-12-02):
+ * prose-13m (hidden 256) perplexity 73.6% -> 85.6% of the forward's rate at 512
+ * tokens a row; Llama-3.2-1B (hidden 2048) forced to fold 94.4% -> 83.9%,
+ * cuBLAS's GEMM being ~3x this kernel's there. 512-1024: not measured.
  *
  * The products: x rounded to bf16 as the matmul rounds it for cuBLAS
- * (gemm.cu), mma.sync m16n8k16 bf16 with f32 accumulation; a block takes 128
- * rows and a split of the vocabulary in tiles of 128 columns (with a base
- * head, the base's tile alongside), k in stages of 64 through cp.async
- * (XOR-swizzled rows, ldmatrix without conflicts), 8 warps of 32 rows x 64
- * columns. After a tile's last k stage each thread folds its
- * accumulators into per-row state and the next tile starts from zero.
+ * (gemm.cu), mma.sync m16n8k16 bf16 with f32 accumulation. The work is the
+ * (row tile of 128, vocabulary tile of 128) pairs in row-tile order, one
+ * wave of blocks (two an SM) each taking an equal run of them; 8 warps of
+ * 32 rows x 64 columns; k in stages of 64 through cp.async (XOR-swizzled
+ * rows, ldmatrix without bank conflicts). For hidden <= 256 the row tile
+ * stays in shared memory for the block's run and the stages carry only the
+ * head's rows (hidden a template parameter: 64, 128, 256). A base head (live
+ * KL) is computed beside the model's in the same tile: two accumulators,
+ * one block an SM. After a tile's last stage each thread folds its
+ * accumulators into per-row state; the next tile's first products start
+ * from zero (no zeroing pass). Each block writes one partial per row it
+ * touched; k_sh_combine merges a row's partials (and takes the target's
+ * logit as a dot product of the rounded row with the head's row).
  *
- * The statistics, against the definition (be_ref_score_row on the same
- * logits): max, min and the first index of the max exactly; the exp sum is
- * online (a running max shared by the 4 lanes of a row, the sum rescaled
- * when it grows, then the partials of the warps and splits combined by
- * rescaling in k_sh_combine), each term expf(z - m) summed in double as the
- * reference does but against a running max: lse moves by f32 rounding only.
+ * Against the definition (be_ref_score_row on the same logits): the max and
+ * the first index of the max exactly; the exp sum online: a running max
+ * shared by a row's 4 lanes, each tile's 16 terms ex2.approx((z - m) log2 e)
+ * (relative error <= 2^-22) summed as a tree in f32 and then into a double,
+ * rescaled when the max grows; partials merged by rescaling. lse moves by
+ * ~1e-7 relative (test-backend-ops: <= 2e-7 of |lse| on V = 32,000).
  * KL without knowing the model's lse: with c a per-row constant (the base's
  * lse for a live base, 0 for a file base), lq'_i = z_i - c (f32) and
- *   kld = sum_{lb_i > -16} p_i (lb_i - lq'_i) + (lse - c) sum_{lb_i > -16} p_i,  p_i = exp(lb_i),
- * in double: the reference's sum with lq_i = z_i - lse rounded against c
- * instead of lse (a model against itself still gives exactly 0: zb = z bit
- * for bit, lb_i = lq'_i, lse = c).
+ *   kld = sum_{lb_i > -16} p_i (lb_i - lq'_i) + (lse - c) sum_{lb_i > -16} p_i,  p_i = exp(lb_i):
+ * the reference's sum with lq_i rounded against c instead of lse. A live
+ * base's terms are f32 a tile (its lb_i - lq'_i is exact or relative to
+ * itself), a file base's double (lb_i - z_i is not). A model against itself
+ * still gives exactly 0: every kind shares the tiles, the runs and each
+ * thread's columns, so zb = z and the base's lse = the model's bit for bit,
+ * lb_i = lq'_i, lse = c. code_scale and code_min are not computed (0): a
+ * saved base's code rows go through the materialized path.
  */
 #include <limits.h>
 #include <math.h>
