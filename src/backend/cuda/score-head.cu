@@ -31,7 +31,7 @@
  * Against the definition (be_ref_score_row on the same logits): the max and
  * the first index of the max exactly; the exp sum online: a running max
  * shared by a row's 4 lanes, each tile's 16 terms ex2.approx((z - m) log2 e)
- * (relative error <= 2^-22) summed as a tree in f32 and then into a double,
+ * (relative error <= 2^-22) summed in f32 and then into a double,
  * rescaled when the max grows; partials merged by rescaling. lse moves by
  * ~1e-7 relative (test-backend-ops: <= 2e-7 of |lse| on V = 32,000).
  * KL without knowing the model's lse: with c a per-row constant (the base's
@@ -91,22 +91,6 @@ __device__ __forceinline__ int sh_sw(int r, int ch, int rl) { return r * rl + ((
 
 __device__ __forceinline__ void sh_pick(float &bv, int &bi, float ov, int oi) {
     if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-}
-
-/* v[0] op v[1] op ... op v[N-1] as a balanced tree (N a power of two); v is overwritten */
-template <int W> struct sh_halve {
-    template <typename F> static __device__ __forceinline__ void run(float *v, F op) {
-#pragma unroll
-        for (int j = 0; j < W; j++) v[j] = op(v[j], v[j + W]);
-        sh_halve<W / 2>::run(v, op);
-    }
-};
-template <> struct sh_halve<0> {
-    template <typename F> static __device__ __forceinline__ void run(float *, F) {}
-};
-template <int N, typename F> __device__ __forceinline__ float sh_tree(float *v, F op) {
-    sh_halve<N / 2>::run(v, op);
-    return v[0];
 }
 
 __device__ __forceinline__ float sh_ex2(float x) {
@@ -306,11 +290,9 @@ k_score_head(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16
 #pragma unroll
         for (int ri = 0; ri < 4; ri++) {
             const int mt = ri >> 1, h = ri & 1, lr = SH_ROW(ri);
-            /* the row's 2 NT values of this lane; reductions as trees (independent chains, not one long one) */
-            float v[2 * NT];
+            float lm = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) { v[2 * nt] = acc[0][mt][nt][2 * h]; v[2 * nt + 1] = acc[0][mt][nt][2 * h + 1]; }
-            float lm = sh_tree<2 * NT>(v, [](float a, float b2) { return fmaxf(a, b2); });
+            for (int nt = 0; nt < NT; nt++) lm = fmaxf(lm, fmaxf(acc[0][mt][nt][2 * h], acc[0][mt][nt][2 * h + 1]));
             if (lm > bv[ri]) {   /* a new best for this lane: its first column (rare after the first tiles) */
                 bv[ri] = lm;
 #pragma unroll
@@ -328,26 +310,27 @@ k_score_head(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16
             }
             if (mw != -INFINITY) {   /* the tile's (at most 16) terms in f32, then into the double sum */
                 const float off = -mw * LOG2E;
-                float ex[2 * NT];
+                float ts = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 2 * NT; j++) ex[j] = sh_ex2(fmaf(v[j], LOG2E, off));
-                s[ri] += (double)sh_tree<2 * NT>(ex, [](float a, float b2) { return a + b2; });
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) ts += sh_ex2(fmaf(acc[0][mt][nt][2 * h + e], LOG2E, off));
+                s[ri] += (double)ts;
             }
             if (KIND == SH_HEAD) {   /* lb, lq' against the base's lse: f32 terms a tile, as above */
                 const float crow = s_cb[lr];
-                float p0[2 * NT], p1[2 * NT];
+                float t0 = 0.0f, t1 = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        float lb = __fsub_rn(acc[1][mt][nt][2 * h + e], crow), lq = __fsub_rn(v[2 * nt + e], crow);
-                        /* outside the sum: lb <= -16 (columns past V are -inf on both sides) */
-                        float p = lb > -16.0f ? sh_ex2(lb * LOG2E) : 0.0f;
-                        p0[2 * nt + e] = p;
-                        p1[2 * nt + e] = lb > -16.0f ? __fmul_rn(p, __fsub_rn(lb, lq)) : 0.0f;
+                        float lb = __fsub_rn(acc[1][mt][nt][2 * h + e], crow), lq = __fsub_rn(acc[0][mt][nt][2 * h + e], crow);
+                        if (lb > -16.0f) {   /* (columns past V are -inf on both sides: outside) */
+                            float p = sh_ex2(lb * LOG2E);
+                            t0 += p;
+                            t1 = fmaf(p, __fsub_rn(lb, lq), t1);
+                        }
                     }
-                const float t0 = sh_tree<2 * NT>(p0, [](float a, float b2) { return a + b2; }),
-                            t1 = sh_tree<2 * NT>(p1, [](float a, float b2) { return a + b2; });
                 s0[ri] += (double)t0;
                 s1[ri] += (double)t1;
             }
