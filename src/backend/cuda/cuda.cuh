@@ -269,6 +269,17 @@ __device__ __forceinline__ cu_span cu_span_of(int p, int window, int keep, int r
 }
 __device__ __forceinline__ int cu_span_key(const cu_span &s, int t) { return t < s.n_s ? s.s_lo + t : s.r_lo + (t - s.n_s); }
 
+/* a score op's result row, stored whole (its padding zeroed: the copy to the host reads initialized bytes) */
+static_assert(sizeof(be_score_row) == 32, "be_score_row is two 16-byte words");
+__device__ __forceinline__ void cu_store_score_row(be_score_row *dst, const be_score_row &o) {
+    union { be_score_row r; uint4 v[2]; } u;
+    u.v[0] = u.v[1] = make_uint4(0u, 0u, 0u, 0u);
+    u.r.lse = o.lse; u.r.lp = o.lp; u.r.argmax = o.argmax;
+    u.r.code_scale = o.code_scale; u.r.code_min = o.code_min; u.r.kld = o.kld;
+    ((uint4 *)dst)[0] = u.v[0];
+    ((uint4 *)dst)[1] = u.v[1];
+}
+
 /* weight element as float */
 template <typename T> __device__ __forceinline__ float cu_f(T v);
 template <> __device__ __forceinline__ float cu_f<float>(float v) { return v; }

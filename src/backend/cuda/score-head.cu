@@ -410,7 +410,7 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     o.argmax = bi == INT_MAX ? 0 : bi;
     o.code_min = o.code_scale = 0.0f;   /* no codes through this op */
     o.kld = kind == SH_NONE ? 0.0 : s1 + ((double)o.lse - (double)(kind == SH_HEAD ? cb[r] : 0.0f)) * s0;
-    out[r] = o;
+    cu_store_score_row(out + r, o);
 }
 
 /* out[r] = bf16(x[idx ? idx[r] : r]), rows of K */

@@ -130,7 +130,7 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
         o.code_scale = sc;
         o.code_min = lo;
         o.kld = kld;
-        out[r] = o;
+        cu_store_score_row(out + r, o);
     }
 }
 
