@@ -247,43 +247,43 @@ k_score_head(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16
             cp_async_wait<0>();
         }
 #pragma unroll
-    for (int kc = 0; kc < KC; kc++, it++) {
-        cp_async_wait<ST - 2>();
-        __syncthreads();
-        if (it + ST - 1 < T) load();
-        cp_async_commit();
-        const __nv_bfloat16 *st = sm + rst * C::STAGE;
-        rst = rst == ST - 1 ? 0 : rst + 1;
+        for (int kc = 0; kc < KC; kc++, it++) {
+            cp_async_wait<ST - 2>();
+            __syncthreads();
+            if (it + ST - 1 < T) load();
+            cp_async_commit();
+            const __nv_bfloat16 *st = sm + rst * C::STAGE;
+            rst = rst == ST - 1 ? 0 : rst + 1;
 #pragma unroll
-        for (int ks = 0; ks < SH_BK / 16; ks++) {
+            for (int ks = 0; ks < SH_BK / 16; ks++) {
 #pragma unroll
-            for (int g = 0; g < NG; g++) {
-                const __nv_bfloat16 *sa = st + g * ((RES ? 0 : SH_BM) + BN) * SH_BK, *sb = sa + (RES ? 0 : SH_BM * SH_BK);
-                uint32_t af[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    int r = wm * 32 + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
-                    ldsm_x4(af[mt], RES ? sres + g * SH_BM * K + sh_sw(r, kc * 8 + ch, K) : sa + sh_sw(r, ch, SH_BK));
-                }
-#pragma unroll
-                for (int p = 0; p < NT / 2; p++) {   /* n8 tiles 2p and 2p + 1 */
-                    int r = wn * WN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    uint32_t q[4];
-                    ldsm_x4(q, sb + sh_sw(r, ks * 2 + ((lane >> 3) & 1), SH_BK));
+                for (int g = 0; g < NG; g++) {
+                    const __nv_bfloat16 *sa = st + g * ((RES ? 0 : SH_BM) + BN) * SH_BK, *sb = sa + (RES ? 0 : SH_BM * SH_BK);
+                    uint32_t af[2][4];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
-                        if (kc == 0 && ks == 0) {   /* the tile's first products */
-                            mma16816_bf16_z(acc[g][mt][2 * p], af[mt], q[0], q[1]);
-                            mma16816_bf16_z(acc[g][mt][2 * p + 1], af[mt], q[2], q[3]);
-                        } else {
-                            mma16816_bf16(acc[g][mt][2 * p], af[mt], q[0], q[1]);
-                            mma16816_bf16(acc[g][mt][2 * p + 1], af[mt], q[2], q[3]);
+                        int r = wm * 32 + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
+                        ldsm_x4(af[mt], RES ? sres + g * SH_BM * K + sh_sw(r, kc * 8 + ch, K) : sa + sh_sw(r, ch, SH_BK));
+                    }
+#pragma unroll
+                    for (int p = 0; p < NT / 2; p++) {   /* n8 tiles 2p and 2p + 1 */
+                        int r = wn * WN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+                        uint32_t q[4];
+                        ldsm_x4(q, sb + sh_sw(r, ks * 2 + ((lane >> 3) & 1), SH_BK));
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            if (kc == 0 && ks == 0) {   /* the tile's first products */
+                                mma16816_bf16_z(acc[g][mt][2 * p], af[mt], q[0], q[1]);
+                                mma16816_bf16_z(acc[g][mt][2 * p + 1], af[mt], q[2], q[3]);
+                            } else {
+                                mma16816_bf16(acc[g][mt][2 * p], af[mt], q[0], q[1]);
+                                mma16816_bf16(acc[g][mt][2 * p + 1], af[mt], q[2], q[3]);
+                            }
                         }
                     }
                 }
             }
         }
-    }
         /* the tile's logits are complete: fold them into the rows' state (columns past V: -inf) */
         const int cb0 = vt * BN + wn * WN + 2 * (lane & 3);
         if ((vt + 1) * BN > V) fill(-INFINITY, cb0, V);
