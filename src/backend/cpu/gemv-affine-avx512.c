@@ -62,7 +62,25 @@ INL5 __m512 dec16(const dec16_t *d, const uint8_t *p, const int bits, const uint
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, d->shift), d->mask));
 }
 
+/* 4 bits: the 32 codes of 16 bytes (byte j: code 2j low, 2j+1 high) as even / odd codes' floats */
+INL5 void dec4x32(const uint8_t *p, __m512 *even, __m512 *odd) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *even = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    *odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+}
+/* x[0..32) as its even- and odd-indexed halves */
+INL5 void xsplit32(const float *x, __m512 *even, __m512 *odd) {
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    *even = _mm512_permutex2var_ps(a, ie, b);
+    *odd = _mm512_permutex2var_ps(a, io, b);
+}
+
 /* the decode kernel (gemv-affine-body.h) at 16 lanes */
+#define AFF_DEC4
+#define aff_dec4(p, e, o) dec4x32(p, e, o)
+#define aff_xsplit(x, e, o) xsplit32(x, e, o)
 #define AFF_INL INL5
 #define AFF_W 16
 #define aff_v __m512

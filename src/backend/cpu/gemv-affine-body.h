@@ -11,6 +11,9 @@
  *   aff_dec_t, aff_dec_init(bits), aff_dec(&d, p, bits, end)   AFF_W codes at p (AFF_W*bits/8 bytes) as floats
  *   aff_sb(p, dt, i)    element i of an f32/f16/bf16 array (a scale or bias)
  *   AFF_NAME(x)         x with the includer's suffix
+ *   optional AFF_DEC4: aff_dec4(p, &even, &odd) decodes the 2 AFF_W 4-bit codes of AFF_W bytes at p as the
+ *   even-indexed and the odd-indexed codes' floats, aff_xsplit(x, &even, &odd) splits 2 AFF_W floats the same way
+ *   (4-bit rows then take one load and no shuffle a byte pair: the decoder's work per code about halves)
  *
  * y[t][r] = sum over groups g of s[r][g] * sum_i x[t][i] q[r][i] + b[r][g] * sum_i x[t][i]
  * (MLX's quantized_matmul association; f32 accumulation, activations stay f32), the group sums of x
@@ -37,6 +40,29 @@ AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be
             _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) aq[a][t] = aff_zero();
         const uint8_t *p = row + (size_t)(g * G) * (size_t)bits / 8;
         const float *xg = x + g * G;
+#ifdef AFF_DEC4
+        if (bits == 4) {   /* 2 AFF_W codes a step: the even codes' and the odd codes' sums apart, x split to match */
+            aff_v ao[4][2];
+            _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
+                _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) ao[a][t] = aff_zero();
+            for (int i = 0; i < G; i += 2 * AFF_W, p += AFF_W) {
+                aff_v qe[4], qo[4];
+                if (pf && (((size_t)(g * G + i) / 2) & 63) < (size_t)AFF_W)
+                    _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)(R + a) * rb, _MM_HINT_T0);
+                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) aff_dec4(p + (size_t)a * rb, &qe[a], &qo[a]);
+                _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
+                    aff_v xe, xo;
+                    aff_xsplit(xg + (int64_t)t * k + i, &xe, &xo);
+                    _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) {
+                        aq[a][t] = aff_fma(qe[a], xe, aq[a][t]);
+                        ao[a][t] = aff_fma(qo[a], xo, ao[a][t]);
+                    }
+                }
+            }
+            _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
+                _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) aq[a][t] = aff_add(aq[a][t], ao[a][t]);
+        } else
+#endif
         for (int i = 0; i < G; i += AFF_W, p += step) {
             aff_v q[4];
             if (pf && (((size_t)(g * G + i) * (size_t)bits / 8) & 63) < (size_t)step)   /* the next R rows, ahead of use */
