@@ -654,6 +654,18 @@ static double rel1(double a, double b, double scale) {
     return d / (fabs(scale) > 0 ? fabs(scale) : 1);
 }
 
+/* a base file's records for base logits zb[n][V] (reference codes and header: scale, min) and each
+ * row's lse */
+static void base_records(const float *zb, int n, int V, const int32_t *tgt, unsigned char *rec, size_t rb, float *lseb) {
+    for (int i = 0; i < n; i++) {
+        be_score_row r;
+        be_ref_score_row(zb + (size_t)i * V, V, tgt[i], NULL, 0, (uint16_t *)(void *)(rec + i * rb + 16), &r);
+        memcpy(rec + i * rb, &r.code_scale, 4);
+        memcpy(rec + i * rb + 4, &r.code_min, 4);
+        lseb[i] = r.lse;
+    }
+}
+
 /* be_ops.score against be_ref_score on identical logits: no base, a live base (logits + lse),
  * a file base (16-bit records), the row's own codes; vocabularies small, odd, Llama 2's and
  * Llama 3's; ties, a -inf entry, a row of one large logit. Bar: 1e-6 relative for lse, kld,
@@ -674,15 +686,10 @@ static void test_score(void) {
         for (int i = 0; i < n; i++) { tgt[i] = irand(V); idx[i] = (i * 4) % n; }   /* base rows permuted */
         tgt[2] = V / 2;
         /* the base: its lse, and its records (reference codes + header) */
-        be_score_row *rbase = malloc(sizeof *rbase * n), *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
+        be_score_row *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
         unsigned char *rec = calloc((size_t)n, rb);
         float *lseb = malloc(sizeof(float) * n);
-        for (int i = 0; i < n; i++) {
-            be_ref_score_row(zb + (size_t)i * V, V, tgt[i], NULL, 0, (uint16_t *)(void *)(rec + i * rb + 16), &rbase[i]);
-            memcpy(rec + i * rb, &rbase[i].code_scale, 4);
-            memcpy(rec + i * rb + 4, &rbase[i].code_min, 4);
-            lseb[i] = rbase[i].lse;
-        }
+        base_records(zb, n, V, tgt, rec, rb, lseb);
         gbuf gz = gb_new(nv), gzb = gb_new(nv), grec = gb_new((size_t)n * rb / 4), gcodes = gb_new((size_t)n * rb / 4);
         gb_put(&gz, z);
         gb_put(&gzb, zb);
@@ -741,7 +748,7 @@ static void test_score(void) {
         CHECK(mx < 1e-12, "score V=%d: a row against itself gives KL %.1e (f32 log-probs rounded alike)", V, mx);
         free(lse_self);
         gb_free(&gz); gb_free(&gzb); gb_free(&grec); gb_free(&gcodes);
-        free(z); free(zb); free(rbase); free(ref); free(got); free(rec); free(lseb); free(refc); free(gotc);
+        free(z); free(zb); free(ref); free(got); free(rec); free(lseb); free(refc); free(gotc);
     }
 }
 
@@ -779,18 +786,15 @@ static void test_score_head(void) {
         float *z = head_logits(x, n, &w), *zb = head_logits(xb, n, &wb);
         size_t rb = 16 + 2 * (size_t)V + (V & 1 ? 2 : 0);
         int32_t *tgt = malloc(sizeof(int32_t) * n), *idx = malloc(sizeof(int32_t) * n), *id0 = malloc(sizeof(int32_t) * n);
-        be_score_row *rbase = malloc(sizeof *rbase * n), *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
+        be_score_row *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
         unsigned char *rec = calloc((size_t)n, rb);
         float *lseb = malloc(sizeof(float) * n), *lse_self = malloc(sizeof(float) * n);
         for (int i = 0; i < n; i++) {
             tgt[i] = irand(V);
             idx[i] = (int32_t)(((size_t)i * 7) % n);   /* base rows permuted (n is not a multiple of 7) */
             id0[i] = i;
-            be_ref_score_row(zb + (size_t)i * V, V, tgt[i], NULL, 0, (uint16_t *)(void *)(rec + i * rb + 16), &rbase[i]);
-            memcpy(rec + i * rb, &rbase[i].code_scale, 4);
-            memcpy(rec + i * rb + 4, &rbase[i].code_min, 4);
-            lseb[i] = rbase[i].lse;
         }
+        base_records(zb, n, V, tgt, rec, rb, lseb);
         gbuf gx = gb_new((size_t)n * K), gxb = gb_new((size_t)n * K), grec = gb_new((size_t)n * rb / 4);
         gb_put(&gx, x);
         gb_put(&gxb, xb);
@@ -832,7 +836,7 @@ static void test_score_head(void) {
         }
         gb_free(&gx); gb_free(&gxb); gb_free(&grec);
         free_mat(&w); free_mat(&wb);
-        free(x); free(xb); free(z); free(zb); free(tgt); free(idx); free(id0); free(rbase); free(ref); free(got); free(rec);
+        free(x); free(xb); free(z); free(zb); free(tgt); free(idx); free(id0); free(ref); free(got); free(rec);
         free(lseb); free(lse_self);
     }
 }

@@ -393,6 +393,21 @@ static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
  * context is made) at 0 and at 1, alternated over 8 fresh contexts in this
  * process: 128-token prompt, G greedy steps, then the graph replayed alone.
  * Prints each round and the medians; the last tokens must agree. */
+/* a context made with the backend knob var = val in the environment (knobs are read when a context
+ * is made); var's previous state restored */
+static int knob_ctx(cinfer_model *m, const cinfer_ctx_opts *co, const char *var, const char *val, cinfer_ctx **out, char *err,
+                    size_t en) {
+    const char *was = getenv(var);
+    char *keep = was ? malloc(strlen(was) + 1) : NULL;
+    if (keep) memcpy(keep, was, strlen(was) + 1);
+    setenv(var, val, 1);
+    int bad = cinfer_ctx_new(m, co, out, err, en) != CINFER_OK;
+    if (keep) setenv(var, keep, 1);
+    else unsetenv(var);
+    free(keep);
+    return bad;
+}
+
 static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int NP, int G) {
     double t[2][4], tg[2][4];
     int32_t last[2] = {-1, -1};
@@ -400,11 +415,10 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
     if (!onv || !*onv) onv = "1";
     for (int r = 0; r < 8; r++) {
         int on = r % 2;
-        setenv(var, on ? onv : "0", 1);
         cinfer_ctx_opts co = {.kv_f16 = 1};
         cinfer_ctx *ctx = NULL;
         char err[512];
-        if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
+        if (knob_ctx(m, &co, var, on ? onv : "0", &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
         int32_t tok = 0;
         int bad = 0;
         for (int w = 0; w < 2 && !bad; w++) {   /* the first pass captures the graph */
@@ -474,17 +488,10 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
         /* BENCH_SCORE_AB=V: perplexity and kl also on contexts made under CINFER_CUDA_SCORE_HEAD=V
          * (0: the LM head never folded into the score op; 1: every bf16 head folded), interleaved */
         const char *ab = getenv("BENCH_SCORE_AB");
-        if (ab) {
-            const char *was = getenv("CINFER_CUDA_SCORE_HEAD");
-            char keep[32];
-            snprintf(keep, sizeof keep, "%s", was ? was : "");
-            setenv("CINFER_CUDA_SCORE_HEAD", ab, 1);
-            if (cinfer_ctx_new(m, &co, &ctx2, err, sizeof err) || cinfer_ctx_new(m, &co, &cb2, err, sizeof err)) {
-                fprintf(stderr, "ctx: %s\n", err);
-                return 1;
-            }
-            if (was) setenv("CINFER_CUDA_SCORE_HEAD", keep, 1);
-            else unsetenv("CINFER_CUDA_SCORE_HEAD");
+        if (ab && (knob_ctx(m, &co, "CINFER_CUDA_SCORE_HEAD", ab, &ctx2, err, sizeof err) ||
+                   knob_ctx(m, &co, "CINFER_CUDA_SCORE_HEAD", ab, &cb2, err, sizeof err))) {
+            fprintf(stderr, "ctx: %s\n", err);
+            return 1;
         }
         int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_rows * L);
         uint64_t x = 777 + L;

@@ -196,6 +196,11 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
 void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
 void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+/* x[total / k][k] (rows idx[] of x when idx, device memory, is not NULL) rounded to dt (bf16 or f16) into
+ * out, as the matmul feeds cuBLAS (gemm.cu); 1 on a launch failure */
+int cu_round16(be_ctx *c, const float *x, const int32_t *idx, int k, void *out, int dt, size_t total);
+/* each of n scored rows' base lse (base->lse[base->idx[i]]) staged to the device; NULL (error recorded) on failure */
+const float *cu_stage_base_lse(be_ctx *c, const be_score_base *base, int n);
 int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
                      be_score_row *out);
 void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,

@@ -223,11 +223,13 @@ static void gemv_launch(be_ctx *c, int n, int dt, gemv_set st, int count, const 
     else gemv_n<float>(c, n, st, count, x, k);
 }
 
-__global__ void k_round16(const float *x, void *out, int bf16, size_t n) {
+/* out[i] = x[i] rounded to 16 bits; idx (device): row r of out (rows of k) is row idx[r] of x */
+__global__ void k_round16(const float *x, const int32_t *idx, int k, void *out, int bf16, size_t n) {
     PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        if (bf16) ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(x[i]);
-        else ((__half *)out)[i] = __float2half_rn(x[i]);
+        const float v = idx ? x[(size_t)idx[i / k] * k + i % k] : x[i];
+        if (bf16) ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(v);
+        else ((__half *)out)[i] = __float2half_rn(v);
     }
 }
 
@@ -237,10 +239,9 @@ __global__ void k_bias(float *y, const void *bias, int bdt, int m, size_t total)
         y[i] += cu_mat_get(bias, bdt, i % m);
 }
 
-/* x[n][k] rounded into out (cuBLAS's 16-bit input); 1 on a launch failure */
-static int round16(be_ctx *c, const float *x, void *out, int dt, size_t total) {
+int cu_round16(be_ctx *c, const float *x, const int32_t *idx, int k, void *out, int dt, size_t total) {
     unsigned g = cu_blocks(total, 256);
-    cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, out, dt == BE_BF16, total);
+    cu_launch(c, k_round16, dim3(g > 132 * 16 ? 132 * 16 : g), dim3(256), 0, x, idx, k, out, dt == BE_BF16, total);
     return CU_LAUNCHED(c, "round to 16-bit");
 }
 
@@ -264,7 +265,7 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
                       "cublasSgemm");
     } else {
         /* i[6]: act16 already holds x rounded (q/k/v and gate/up share their input) */
-        if (!r->i[6] && round16(c, x, (void *)r->p[4], dt, (size_t)n * k)) return;
+        if (!r->i[6] && cu_round16(c, x, NULL, k, (void *)r->p[4], dt, (size_t)n * k)) return;
         cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, r->p[4], t, k, &beta, y, CUDA_R_32F,
                                       m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -289,7 +290,7 @@ void cu_matmul_launcher(be_ctx *c, const cu_rec *r) {
 static void l_matmul_batched(be_ctx *c, const cu_rec *r) {
     int n = (int)r->i[0], m = (int)r->i[1], k = (int)r->i[2], dt = (int)r->i[3], count = (int)r->i[5];
     const void *const *pa = (const void *const *)r->p[5];
-    if (!r->i[6] && round16(c, (const float *)r->p[0], (void *)r->p[4], dt, (size_t)n * k)) return;
+    if (!r->i[6] && cu_round16(c, (const float *)r->p[0], NULL, k, (void *)r->p[4], dt, (size_t)n * k)) return;
     cudaDataType t = dt == BE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     const float one = 1.0f, zero = 0.0f;
     cu_check_blas(c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, pa, t, k, pa + 3, t, k, &zero,

@@ -413,17 +413,6 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     cu_store_score_row(out + r, o);
 }
 
-/* out[r] = bf16(x[idx ? idx[r] : r]), rows of K */
-__global__ void k_sh_round(const float *x, const int32_t *idx, __nv_bfloat16 *out, int n, int K) {
-    PDL_ENTRY();
-    size_t total = (size_t)n * K;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / K, k = i % K;
-        size_t sr = idx ? (size_t)idx[r] : r;
-        out[i] = __float2bfloat16_rn(x[sr * K + k]);
-    }
-}
-
 static int sh_takes(const be_ctx *c, const be_mat *w) {
     return w && w->dt == BE_BF16 && w->cols % SH_BK == 0 && w->cols <= c->score_head_k && w->rows >= 1;
 }
@@ -479,18 +468,11 @@ int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const in
     const int32_t *d_tgt = (const int32_t *)cu_stage(c, tgt, sizeof(int32_t) * (size_t)n);
     const int32_t *d_idx = kind != SH_NONE ? (const int32_t *)cu_stage(c, base->idx, sizeof(int32_t) * (size_t)n) : NULL;
     const float *d_cb = NULL;
-    if (kind == SH_HEAD) {   /* each scored row's base lse, in scored-row order */
-        float *l = (float *)malloc(sizeof(float) * (size_t)n);
-        if (!l) { cu_check(c, cudaErrorMemoryAllocation, "score head"); return 1; }
-        for (int i = 0; i < n; i++) l[i] = base->lse[base->idx[i]];
-        d_cb = (const float *)cu_stage(c, l, sizeof(float) * (size_t)n);
-        free(l);
-    }
-    unsigned g = cu_blocks((size_t)n * K, 256);
-    g = g > (unsigned)c->n_sm * 16 ? (unsigned)c->n_sm * 16 : g;
-    cu_launch(c, k_sh_round, dim3(g), dim3(256), 0, x, (const int32_t *)NULL, A, n, K);
-    if (kind == SH_HEAD) cu_launch(c, k_sh_round, dim3(g), dim3(256), 0, base->x, d_idx, Ab, n, K);
-    if (CU_LAUNCHED(c, "score head: round")) return 1;
+    if (kind == SH_HEAD && !(d_cb = cu_stage_base_lse(c, base, n))) return 1;
+    /* the rows rounded as the matmul rounds them for cuBLAS; a base's gathered in scored-row order */
+    if (cu_round16(c, x, NULL, K, A, BE_BF16, (size_t)n * K) ||
+        (kind == SH_HEAD && cu_round16(c, base->x, d_idx, K, Ab, BE_BF16, (size_t)n * K)))
+        return 1;
     const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->dev;
     dim3 grid((unsigned)G);
     if (kind == SH_NONE) sh_launch<SH_NONE>(c, grid, A, W, NULL, NULL, n, V, K, NULL, NULL, 0, NULL, nvt, part);

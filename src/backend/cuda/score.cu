@@ -134,6 +134,15 @@ k_score(const float *z, int V, const int32_t *tgt, const float *bz, const float 
     }
 }
 
+const float *cu_stage_base_lse(be_ctx *c, const be_score_base *base, int n) {
+    float *l = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!l) { cu_check(c, cudaErrorMemoryAllocation, "score: base lse"); return NULL; }
+    for (int i = 0; i < n; i++) l[i] = base->lse[base->idx[i]];
+    const float *d = (const float *)cu_stage(c, l, sizeof(float) * (size_t)n);
+    free(l);
+    return d;
+}
+
 void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,
                  size_t code_stride, be_score_row *out) {
     if (n <= 0 || V <= 0) return;
@@ -147,13 +156,7 @@ void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, co
     const float *d_lse = NULL;
     if (base) {
         d_idx = (const int32_t *)cu_stage(c, base->idx, sizeof(int32_t) * (size_t)n);
-        if (base->z) {   /* each scored row's base lse, in scored-row order */
-            float *l = (float *)malloc(sizeof(float) * (size_t)n);
-            if (!l) { cu_check(c, cudaErrorMemoryAllocation, "score"); return; }
-            for (int i = 0; i < n; i++) l[i] = base->lse[base->idx[i]];
-            d_lse = (const float *)cu_stage(c, l, sizeof(float) * (size_t)n);
-            free(l);
-        }
+        if (base->z && !(d_lse = cu_stage_base_lse(c, base, n))) return;
     }
     be_score_row *d_out = (be_score_row *)c->score_out;
     cu_launch(c, k_score, dim3((unsigned)n), dim3(SC_T), 0, z, V, d_tgt, base ? base->z : (const float *)NULL, d_lse,
