@@ -728,9 +728,25 @@ static int long_decode(cinfer_model *m, const char *list, int G, double copy_gbs
     return bad;
 }
 
+/* one_long, or with BENCH_KVQ_AB=VAR set: with VAR=0, then VAR=1 (a knob of the decode path), printing
+ * the ratio; *tok_s the =1 rate */
+static int one_long_ab(cinfer_model *m, int P, const kv_fmt *f, int G, double copy_gbs, size_t step_bytes, double *tok_s) {
+    const char *abv = getenv("BENCH_KVQ_AB");
+    if (!abv || !*abv) return one_long(m, P, f, G, copy_gbs, step_bytes, tok_s);
+    double off = 0;
+    setenv(abv, "0", 1);
+    int bad = one_long(m, P, f, G, copy_gbs, step_bytes, &off);
+    setenv(abv, "1", 1);
+    bad = bad || one_long(m, P, f, G, copy_gbs, step_bytes, tok_s);
+    unsetenv(abv);
+    if (!bad) printf("A/B %s at %d tokens (%s, %d bits): =1 decodes at %.3fx the rate of =0\n", abv, P, f->dtype, f->bits, *tok_s / off);
+    return bad;
+}
+
 /* BENCH_KVQ (issue 15): for each context length P of the list, one_long with bf16 pages, then KV8 and KV4
  * (group 64, bf16 scales as MLX keeps them, quantized from the first write); BENCH_KVQ_BITS overrides the
- * quantized formats ("8 4"), BENCH_KVQ_BF16=0 skips the bf16 row. Prints each quantized rate against the bf16 one. */
+ * quantized formats ("8 4"; "none": the bf16 row alone), BENCH_KVQ_BF16=0 skips the bf16 row, BENCH_KVQ_AB=VAR measures every
+ * row with VAR=0 then =1. Prints each quantized rate against the bf16 one. */
 static int kvq_decode(cinfer_model *m, const char *list, int G, double copy_gbs, size_t step_bytes) {
     const char *p = list, *bl = getenv("BENCH_KVQ_BITS");
     int P, bad = 0;
@@ -739,13 +755,13 @@ static int kvq_decode(cinfer_model *m, const char *list, int G, double copy_gbs,
         kv_fmt f = {"bf16", 0, 0};
         double base = 0, r = 0;
         const char *b16 = getenv("BENCH_KVQ_BF16");   /* "0": skip the bf16 row (a rerun of the quantized ones) */
-        if (!b16 || strcmp(b16, "0")) bad = one_long(m, P, &f, G, copy_gbs, step_bytes, &base);
+        if (!b16 || strcmp(b16, "0")) bad = one_long_ab(m, P, &f, G, copy_gbs, step_bytes, &base);
         const char *q = bl && *bl ? bl : "8 4";
         int bits;
         while (!bad && next_int(&q, &bits)) {
             f.bits = bits;
             f.group = 64;
-            bad = one_long(m, P, &f, G, copy_gbs, step_bytes, &r);
+            bad = one_long_ab(m, P, &f, G, copy_gbs, step_bytes, &r);
             if (!bad && base > 0) {
                 printf("KV%d at %d tokens: %.2fx the bf16-KV decode rate\n", bits, P, r / base);
                 printf("{\"engine\":\"cinfer\",\"mode\":\"kvq_ratio\",\"kv_bits\":%d,\"context\":%d,\"ratio\":%.4f}\n", bits, P, r / base);

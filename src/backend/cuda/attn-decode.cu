@@ -13,6 +13,8 @@
 #include <math.h>
 #include <cooperative_groups.h>
 #include "backend/cuda/cuda.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/dec-tc.cuh"
 
 #define DEC_SUB 64       /* keys in shared memory at a time */
 #define DEC_THREADS 128
@@ -26,6 +28,104 @@ __device__ __forceinline__ float2 dec_f2(const __nv_bfloat162 *p, int t) { retur
 template <typename KT> struct dec_pair;
 template <> struct dec_pair<__half> { typedef __half2 t; };
 template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
+
+/* The end of a decode block: its partial (m, l in mrun, lrun; o in osh for a cluster, else already in
+ * part) merged with its slices' (cluster: after a cluster barrier, from the peers' shared memory;
+ * else by the last block to arrive, through part). wt_, lt_: DEC_GMAX x DEC_SMAX floats of shared
+ * scratch; last: a shared int. */
+template <int HD, bool CL>
+__device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H, int kvh, int n_kv, int valid, const float *part,
+                                         float *mrun, float *lrun, float *osh, float *wt_, float *lt_, int *last, int *cnt, float *out) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    if (CL) {   /* the slices of a (query, kv head) are one cluster: each block merges a share of the outputs
+                 * from every block's shared memory, all of an output's loads issued together */
+        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        cl.sync();
+        for (int e = s * DEC_THREADS + tid; e < g * HD; e += nsplit * DEC_THREADS) {
+            int h = e / HD;
+            float ms[DEC_CMAX], ls[DEC_CMAX], os[DEC_CMAX], M = -INFINITY;
+#pragma unroll
+            for (int r = 0; r < DEC_CMAX; r++) {
+                if (r >= nsplit) break;
+                ms[r] = *cl.map_shared_rank(&mrun[h], r);
+                ls[r] = *cl.map_shared_rank(&lrun[h], r);
+                os[r] = *cl.map_shared_rank(osh + e, r);
+            }
+#pragma unroll
+            for (int r = 0; r < DEC_CMAX; r++)
+                if (r < nsplit) M = fmaxf(M, ms[r]);
+            float l = 0.0f, o = 0.0f;
+#pragma unroll
+            for (int r = 0; r < DEC_CMAX; r++)
+                if (r < nsplit && ms[r] != -INFINITY) {
+                    float w = expf(ms[r] - M);
+                    l += w * ls[r];
+                    o += w * os[r];
+                }
+            out[((size_t)bi * H + (size_t)kvh * g) * HD + e] = valid && l > 0 ? o / l : 0.0f;
+        }
+        cl.sync();   /* every block's shared memory stays until all have read it */
+        return;
+    }
+    __threadfence();
+    __syncthreads();
+    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
+    if (tid == 0) *last = atomicAdd(ctr, 1) == nsplit - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    {   /* the merge in two rounds of loads: every slice's (m, l) per head into shared memory,
+         * each head's slice weights exp(m_s - M) / sum_s by a warp, then each output's slices */
+        float (*wt)[DEC_SMAX] = (float (*)[DEC_SMAX])wt_;
+        float (*lt)[DEC_SMAX] = (float (*)[DEC_SMAX])lt_;
+        const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
+        for (int e = tid; e < g * nsplit; e += DEC_THREADS) {
+            const float *pp = prow + (e / nsplit) * pstride + (size_t)(e % nsplit) * (HD + 2);
+            float mm = __ldcg(pp), ll = __ldcg(pp + 1);
+            wt[e / nsplit][e % nsplit] = mm;
+            lt[e / nsplit][e % nsplit] = ll;
+        }
+        __syncthreads();
+        for (int h = warp; h < g; h += DEC_THREADS / 32) {
+            float m0 = lane < nsplit ? wt[h][lane] : -INFINITY, m1 = lane + 32 < nsplit ? wt[h][lane + 32] : -INFINITY;
+            float M = fmaxf(m0, m1);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+            float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - M), w1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
+            float t = (w0 > 0 ? w0 * lt[h][lane] : 0.0f) + (w1 > 0 ? w1 * lt[h][lane + 32] : 0.0f);
+#pragma unroll
+            for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            float inv = t > 0 ? 1.0f / t : 0.0f;
+            __syncwarp();
+            if (lane < nsplit) wt[h][lane] = w0 * inv;
+            if (lane + 32 < nsplit) wt[h][lane + 32] = w1 * inv;
+        }
+        __syncthreads();
+        constexpr int OUTS = DEC_GMAX * HD / DEC_THREADS;
+        float o[OUTS];
+#pragma unroll
+        for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
+#pragma unroll 8
+        for (int s2 = 0; s2 < nsplit; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
+#pragma unroll
+            for (int u = 0; u < OUTS; u++) {
+                int e = tid + u * DEC_THREADS, h = e / HD;
+                if (h >= g) break;
+                float w = wt[h][s2], v = __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2) + 2 + e % HD);
+                o[u] += w > 0 ? w * v : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < OUTS; u++) {
+            int e = tid + u * DEC_THREADS, h = e / HD;
+            if (h >= g) break;
+            out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
+        }
+        if (tid == 0) *ctr = 0;
+    }
+}
+
 
 /* Decode over a 16-bit pool: one block per (slice of keys, kv head, query),
  * serving all g q heads of the kv head, so each key and value row is read
@@ -219,92 +319,160 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
             pbase[tid * pstride + 1] = 0.0f;
         }
     }
-    if (CL) {   /* the slices of a (query, kv head) are one cluster: each block merges a share of the outputs
-                 * from every block's shared memory, all of an output's loads issued together */
-        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-        cl.sync();
-        for (int e = s * DEC_THREADS + tid; e < g * HD; e += nsplit * DEC_THREADS) {
-            int h = e / HD;
-            float ms[DEC_CMAX], ls[DEC_CMAX], os[DEC_CMAX], M = -INFINITY;
+    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, (float *)(void *)ks, &ps[0][0], (float *)(void *)ks, &last, cnt,
+                     out);
+}
+
+/* Tensor-core decode (the default): the same blocks, slices and partials as k_attn_decode, the
+ * work inside a block on mma.sync. Each warp takes every fourth run of DEC_TK keys of the slice and
+ * walks them with its own cp.async pipeline (DEC_TST stages of K and V rows in shared memory, rows
+ * 16 bytes a chunk XOR-swizzled by key so ldmatrix reads without bank conflicts; keys past the
+ * slice zero-filled) and its own online softmax; the four warps' partials merge in shared memory
+ * at the end. Precision: a pool row is exact in its 16-bit type; a query (times the scale and a
+ * power of two that puts its largest value near 2^14) is split into three 16-bit parts hi + mid
+ * + lo of that type (24+ significant bits), rows 0-7 of the A operand hi, rows 8-15 mid, then a
+ * second product with lo in rows 0-7: every score S[h][j] is the sum of accumulator rows h and
+ * h + 8, f32 products and sums as the CUDA-core kernel's up to the order of additions. P (times
+ * 2^14) is split the same way for P V. */
+#define DEC_TK 16
+template <int HD> struct dec_tc_geo {
+    static constexpr int ST = HD == 128 ? 2 : 3;                               /* stages per warp */
+    static constexpr size_t SMEM = (size_t)ST * 4 * 2 * DEC_TK * HD * 2;      /* 64 KB (HD 128) / 48 KB (HD 64) */
+    static constexpr int BLOCKS_SM = HD == 128 ? 3 : 4;                       /* resident blocks per SM (shared memory) */
+};
+static_assert(dec_tc_geo<128>::SMEM >= (4 + 1) * DEC_GMAX * 128 * 4 + 2 * DEC_GMAX * DEC_SMAX * 4, "merge scratch fits");
+static_assert(dec_tc_geo<64>::SMEM >= (4 + 1) * DEC_GMAX * 64 * 4 + 2 * DEC_GMAX * DEC_SMAX * 4, "merge scratch fits");
+
+template <int HD, bool CL, typename KT>
+__global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn_dec_tc(const float *q, const KT *K, const KT *V, int L, int H, int n_kv,
+                                                              const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
+                                                              const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
+                                                              int chunk, float *part, int *cnt, float *out) {
+    typedef dec_tc_geo<HD> G;
+    constexpr int ST = G::ST, RV = HD / 8, KS = HD / 16, NT = HD / 8, TILE = DEC_TK * HD, PER = DEC_TK * RV / 32;
+    static_assert(DEC_THREADS == 128 && DEC_GMAX == 8, "four warps; q heads are the A operand's rows 0-7");
+    extern __shared__ __align__(16) unsigned char dsm[];
+    KT *tiles = (KT *)(void *)dsm;   /* [warp][stage][K, V][DEC_TK][HD] */
+    float *wo = (float *)(void *)dsm;                  /* after the walk: [warp][DEC_GMAX][HD] partials */
+    float *osh = wo + 4 * DEC_GMAX * HD;               /* [DEC_GMAX][HD] the block's o */
+    float *wt = osh + DEC_GMAX * HD, *lt = wt + DEC_GMAX * DEC_SMAX;
+    __shared__ float mrun[DEC_GMAX], lrun[DEC_GMAX], wm[4][DEC_GMAX], wl[4][DEC_GMAX];
+    __shared__ int last;
+    int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+    int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
+    int first = pos0[b], p = first + i, valid = i < len[b];
+    cu_span sp = cu_span_of(p, window, keep, run0[b]);
+    int j0 = s * chunk, j1 = min(sp.n, (s + 1) * chunk);
+    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
+    PDL_ENTRY();
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
+    int walk = valid && j0 < j1;
+    float o[NT][4], m_r = -INFINITY, l_r = 0.0f;
 #pragma unroll
-            for (int r = 0; r < DEC_CMAX; r++) {
-                if (r >= nsplit) break;
-                ms[r] = *cl.map_shared_rank(&mrun[h], r);
-                ls[r] = *cl.map_shared_rank(&lrun[h], r);
-                os[r] = *cl.map_shared_rank((float *)(void *)ks + e, r);
-            }
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    if (walk) {
+        /* the query's A operands: head r, dims 16 ks + 2c + {0, 1, 8, 9} */
+        uint32_t aq[KS][4], aql[KS][4];
+        float qun;
+        {
+            float qv[KS][4], amax = 0.0f;
+            const float *qh = q + ((size_t)bi * H + (size_t)kvh * g + (r < g ? r : 0)) * HD;
 #pragma unroll
-            for (int r = 0; r < DEC_CMAX; r++)
-                if (r < nsplit) M = fmaxf(M, ms[r]);
-            float l = 0.0f, o = 0.0f;
+            for (int ks = 0; ks < KS; ks++)
 #pragma unroll
-            for (int r = 0; r < DEC_CMAX; r++)
-                if (r < nsplit && ms[r] != -INFINITY) {
-                    float w = expf(ms[r] - M);
-                    l += w * ls[r];
-                    o += w * os[r];
+                for (int t = 0; t < 4; t++) {
+                    qv[ks][t] = r < g ? qh[16 * ks + 2 * c + (t & 1) + (t >> 1) * 8] * scale : 0.0f;
+                    amax = fmaxf(amax, fabsf(qv[ks][t]));
                 }
-            out[((size_t)bi * H + (size_t)kvh * g) * HD + e] = valid && l > 0 ? o / l : 0.0f;
-        }
-        cl.sync();   /* every block's shared memory stays until all have read it */
-        return;
-    }
-    __threadfence();
-    __syncthreads();
-    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
-    if (tid == 0) last = atomicAdd(ctr, 1) == nsplit - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    {   /* the merge in two rounds of loads: every slice's (m, l) per head into shared memory,
-         * each head's slice weights exp(m_s - M) / sum_s by a warp, then each output's slices */
-        float (*wt)[DEC_SMAX] = (float (*)[DEC_SMAX])&ps[0][0];   /* DEC_GMAX x DEC_SMAX fits in ps */
-        float (*lt)[DEC_SMAX] = (float (*)[DEC_SMAX])(void *)ks;   /* and in ks */
-        const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
-        for (int e = tid; e < g * nsplit; e += DEC_THREADS) {
-            const float *pp = prow + (e / nsplit) * pstride + (size_t)(e % nsplit) * (HD + 2);
-            float mm = __ldcg(pp), ll = __ldcg(pp + 1);
-            wt[e / nsplit][e % nsplit] = mm;
-            lt[e / nsplit][e % nsplit] = ll;
-        }
-        __syncthreads();
-        for (int h = warp; h < g; h += DEC_THREADS / 32) {
-            float m0 = lane < nsplit ? wt[h][lane] : -INFINITY, m1 = lane + 32 < nsplit ? wt[h][lane + 32] : -INFINITY;
-            float M = fmaxf(m0, m1);
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            int e2 = amax > 0.0f && amax < INFINITY ? 14 - ilogbf(amax) : 0;
+            float qsc = ldexpf(1.0f, e2);
+            qun = ldexpf(1.0f, -e2);
 #pragma unroll
-            for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-            float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - M), w1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
-            float t = (w0 > 0 ? w0 * lt[h][lane] : 0.0f) + (w1 > 0 ? w1 * lt[h][lane + 32] : 0.0f);
+            for (int ks = 0; ks < KS; ks++) {
 #pragma unroll
-            for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-            float inv = t > 0 ? 1.0f / t : 0.0f;
-            __syncwarp();
-            if (lane < nsplit) wt[h][lane] = w0 * inv;
-            if (lane + 32 < nsplit) wt[h][lane + 32] = w1 * inv;
-        }
-        __syncthreads();
-        constexpr int OUTS = DEC_GMAX * HD / DEC_THREADS;
-        float o[OUTS];
-#pragma unroll
-        for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
-#pragma unroll 8
-        for (int s2 = 0; s2 < nsplit; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
-#pragma unroll
-            for (int u = 0; u < OUTS; u++) {
-                int e = tid + u * DEC_THREADS, h = e / HD;
-                if (h >= g) break;
-                float w = wt[h][s2], v = __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2) + 2 + e % HD);
-                o[u] += w > 0 ? w * v : 0.0f;
+                for (int t = 0; t < 4; t++) qv[ks][t] *= qsc;
+                mma_a_split<KT>(qv[ks], aq[ks], aql[ks]);
             }
         }
+        int nst = (j1 - j0 + DEC_TK - 1) / DEC_TK, mine = nst > warp ? (nst - warp + 3) / 4 : 0;
+        KT *wtile = tiles + (size_t)warp * ST * 2 * TILE;
+        /* run t of this warp (keys j0 + (warp + 4 t) * DEC_TK ...) into stage t % ST */
+        auto load = [&](int t) {
+            int jb = j0 + (warp + 4 * t) * DEC_TK;
+            int64_t row = lane < DEC_TK && jb + lane < j1 ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, jb + lane)) : -1;
+            KT *kt = wtile + (size_t)(t % ST) * 2 * TILE, *vt = kt + TILE;
 #pragma unroll
-        for (int u = 0; u < OUTS; u++) {
-            int e = tid + u * DEC_THREADS, h = e / HD;
-            if (h >= g) break;
-            out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
+            for (int u = 0; u < PER; u++) {
+                int e = lane + 32 * u, kk = e / RV, ch = e % RV;
+                int64_t rw = __shfl_sync(0xffffffffu, row, kk);
+                int at = kk * HD + ((ch ^ (kk & 7)) * 8);
+                size_t src = (size_t)(rw < 0 ? 0 : rw) * HD + ch * 8;
+                cp_async16_zf(kt + at, K + src, rw >= 0);
+                cp_async16_zf(vt + at, V + src, rw >= 0);
+            }
+        };
+#pragma unroll
+        for (int t = 0; t < ST - 1; t++) {
+            if (t < mine) load(t);
+            cp_async_commit();
         }
-        if (tid == 0) *ctr = 0;
+        for (int t = 0; t < mine; t++) {
+            if (t + ST - 1 < mine) load(t + ST - 1);
+            cp_async_commit();
+            cp_async_wait<ST - 1>();
+            __syncwarp();
+            const KT *kt = wtile + (size_t)(t % ST) * 2 * TILE, *vt = kt + TILE;
+            int jb = j0 + (warp + 4 * t) * DEC_TK;
+            float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {   /* S^T tile: rows (head, part), columns keys 0-7 and 8-15 */
+                uint32_t bb[4];
+                int kk = (lane & 7) + ((lane >> 4) << 3), ch = 2 * ks + ((lane >> 3) & 1);
+                ldsm_x4(bb, kt + kk * HD + ((ch ^ (kk & 7)) * 8));
+                mma_t<KT>::mma(sc[0], aq[ks], bb[0], bb[1]);
+                mma_t<KT>::mma(sc[0], aql[ks], bb[0], bb[1]);
+                mma_t<KT>::mma(sc[1], aq[ks], bb[2], bb[3]);
+                mma_t<KT>::mma(sc[1], aql[ks], bb[2], bb[3]);
+            }
+            /* head r's scores of keys jb + 2c, 2c+1, 8+2c, 9+2c */
+            float x[4] = {(sc[0][0] + sc[0][2]) * qun, (sc[0][1] + sc[0][3]) * qun, (sc[1][0] + sc[1][2]) * qun, (sc[1][1] + sc[1][3]) * qun};
+#pragma unroll
+            for (int t2 = 0; t2 < 4; t2++)
+                if (jb + 2 * c + (t2 & 1) + (t2 >> 1) * 8 >= j1) x[t2] = -INFINITY;
+            float pv[4];
+            dec_online<NT>(x, m_r, l_r, o, pv);
+#pragma unroll
+            for (int t2 = 0; t2 < 4; t2++) pv[t2] *= 16384.0f;
+            uint32_t ap[4], apl[4];
+            mma_a_split<KT>(pv, ap, apl);
+#pragma unroll
+            for (int n2 = 0; n2 < NT / 2; n2++) {   /* O += P V: keys 0-15, dims 16 n2 .. 16 n2 + 15 */
+                uint32_t bb[4];
+                int kk = (lane & 7) + (((lane >> 3) & 1) << 3), ch = 2 * n2 + (lane >> 4);
+                ldsm_x4_t(bb, vt + kk * HD + ((ch ^ (kk & 7)) * 8));
+                mma_t<KT>::mma(o[2 * n2], ap, bb[0], bb[1]);
+                mma_t<KT>::mma(o[2 * n2], apl, bb[0], bb[1]);
+                mma_t<KT>::mma(o[2 * n2 + 1], ap, bb[2], bb[3]);
+                mma_t<KT>::mma(o[2 * n2 + 1], apl, bb[2], bb[3]);
+            }
+            __syncwarp();   /* every lane is done with this stage before it is loaded again */
+        }
+        cp_async_wait<0>();
+        l_r += __shfl_xor_sync(0xffffffffu, l_r, 1);
+        l_r += __shfl_xor_sync(0xffffffffu, l_r, 2);
     }
+    float *md = CL ? mrun : pbase, *ld = CL ? lrun : pbase + 1, *ov = CL ? osh : pbase + 2;
+    size_t ms = CL ? 1 : pstride, os = CL ? HD : pstride;
+    dec_warps_merge<HD>(walk, g, m_r, l_r, [&](int n, int e) { return (o[n][e] + o[n][e + 2]) * (1.0f / 16384.0f); }, wo, wm, wl, md, ld,
+                        ms, ov, os);
+    if (!walk && tid < g) {
+        md[tid * ms] = -INFINITY;
+        ld[tid * ms] = 0.0f;
+    }
+    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, osh, wt, lt, &last, cnt, out);
 }
 
 /* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most
@@ -350,9 +518,16 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     /* 0: merge through global memory; always in batch-invariant mode, where the number of (empty)
      * slices varies with the batch: that merge adds exact zeros for them, the cluster's differs */
     unsigned cl = nsplit <= DEC_CMAX && c->cluster && !c->batch_inv ? (unsigned)nsplit : 0;
-#define DEC(HD, CL, KT) cu_launch_cluster(c, cl, k_attn_decode<HD, CL, KT>, grid, dim3(DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, \
-                                          L, H, n_kv, pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, \
-                                          c->cnt, out)
+#define DEC(HD, CL, KT) do { \
+        if (!c->dec_tc) \
+            cu_launch_cluster(c, cl, k_attn_decode<HD, CL, KT>, grid, dim3(DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, L, H, n_kv, \
+                              pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out); \
+        else if (!cu_check(c, cudaFuncSetAttribute(k_attn_dec_tc<HD, CL, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                                   (int)dec_tc_geo<HD>::SMEM), "decode attention: shared memory attribute")) \
+            cu_launch_cluster(c, cl, k_attn_dec_tc<HD, CL, KT>, grid, dim3(DEC_THREADS), dec_tc_geo<HD>::SMEM, q, (const KT *)K, \
+                              (const KT *)V, L, H, n_kv, pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, \
+                              c->cnt, out); \
+    } while (0)
 #define DEC_KT(HD, CL) do { if (bf) DEC(HD, CL, __nv_bfloat16); else DEC(HD, CL, __half); } while (0)
     if (hd == 64) { if (cl) DEC_KT(64, true); else DEC_KT(64, false); }
     else { if (cl) DEC_KT(128, true); else DEC_KT(128, false); }

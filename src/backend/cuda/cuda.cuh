@@ -113,6 +113,7 @@ struct be_ctx {
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
+    int dec_tc;              /* decode attention on tensor cores (CINFER_CUDA_DEC_TC=0: the CUDA-core kernel) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
     int aff_gemv;            /* 4/8-bit affine decode through gemv-affine.cu (CINFER_CUDA_AFF_GEMV=0: affine.cu's GEMV, one matrix a launch) */
 };

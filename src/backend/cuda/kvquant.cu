@@ -36,6 +36,8 @@
 #include <stdio.h>
 #include <string.h>
 #include "backend/cuda/kvq.cuh"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/dec-tc.cuh"
 
 /* ------------------------------------------------------------------ write */
 
@@ -172,6 +174,69 @@ __device__ __forceinline__ void kq_slice(const cu_span &sp, int p, int tiled, in
     if (a >= b) { *j0 = *j1 = 0; return; }
     *j0 = base + (a - lo);
     *j1 = base + (b - lo);
+}
+
+/* The end of a split block (its partial in part): the last block of a (query, kv head) to arrive merges
+ * the slices, per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices
+ * (buf: NB floats of shared scratch; mh, lh: GM). */
+template <int HD, int GM, int NB>
+__device__ __forceinline__ void kq_merge(const float *part, int nsplit, int g, int bi, int H, int kvh, int n_kv, int valid, float *buf,
+                                         float *mh, float *lh, int *cnt, float *out) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
+    if (!cu_arrive_last(ctr, nsplit)) return;
+    /* the merge: per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices */
+    const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
+    for (int h = warp; h < g; h += KQ_THREADS / 32) {
+        float M = -INFINITY, l = 0.0f;
+        for (int s2 = lane; s2 < nsplit; s2 += 32) M = fmaxf(M, __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2)));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        for (int s2 = lane; s2 < nsplit; s2 += 32) {
+            const float *pp = prow + h * pstride + (size_t)s2 * (HD + 2);
+            float m = __ldcg(pp);
+            if (m != -INFINITY) l += __ldcg(pp + 1) * expf(m - M);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) { mh[h] = M; lh[h] = l > 0 ? 1.0f / l : 0.0f; }
+    }
+    __syncthreads();
+    constexpr int PIECE = NB / GM, OUTS = (GM * HD + KQ_THREADS - 1) / KQ_THREADS;
+    float o[OUTS];
+#pragma unroll
+    for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
+    for (int s0 = 0; s0 < nsplit; s0 += PIECE) {
+        int np = min(PIECE, nsplit - s0);
+        for (int e = tid; e < g * PIECE; e += KQ_THREADS) {
+            int h = e / PIECE, s2 = e % PIECE;
+            float m = s2 < np ? __ldcg(prow + h * pstride + (size_t)(s0 + s2) * (HD + 2)) : -INFINITY;
+            buf[e] = m == -INFINITY ? 0.0f : expf(m - mh[h]) * lh[h];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < OUTS; u++) {
+            int e = tid + u * KQ_THREADS, h = e / HD;
+            if (h >= g) break;
+            const float *po = prow + h * pstride + (size_t)s0 * (HD + 2) + 2 + e % HD;
+            float a = 0.0f;
+#pragma unroll 8
+            for (int s2 = 0; s2 < np; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
+                float w = buf[h * PIECE + s2], v = __ldcg(po + (size_t)s2 * (HD + 2));
+                a += w > 0 ? w * v : 0.0f;
+            }
+            o[u] += a;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int u = 0; u < OUTS; u++) {
+        int e = tid + u * KQ_THREADS, h = e / HD;
+        if (h >= g) break;
+        out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
+    }
+    if (tid == 0) *ctr = 0;
 }
 
 /* One block per (slice, kv head, query) serving the kv head's g <= GM q heads. Shared: qs [GM][HD] the
@@ -338,59 +403,231 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
         pbase[tid * pstride] = -INFINITY;
         pbase[tid * pstride + 1] = 0.0f;
     }
-    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
-    if (!cu_arrive_last(ctr, nsplit)) return;
-    /* the merge: per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices */
-    const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
-    for (int h = warp; h < g; h += KQ_THREADS / 32) {
-        float M = -INFINITY, l = 0.0f;
-        for (int s2 = lane; s2 < nsplit; s2 += 32) M = fmaxf(M, __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2)));
+    kq_merge<HD, GM, NB>(part, nsplit, g, bi, H, kvh, n_kv, valid, buf, mh, lh, cnt, out);
+}
+
+/* The split path on tensor cores (the default for 4- and 8-bit pools, head_dim 64 or 128, a group's scales
+ * and biases of a row 4, 8 or 16 bytes): the same slices, partials and merge as k_kvq_split. Each warp takes
+ * every fourth run of KT_TK keys of its slice through its own cp.async pipeline (codes 16 bytes a chunk,
+ * XOR-swizzled so a quad's rows fall in different banks; scales and biases; keys past the slice
+ * zero-filled) and an online softmax; the four warps merge in shared memory. Codes become bf16 operands
+ * exactly (4 bits: 128 + c under bf16's exponent minus 128; 8 bits: through f32); the query (times the
+ * scale) is split into bf16 hi + mid + lo (24+ bits), hi and mid in rows 0-7 and 8-15 of the A operand,
+ * lo in a second product: per group s * (q . c) + b * sum(q) as k_kvq_split. P V: A = p times the V
+ * scale of the group (split the same way), the bias term p * b summed apart. The slice's softmax is
+ * the online recurrence over runs of 16 keys: the definition to f32 rounding, as the slices' merge. */
+#define KT_TK 16
+template <int HD, int BITS> struct kq_tc_geo {
+    static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
+    static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
+    static constexpr int STAGE = 2 * KT_TK * RB + KT_TK * 64 + 16;            /* K, V codes; per key Ks|Kb|Vs|Vb 16 B each; key mask */
+    static constexpr size_t SMEM = (size_t)ST * 4 * STAGE;
+};
+static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
+
+/* two codes below 128, then two below 256, as an exact bf16 pair (the first in the low half) */
+__device__ __forceinline__ uint32_t kq_bf2_small(uint32_t lo, uint32_t hi) {
+    uint32_t v = lo | hi << 16 | 0x43004300u;
+    __nv_bfloat162 b = __hsub2(*(__nv_bfloat162 *)&v, __floats2bfloat162_rn(128.0f, 128.0f));
+    return *(uint32_t *)&b;
+}
+__device__ __forceinline__ uint32_t kq_bf2_byte(uint32_t lo, uint32_t hi) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | lo) - 8388608.0f, __uint_as_float(0x4B000000u | hi) - 8388608.0f);
+    return *(uint32_t *)&b;
+}
+
+template <int HD, int BITS, int GROUP>
+__global__ void __launch_bounds__(KQ_THREADS, 3) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
+                                                         const void *Vs, const void *Vb, int sdt, int L, int H, int n_kv, const int32_t *pt,
+                                                         int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
+                                                         const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
+                                                         int chunk, float *part, int *cnt, float *out) {
+    typedef kq_tc_geo<HD, BITS> G;
+    constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16;
+    constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
+    static_assert(KQ_THREADS == 128 && KQ_GMAX == 8 && GROUP % 16 == 0 && PER >= 1, "four warps; q heads in rows 0-7");
+    extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ float wm[4][KQ_GMAX], wl[4][KQ_GMAX], mh[KQ_GMAX], lh[KQ_GMAX];
+    PDL_ENTRY();
+    const int sz = sdt == BE_F32 ? 4 : 2, SBN = NG * sz;   /* bytes of a row's scales (and of its biases): 4, 8 or 16 */
+    int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
+    int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
+    int p = pos0[b] + i, valid = i < len[b];
+    cu_span sp = cu_span_of(p, window, keep, run0[b]);
+    int j0 = 0, j1 = 0;
+    kq_slice(sp, p, tiled, s, chunk, &j0, &j1);
+    if (!valid) j1 = j0;
+    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
+    int n = j1 - j0;
+    float o[NT][4], ob[NG], m_r = -INFINITY, l_r = 0.0f;
 #pragma unroll
-        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        for (int s2 = lane; s2 < nsplit; s2 += 32) {
-            const float *pp = prow + h * pstride + (size_t)s2 * (HD + 2);
-            float m = __ldcg(pp);
-            if (m != -INFINITY) l += __ldcg(pp + 1) * expf(m - M);
-        }
+    for (int w = 0; w < NT; w++) o[w][0] = o[w][1] = o[w][2] = o[w][3] = 0.0f;
 #pragma unroll
-        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) { mh[h] = M; lh[h] = l > 0 ? 1.0f / l : 0.0f; }
-    }
-    __syncthreads();
-    constexpr int PIECE = NB / GM, OUTS = (GM * HD + KQ_THREADS - 1) / KQ_THREADS;
-    float o[OUTS];
+    for (int gi = 0; gi < NG; gi++) ob[gi] = 0.0f;
+    if (n > 0) {
+        uint32_t aq[KS][4], aql[KS][4];
+        float qsum[NG];
+        {   /* head r's A operands (dims 16 ks + 2c + {0, 1, 8, 9}) and its sums per group */
+            const float *qh = q + ((size_t)bi * H + (size_t)kvh * g + (r < g ? r : 0)) * HD;
 #pragma unroll
-    for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
-    for (int s0 = 0; s0 < nsplit; s0 += PIECE) {
-        int np = min(PIECE, nsplit - s0);
-        for (int e = tid; e < g * PIECE; e += KQ_THREADS) {
-            int h = e / PIECE, s2 = e % PIECE;
-            float m = s2 < np ? __ldcg(prow + h * pstride + (size_t)(s0 + s2) * (HD + 2)) : -INFINITY;
-            buf[e] = m == -INFINITY ? 0.0f : expf(m - mh[h]) * lh[h];
-        }
-        __syncthreads();
+            for (int gi = 0; gi < NG; gi++) qsum[gi] = 0.0f;
 #pragma unroll
-        for (int u = 0; u < OUTS; u++) {
-            int e = tid + u * KQ_THREADS, h = e / HD;
-            if (h >= g) break;
-            const float *po = prow + h * pstride + (size_t)s0 * (HD + 2) + 2 + e % HD;
-            float a = 0.0f;
-#pragma unroll 8
-            for (int s2 = 0; s2 < np; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
-                float w = buf[h * PIECE + s2], v = __ldcg(po + (size_t)s2 * (HD + 2));
-                a += w > 0 ? w * v : 0.0f;
+            for (int ks = 0; ks < KS; ks++) {
+                float qv[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    qv[t] = r < g ? qh[16 * ks + 2 * c + (t & 1) + (t >> 1) * 8] * scale : 0.0f;
+                    qsum[16 * ks / GROUP] += qv[t];
+                }
+                mma_a_split<__nv_bfloat16>(qv, aq[ks], aql[ks]);
             }
-            o[u] += a;
-        }
-        __syncthreads();
-    }
 #pragma unroll
-    for (int u = 0; u < OUTS; u++) {
-        int e = tid + u * KQ_THREADS, h = e / HD;
-        if (h >= g) break;
-        out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
+            for (int gi = 0; gi < NG; gi++) {
+                qsum[gi] += __shfl_xor_sync(0xffffffffu, qsum[gi], 1);
+                qsum[gi] += __shfl_xor_sync(0xffffffffu, qsum[gi], 2);
+            }
+        }
+        int nst = (n + KT_TK - 1) / KT_TK, mine = nst > warp ? (nst - warp + 3) / 4 : 0;
+        unsigned char *wst = dsm + (size_t)warp * ST * G::STAGE;
+        auto load = [&](int t) {   /* run t of this warp into stage t % ST */
+            int jb = j0 + (warp + 4 * t) * KT_TK;
+            int64_t row = lane < KT_TK && jb + lane < j1 ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, jb + lane)) : -1;
+            unsigned char *st = wst + (size_t)(t % ST) * G::STAGE;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                int e = lane + 32 * u, kk = e / CPR, ch = e % CPR;
+                int64_t rw = __shfl_sync(0xffffffffu, row, kk);
+                int at = kk * RB + ((ch ^ ((kk / RPL) & (CPR - 1))) * 16);
+                size_t src = (size_t)(rw < 0 ? 0 : rw) * RB + ch * 16;
+                cp_async16_zf(st + at, Kc + src, rw >= 0);
+                cp_async16_zf(st + KT_TK * RB + at, Vc + src, rw >= 0);
+            }
+            unsigned okm = __ballot_sync(0xffffffffu, row >= 0);
+            if (lane < KT_TK) {
+                size_t so = (size_t)(row < 0 ? 0 : row) * SBN;
+                unsigned char *d = st + 2 * KT_TK * RB + lane * 64;
+                const unsigned char *src[4] = {(const unsigned char *)Ks + so, (const unsigned char *)Kb + so, (const unsigned char *)Vs + so,
+                                               (const unsigned char *)Vb + so};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (SBN == 4) cp_async_ca<4>(d + 16 * k, src[k], row >= 0);
+                    else if (SBN == 8) cp_async_ca<8>(d + 16 * k, src[k], row >= 0);
+                    else cp_async_ca<16>(d + 16 * k, src[k], row >= 0);
+                }
+            }
+            if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * 64) = okm;
+        };
+#pragma unroll
+        for (int t = 0; t < ST - 1; t++) {
+            if (t < mine) load(t);
+            cp_async_commit();
+        }
+        for (int t = 0; t < mine; t++) {
+            if (t + ST - 1 < mine) load(t + ST - 1);
+            cp_async_commit();
+            cp_async_wait<ST - 1>();
+            __syncwarp();
+            const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *vc = kc + KT_TK * RB, *sb = vc + KT_TK * RB;
+            unsigned okm = *(const unsigned *)(sb + KT_TK * 64);
+            int jb = j0 + (warp + 4 * t) * KT_TK;
+            float x[4];   /* head r's scores of keys 2c, 2c+1, 8+2c, 9+2c of the run */
+            {
+                float sacc[NG][2][4];
+#pragma unroll
+                for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) sacc[gi][nt][0] = sacc[gi][nt][1] = sacc[gi][nt][2] = sacc[gi][nt][3] = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {   /* the B operands of key nt * 8 + r */
+                    int kk = nt * 8 + r;
+                    uint32_t wd[RB / 4];
+#pragma unroll
+                    for (int u = 0; u < CPR; u++) *(uint4 *)&wd[4 * u] = *(const uint4 *)(kc + kk * RB + ((u ^ ((kk / RPL) & (CPR - 1))) * 16));
+#pragma unroll
+                    for (int ks = 0; ks < KS; ks++) {
+                        uint32_t b0, b1;
+                        if (BITS == 4) {   /* dims 16 ks + 2c, +1: byte 8 ks + c; +8: byte 8 ks + c + 4 */
+                            uint32_t x0 = wd[2 * ks] >> (8 * c), x1 = wd[2 * ks + 1] >> (8 * c);
+                            b0 = kq_bf2_small(x0 & 15u, x0 >> 4 & 15u);
+                            b1 = kq_bf2_small(x1 & 15u, x1 >> 4 & 15u);
+                        } else {   /* bytes 16 ks + 2c, +1 and 16 ks + 2c + 8, +9 */
+                            uint32_t x0 = (c & 2 ? wd[4 * ks + 1] : wd[4 * ks]) >> (16 * (c & 1));
+                            uint32_t x1 = (c & 2 ? wd[4 * ks + 3] : wd[4 * ks + 2]) >> (16 * (c & 1));
+                            b0 = kq_bf2_byte(x0 & 255u, x0 >> 8 & 255u);
+                            b1 = kq_bf2_byte(x1 & 255u, x1 >> 8 & 255u);
+                        }
+                        mma16816_bf16(sacc[16 * ks / GROUP][nt], aq[ks], b0, b1);
+                        mma16816_bf16(sacc[16 * ks / GROUP][nt], aql[ks], b0, b1);
+                    }
+                }
+#pragma unroll
+                for (int t2 = 0; t2 < 4; t2++) {
+                    int nt = t2 >> 1, e = t2 & 1, kk = nt * 8 + 2 * c + e;
+                    float v = 0.0f;
+#pragma unroll
+                    for (int gi = 0; gi < NG; gi++)
+                        v += cu_mat_get(sb + kk * 64, sdt, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]) +
+                             cu_mat_get(sb + kk * 64 + 16, sdt, gi) * qsum[gi];
+                    if (cap > 0) v = be_softcap(v, cap);
+                    x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
+                }
+            }
+            float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv);
+            uint32_t ap[4], apl[4];
+#pragma unroll
+            for (int w = 0; w < NT; w++) {   /* P V, dims 8w + r of keys 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1) */
+                constexpr int WG = GROUP / 8;   /* n-tiles a group */
+                if (w % WG == 0) {   /* a group's first tile: A = p * (V scale), the bias term apart */
+                    const int gi = w / WG;
+                    float ps[4], bsum = 0.0f;
+#pragma unroll
+                    for (int t2 = 0; t2 < 4; t2++) {
+                        int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
+                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, sdt, gi);
+                        bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, sdt, gi);
+                    }
+                    ob[gi] = ob[gi] * al + bsum;
+                    mma_a_split<__nv_bfloat16>(ps, ap, apl);
+                }
+                uint32_t cd[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    int kk = 2 * c + (k & 1) + (k >> 1) * 8;
+                    if (BITS == 4) {   /* word w of the row, nibble r */
+                        uint32_t wv = *(const uint32_t *)(vc + kk * RB + (((w >> 2) ^ ((kk / RPL) & (CPR - 1))) * 16) + (w & 3) * 4);
+                        cd[k] = wv >> (4 * r) & 15u;
+                    } else {   /* byte 8w + r: word 2w + r / 4 */
+                        int wi = 2 * w + (r >> 2);
+                        uint32_t wv = *(const uint32_t *)(vc + kk * RB + (((wi >> 2) ^ ((kk / RPL) & (CPR - 1))) * 16) + (wi & 3) * 4);
+                        cd[k] = wv >> (8 * (r & 3)) & 255u;
+                    }
+                }
+                uint32_t b0 = BITS == 4 ? kq_bf2_small(cd[0], cd[1]) : kq_bf2_byte(cd[0], cd[1]);
+                uint32_t b1 = BITS == 4 ? kq_bf2_small(cd[2], cd[3]) : kq_bf2_byte(cd[2], cd[3]);
+                mma16816_bf16(o[w], ap, b0, b1);
+                mma16816_bf16(o[w], apl, b0, b1);
+            }
+            __syncwarp();   /* every lane is done with this stage before it is loaded again */
+        }
+        cp_async_wait<0>();
+        l_r += __shfl_xor_sync(0xffffffffu, l_r, 1);
+        l_r += __shfl_xor_sync(0xffffffffu, l_r, 2);
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) {
+            ob[gi] += __shfl_xor_sync(0xffffffffu, ob[gi], 1);
+            ob[gi] += __shfl_xor_sync(0xffffffffu, ob[gi], 2);
+        }
     }
-    if (tid == 0) *ctr = 0;
+    dec_warps_merge<HD>(n > 0, g, m_r, l_r, [&](int w, int e) { return o[w][e] + o[w][e + 2] + ob[w * 8 / GROUP]; }, (float *)(void *)dsm,
+                        wm, wl, pbase, pbase + 1, pstride, pbase + 2, pstride);
+    if (n <= 0 && tid < g) {
+        pbase[tid * pstride] = -INFINITY;
+        pbase[tid * pstride + 1] = 0.0f;
+    }
+    __syncthreads();   /* the partials are read: the merge's scratch goes there */
+    kq_merge<HD, KQ_GMAX, NB>(part, nsplit, g, bi, H, kvh, n_kv, valid, (float *)(void *)dsm, mh, lh, cnt, out);
 }
 
 enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
@@ -406,6 +643,28 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     int tiled = (int)(r->i[CU_A_OP + 2] >> 8 & 1), nsplit = (int)r->i[CU_A_OP + 3], chunk = (int)r->f[1];
     int g = H / n_kv;
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
+    int sbn = hd / group * (sdt == BE_F32 ? 4 : 2);
+    if (c->dec_tc && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16)) {
+#define KT(HD, BITS, GROUP) do { \
+            size_t sm = kq_tc_geo<HD, BITS>::SMEM; \
+            if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm), \
+                          "kvq attention: shared memory attribute")) \
+                cu_launch(c, k_kvq_tc<HD, BITS, GROUP>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2], \
+                          r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], sdt, L, H, n_kv, (const int32_t *)r->p[12], n_pt, \
+                          sh, window, keep, r->f[0], r->f[2], tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10], \
+                          (const int *)r->p[11], nsplit, chunk, c->part, c->cnt, (float *)r->p[1]); \
+        } while (0)
+#define KT_G(HD, BITS) do { if (group == 32) KT(HD, BITS, 32); else if (group == 64 || HD < 128) KT(HD, BITS, 64); else KT(HD, BITS, (HD < 128 ? 64 : 128)); } while (0)
+#define KT_B(HD) do { if (bits == 4) KT_G(HD, 4); else KT_G(HD, 8); } while (0)
+        if (hd == 64) KT_B(64);
+        else KT_B(128);
+#undef KT_B
+#undef KT_G
+#undef KT
+        CU_LAUNCHED(c, "kvq attention (split, tensor cores)");
+        c->light_prev = 1;
+        return;
+    }
 #define KQ(HD, BITS, GM)                                                                                                                  \
     cu_launch(c, k_kvq_split<HD, BITS, GM>, grid, dim3(KQ_THREADS), 0, (const float *)r->p[0], (const uint8_t *)r->p[2], r->p[3], r->p[4], \
               (const uint8_t *)r->p[5], r->p[6], r->p[7], bits, group, sdt, L, H, n_kv, (const int32_t *)r->p[12], n_pt, sh, window, keep, \

@@ -1,0 +1,74 @@
+/*
+ * dec-tc.cuh — what the two tensor-core decode kernels share (attn-decode.cu
+ * over 16-bit pools, kvquant.cu over quantized ones): four warps a block, each
+ * walking every fourth run of 16 keys of the block's slice with its own
+ * cp.async pipeline and online softmax, the lane of a quad holding head
+ * r = lane / 4's scores of keys 2c, 2c+1, 8+2c, 9+2c (c = lane % 4) and its
+ * accumulators o[NT][4] (m16n8 fragments: rows r and r + 8 are two parts of
+ * head r's sums, columns the n-tiles' dimensions); then the warps' partials
+ * merged in shared memory into the block's (m, l, o).
+ */
+#ifndef CINFER_DEC_TC_CUH
+#define CINFER_DEC_TC_CUH
+#include <math.h>
+
+/* one run's online softmax step: x[4] the lane's scores (-inf: not a key), m_r / l_r the running max and
+ * (lane-partial) sum, o rescaled; pv[4] = exp(x - m) */
+template <int NT>
+__device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l_r, float (*o)[4], float *pv) {
+    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mn = fmaxf(m_r, mx), al = m_r == -INFINITY ? 0.0f : expf(m_r - mn);
+#pragma unroll
+    for (int t = 0; t < 4; t++) pv[t] = x[t] == -INFINITY ? 0.0f : expf(x[t] - mn);
+    l_r = l_r * al + ((pv[0] + pv[1]) + (pv[2] + pv[3]));
+    m_r = mn;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
+    }
+    return al;
+}
+
+/* The four warps' partials into the block's: a warp's head r (lanes of quad r, r < g) gives its max m_r,
+ * sum l_r and o[d] = its dims' values (od(n, e): n-tile n, element e of the lane's pair 2c, 2c+1), through
+ * wo [4][8][HD] (shared, free now), wm, wl [4][8]; then head h's merged max, sum and o[d] go to
+ * md[h * ms], ld[h * ms] and ov[h * os + d]. walk: this block had keys (else nothing is written). */
+template <int HD, typename OD>
+__device__ __forceinline__ void dec_warps_merge(int walk, int g, float m_r, float l_r, OD od, float *wo, float (*wm)[8], float (*wl)[8],
+                                                float *md, float *ld, size_t ms, float *ov, size_t os) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
+    __syncthreads();   /* the stages are free */
+    if (walk && r < g) {
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            float *w = wo + ((size_t)warp * 8 + r) * HD + n * 8 + 2 * c;
+            w[0] = od(n, 0);
+            w[1] = od(n, 1);
+        }
+        if (c == 0) {
+            wm[warp][r] = m_r;
+            wl[warp][r] = l_r;
+        }
+    }
+    __syncthreads();
+    if (!walk) return;
+    for (int e = tid; e < g * HD; e += blockDim.x) {
+        int h = e / HD;
+        float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h])), v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            if (wm[w][h] != -INFINITY) v += expf(wm[w][h] - M) * wo[((size_t)w * 8 + h) * HD + e % HD];
+        ov[h * os + e % HD] = v;
+    }
+    if (tid < g) {
+        float M = fmaxf(fmaxf(wm[0][tid], wm[1][tid]), fmaxf(wm[2][tid], wm[3][tid])), l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            if (wm[w][tid] != -INFINITY) l += expf(wm[w][tid] - M) * wl[w][tid];
+        md[tid * ms] = M;
+        ld[tid * ms] = l;
+    }
+}
+#endif
