@@ -477,8 +477,9 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
 
 /* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most
  * DEC_SMAX; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
- * slices must not depend on its batch) */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int *chunk, int *nsplit) {
+ * slices must not depend on its batch); tc_sm > 0: the tensor-core kernel runs, on that many SMs (0 in
+ * batch-invariant mode too) */
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int *chunk, int *nsplit) {
     int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
     if (span < 1) span = 1;
     if (!((dt == BE_F16 || dt == BE_BF16) && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
@@ -494,6 +495,13 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
      * 9.49 with 9 slices merged through global memory); attn-many.cu's kernel then serves it
      * (cu_attn_many_fits: 6.85 ms a step) */
     if (target > 0 && (long)a->B * a->L * a->n_kv_head >= target) want = 1;
+    /* the tensor-core kernel (3 or 4 blocks an SM by its shared memory): at most one wave of blocks
+     * (H200, llama-3.1-8b decode: 64 slices of one piece at 4k, 512 blocks for 396 places, ran
+     * 0.95x the CUDA-core kernel's step) */
+    if (tc_sm > 0) {
+        int fit = tc_sm * (a->head_dim == 128 ? dec_tc_geo<128>::BLOCKS_SM : dec_tc_geo<64>::BLOCKS_SM) / (a->B * a->L * a->n_kv_head);
+        if (want > fit) want = fit > 1 ? fit : 1;
+    }
     *chunk = DEC_SUB * ((pieces + want - 1) / want);
     *nsplit = (span + *chunk - 1) / *chunk;
     return 1;

@@ -178,7 +178,7 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
 void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int *chunk, int *nsplit);
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int *chunk, int *nsplit);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 /* affine.cu: MLX affine-quantized weights (upload, matmul, embedding rows) */
 int cu_affine_upload(be_ctx *c, be_mat *m);

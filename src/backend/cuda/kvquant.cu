@@ -634,6 +634,12 @@ enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
 
 /* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
  * sdt | path << 4 | tiled << 8, nsplit; f: scale, chunk, softcap */
+/* 1 when k_kvq_tc serves this format (else k_kvq_split) */
+static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
+    int sbn = hd / group * (sdt == BE_F32 ? 4 : 2);
+    return c->dec_tc && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16);
+}
+
 static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     int path = (int)(r->i[CU_A_OP + 2] >> 4 & 15);
     if (path == KQ_FLASH) { cu_kvq_flash_launch(c, r); return; }
@@ -643,8 +649,7 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     int tiled = (int)(r->i[CU_A_OP + 2] >> 8 & 1), nsplit = (int)r->i[CU_A_OP + 3], chunk = (int)r->f[1];
     int g = H / n_kv;
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
-    int sbn = hd / group * (sdt == BE_F32 ? 4 : 2);
-    if (c->dec_tc && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16)) {
+    if (kq_tc_takes(c, bits, hd, group, sdt)) {
 #define KT(HD, BITS, GROUP) do { \
             size_t sm = kq_tc_geo<HD, BITS>::SMEM; \
             if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm), \
@@ -699,6 +704,13 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     if (tiled) {   /* the tiles: a range of n keys spans at most n / TILE + 2 of them; sinks and run */
         chunk = BE_KVQ_TILE;
         nsplit = span / BE_KVQ_TILE + 4;
+    } else if (kq_tc_takes(c, k->bits, a->head_dim, k->group, k->sdt) && !c->batch_inv) {
+        /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks (3 an SM)
+         * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
+        int pieces = (span + 63) / 64, fit = 3 * c->n_sm / (a->B * a->L * a->n_kv_head), want = pieces < fit ? pieces : fit;
+        if (want < 1) want = 1;
+        chunk = 64 * ((pieces + want - 1) / want);
+        nsplit = (span + chunk - 1) / chunk;
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
         chunk = (span + 255) / 256;
         chunk = (chunk + 127) / 128 * 128;
