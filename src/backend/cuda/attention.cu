@@ -519,8 +519,9 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     if (c->batch_inv) chunk = 32 * ((span + 32 * 1024 - 1) / (32 * 1024));
     nsplit = (span + chunk - 1) / chunk;
     /* decode over a 16-bit pool (attn-decode.cu): its own slices */
+    int tc = cu_attn_decode_tc(c, span);
     int decode = !flash && !(a->softcap > 0) && cu_attn_decode_fits(a, dt, span, c->batch_inv ? 0 : c->dec_blocks * c->n_sm,
-                                                                     c->batch_inv || !c->dec_tc ? 0 : c->n_sm, &chunk, &nsplit);
+                                                                     c->batch_inv || !tc ? 0 : c->n_sm, &chunk, &nsplit);
     if (!flash && !cu_split_ws(c, a, nsplit)) return;
     cu_rec r;
     memset(&r, 0, sizeof r);
@@ -533,6 +534,7 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     r.i[CU_A_OP] = dt;
     r.i[CU_A_OP + 1] = flash ? ATT_FLASH : decode ? ATT_DECODE : ATT_SPLIT;
     r.i[CU_A_OP + 2] = nsplit;
+    r.i[CU_A_OP + 3] = tc;
     r.f[0] = a->scale;
     r.f[1] = (float)chunk;
     r.f[2] = a->softcap > 0 ? a->softcap : 0.0f;

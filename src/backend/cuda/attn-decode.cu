@@ -507,6 +507,12 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
     return 1;
 }
 
+/* 1 when a decode over this span (cu_span_bucket) runs the tensor-core kernel: from DEC_TC_SPAN keys by
+ * default (H200, llama-3.1-8b, bf16 pool: at 4k the CUDA-core kernel's step was 5.66 ms against 5.93, at
+ * 32k 9.69 against 8.03), always or never by CINFER_CUDA_DEC_TC */
+#define DEC_TC_SPAN 8192
+int cu_attn_decode_tc(const be_ctx *c, int span) { return c->dec_tc == 2 || (c->dec_tc == 1 && span >= DEC_TC_SPAN); }
+
 /* the record of cu_op_attention (see l_attention there) */
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
@@ -516,7 +522,7 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     const int32_t *pt = (const int32_t *)r->p[8];
     int B = (int)r->i[CU_A_B], L = (int)r->i[CU_A_L], H = (int)r->i[CU_A_H], n_kv = (int)r->i[CU_A_NKV], hd = (int)r->i[CU_A_HD];
     int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
-    int bf = r->i[CU_A_OP] == BE_BF16, nsplit = (int)r->i[CU_A_OP + 2], chunk = (int)r->f[1];
+    int bf = r->i[CU_A_OP] == BE_BF16, nsplit = (int)r->i[CU_A_OP + 2], tc = (int)r->i[CU_A_OP + 3], chunk = (int)r->f[1];
     float scale = r->f[0];
     if (cu_attn_many_fits(c, B * L, n_kv, H / n_kv, nsplit)) {   /* one slice each: attn-many.cu's kernel */
         cu_attn_many_launch(c, r);
@@ -527,7 +533,7 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
      * slices varies with the batch: that merge adds exact zeros for them, the cluster's differs */
     unsigned cl = nsplit <= DEC_CMAX && c->cluster && !c->batch_inv ? (unsigned)nsplit : 0;
 #define DEC(HD, CL, KT) do { \
-        if (!c->dec_tc) \
+        if (!tc) \
             cu_launch_cluster(c, cl, k_attn_decode<HD, CL, KT>, grid, dim3(DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, L, H, n_kv, \
                               pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out); \
         else if (!cu_check(c, cudaFuncSetAttribute(k_attn_dec_tc<HD, CL, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, \

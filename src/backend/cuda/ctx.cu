@@ -288,7 +288,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");
     c->dec_blocks = db ? atoi(db) : 1;
     c->dec_many = knob_on("CINFER_CUDA_DEC_MANY");
-    c->dec_tc = knob_on("CINFER_CUDA_DEC_TC");
+    const char *tc = getenv("CINFER_CUDA_DEC_TC");   /* 0: never; 1: always; unset: spans from DEC_TC_SPAN keys (attn-decode.cu) */
+    c->dec_tc = tc && !strcmp(tc, "0") ? 0 : tc && !strcmp(tc, "1") ? 2 : 1;
     c->batched = knob_on("CINFER_CUDA_BATCHED");
     c->aff_gemv = knob_on("CINFER_CUDA_AFF_GEMV");
     const char *sh = getenv("CINFER_CUDA_SCORE_HEAD");   /* 0: never; 1: every bf16 head; unset: hidden <= 256 */

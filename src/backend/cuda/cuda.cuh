@@ -113,7 +113,7 @@ struct be_ctx {
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
-    int dec_tc;              /* decode attention on tensor cores (CINFER_CUDA_DEC_TC=0: the CUDA-core kernel) */
+    int dec_tc;              /* decode attention on tensor cores: 0 never, 1 16-bit pools from DEC_TC_SPAN keys and every quantized pool, 2 always (CINFER_CUDA_DEC_TC=0|1) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
     int aff_gemv;            /* 4/8-bit affine decode through gemv-affine.cu (CINFER_CUDA_AFF_GEMV=0: affine.cu's GEMV, one matrix a launch) */
 };
@@ -179,6 +179,7 @@ void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const 
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int *chunk, int *nsplit);
+int cu_attn_decode_tc(const be_ctx *c, int span);
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 /* affine.cu: MLX affine-quantized weights (upload, matmul, embedding rows) */
 int cu_affine_upload(be_ctx *c, be_mat *m);
