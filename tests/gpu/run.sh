@@ -52,6 +52,10 @@ stamp >$O/tests.log
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a $O/tests.log
 run() { echo "== $*" | tee -a $O/tests.log; "$@" >>$O/tests.log 2>&1 || fails=$((fails + 1)); }
 run $B/test-backend-ops
+# every attention case through both decode kernels of each pool kind (by default a 16-bit pool takes the
+# tensor-core one from 8192 keys, a 4-/8-bit one always): forced on, then off
+run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
+run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq

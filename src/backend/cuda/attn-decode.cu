@@ -1,7 +1,10 @@
 /*
  * attn-decode.cu — attention of few queries (decode steps) over an f16 or
  * bf16 paged KV pool, head_dim 64 or 128, up to DEC_GMAX q heads per kv
- * head: the kernel behind cu_op_attention's ATT_DECODE path (attention.cu
+ * head: the kernels behind cu_op_attention's ATT_DECODE path, on CUDA cores
+ * (k_attn_decode, short spans) and on tensor cores (k_attn_dec_tc, from
+ * DEC_TC_SPAN keys; cu_attn_decode_tc chooses), one tail (dec_tail) merging
+ * the slices of both (attention.cu
  * holds the op, the split-K kernel for everything else and the flash kernel
  * for prefill). Mask and layout as attention.cu: the keys a query sees are
  * numbered by cu_span_of (sinks, then the run) and slices take ranges of
@@ -508,8 +511,9 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
 }
 
 /* 1 when a decode over this span (cu_span_bucket) runs the tensor-core kernel: from DEC_TC_SPAN keys by
- * default (H200, llama-3.1-8b, bf16 pool: at 4k the CUDA-core kernel's step was 5.66 ms against 5.93, at
- * 32k 9.69 against 8.03), always or never by CINFER_CUDA_DEC_TC */
+ * default (H200, llama-3.1-8b, bf16 pool, A/B in one process: after 4096 tokens (span bucket 5120) the
+ * CUDA-core kernel's step graph took 5.65 ms against 5.93; after 8192 6.42 against 6.14, after 16384 7.81
+ * against 6.65), always or never by CINFER_CUDA_DEC_TC */
 #define DEC_TC_SPAN 8192
 int cu_attn_decode_tc(const be_ctx *c, int span) { return c->dec_tc == 2 || (c->dec_tc == 1 && span >= DEC_TC_SPAN); }
 

@@ -11,7 +11,9 @@
  * scales and biases equal the CPU reference bit for bit.
  *
  * kvq_attention, two paths:
- * - split (decode, and any query count where flash does not run): grid
+ * - split (decode, and any query count where flash does not run) on tensor
+ *   cores for 4- and 8-bit pools of head_dim 64/128 (k_kvq_tc, below; its
+ *   slices: runs of 64 keys, at most a wave of blocks); otherwise: grid
  *   (slices, kv heads, queries); a block serves every q head of its kv head
  *   (g <= 8), so each packed row is read once per step. A slice is scored
  *   whole before its softmax: a thread per key dequantizes on the fly,
