@@ -417,16 +417,9 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
                 cp_async16_zf(vt + at, V + src, rw >= 0);
             }
         };
-#pragma unroll
-        for (int t = 0; t < ST - 1; t++) {
-            if (t < mine) load(t);
-            cp_async_commit();
-        }
+        dec_pipe_start<ST>(mine, load);
         for (int t = 0; t < mine; t++) {
-            if (t + ST - 1 < mine) load(t + ST - 1);
-            cp_async_commit();
-            cp_async_wait<ST - 1>();
-            __syncwarp();
+            dec_pipe_next<ST>(t, mine, load);
             const KT *kt = wtile + (size_t)(t % ST) * 2 * TILE, *vt = kt + TILE;
             int jb = j0 + (warp + 4 * t) * DEC_TK;
             float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};

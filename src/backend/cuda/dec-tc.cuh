@@ -11,6 +11,26 @@
 #ifndef CINFER_DEC_TC_CUH
 #define CINFER_DEC_TC_CUH
 #include <math.h>
+#include "backend/cuda/mma.cuh"
+
+/* A warp's cp.async pipeline over its `mine` runs, ST stages: dec_pipe_start loads runs 0 .. ST-2 (one
+ * commit group each, empty past the end); dec_pipe_next(t), before run t is read, loads run t + ST - 1 and
+ * waits until run t has landed (and is visible to the warp). load(t) issues run t's copies into stage t % ST. */
+template <int ST, typename LD>
+__device__ __forceinline__ void dec_pipe_start(int mine, LD &load) {
+#pragma unroll
+    for (int t = 0; t < ST - 1; t++) {
+        if (t < mine) load(t);
+        cp_async_commit();
+    }
+}
+template <int ST, typename LD>
+__device__ __forceinline__ void dec_pipe_next(int t, int mine, LD &load) {
+    if (t + ST - 1 < mine) load(t + ST - 1);
+    cp_async_commit();
+    cp_async_wait<ST - 1>();
+    __syncwarp();
+}
 
 /* one run's online softmax step: x[4] the lane's scores (-inf: not a key), m_r / l_r the running max and
  * (lane-partial) sum, o rescaled; pv[4] = exp(x - m) */

@@ -178,6 +178,33 @@ __device__ __forceinline__ void kq_slice(const cu_span &sp, int p, int tiled, in
     *j1 = base + (b - lo);
 }
 
+/* a split block's query, slice of its visible keys [j0, j1) (empty for a padded query) and partial */
+struct kq_blk {
+    int s, kvh, bi, g, valid, j0, j1;
+    cu_span sp;
+    const int32_t *ptr;   /* the sequence's page table row */
+    size_t pstride;
+    float *pbase;         /* the partial of head 0 of the kv head's group, slice s */
+};
+__device__ __forceinline__ kq_blk kq_block(int HD, int L, int H, int n_kv, const int32_t *pt, int n_pt, int window, int keep, int tiled,
+                                           const int *pos0, const int *len, const int *seq, const int *run0, int nsplit, int chunk,
+                                           float *part) {
+    kq_blk k;
+    k.s = blockIdx.x;
+    k.kvh = blockIdx.y;
+    k.bi = blockIdx.z;
+    int b = k.bi / L, i = k.bi % L, p = pos0[b] + i;
+    k.g = H / n_kv;
+    k.valid = i < len[b];
+    k.sp = cu_span_of(p, window, keep, run0[b]);
+    kq_slice(k.sp, p, tiled, k.s, chunk, &k.j0, &k.j1);
+    if (!k.valid) k.j1 = k.j0;
+    k.ptr = pt + (size_t)seq[b] * n_pt;
+    k.pstride = (size_t)nsplit * (HD + 2);
+    k.pbase = part + ((size_t)k.bi * H + (size_t)k.kvh * k.g) * k.pstride + (size_t)k.s * (HD + 2);
+    return k;
+}
+
 /* The end of a split block (its partial in part): the last block of a (query, kv head) to arrive merges
  * the slices, per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices
  * (buf: NB floats of shared scratch; mh, lh: GM). */
@@ -259,17 +286,13 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
     __shared__ float mh[GM], lh[GM];
     PDL_ENTRY();
     const int nb = BITS ? BITS : bits, RB = HD * nb / 8, NG = HD / group;
-    int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
-    int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int p = pos0[b] + i, valid = i < len[b];
-    cu_span sp = cu_span_of(p, window, keep, run0[b]);
-    int j0 = 0, j1 = 0;
-    kq_slice(sp, p, tiled, s, chunk, &j0, &j1);
-    if (!valid) j1 = j0;
-    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
-    const size_t pstride = (size_t)nsplit * (HD + 2);
-    float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
-    int n = j1 - j0;
+    const kq_blk kb = kq_block(HD, L, H, n_kv, pt, n_pt, window, keep, tiled, pos0, len, seq, run0, nsplit, chunk, part);
+    const int kvh = kb.kvh, bi = kb.bi, g = kb.g, valid = kb.valid, j0 = kb.j0, j1 = kb.j1, n = j1 - j0;
+    const cu_span sp = kb.sp;
+    const int32_t *ptr = kb.ptr;
+    const size_t pstride = kb.pstride;
+    float *pbase = kb.pbase;   /* head h: + h * pstride */
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (n > 0) {
         const float *qg = q + ((size_t)bi * H + (size_t)kvh * g) * HD;
         for (int e = tid; e < GM * HD; e += KQ_THREADS) qs[(e / HD) * QROW + e % HD + (e % HD) / 32 * 4] = e < g * HD ? qg[e] * scale : 0.0f;
@@ -452,17 +475,13 @@ __global__ void __launch_bounds__(KQ_THREADS, 3) k_kvq_tc(const float *q, const 
     __shared__ float wm[4][KQ_GMAX], wl[4][KQ_GMAX], mh[KQ_GMAX], lh[KQ_GMAX];
     PDL_ENTRY();
     const int sz = sdt == BE_F32 ? 4 : 2, SBN = NG * sz;   /* bytes of a row's scales (and of its biases): 4, 8 or 16 */
-    int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
-    int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
-    int p = pos0[b] + i, valid = i < len[b];
-    cu_span sp = cu_span_of(p, window, keep, run0[b]);
-    int j0 = 0, j1 = 0;
-    kq_slice(sp, p, tiled, s, chunk, &j0, &j1);
-    if (!valid) j1 = j0;
-    const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
-    const size_t pstride = (size_t)nsplit * (HD + 2);
-    float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
-    int n = j1 - j0;
+    const kq_blk kb = kq_block(HD, L, H, n_kv, pt, n_pt, window, keep, tiled, pos0, len, seq, run0, nsplit, chunk, part);
+    const int kvh = kb.kvh, bi = kb.bi, g = kb.g, valid = kb.valid, j0 = kb.j0, j1 = kb.j1, n = j1 - j0;
+    const cu_span sp = kb.sp;
+    const int32_t *ptr = kb.ptr;
+    const size_t pstride = kb.pstride;
+    float *pbase = kb.pbase;   /* head h: + h * pstride */
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
     float o[NT][4], ob[NG], m_r = -INFINITY, l_r = 0.0f;
 #pragma unroll
     for (int w = 0; w < NT; w++) o[w][0] = o[w][1] = o[w][2] = o[w][3] = 0.0f;
@@ -521,16 +540,9 @@ __global__ void __launch_bounds__(KQ_THREADS, 3) k_kvq_tc(const float *q, const 
             }
             if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * 64) = okm;
         };
-#pragma unroll
-        for (int t = 0; t < ST - 1; t++) {
-            if (t < mine) load(t);
-            cp_async_commit();
-        }
+        dec_pipe_start<ST>(mine, load);
         for (int t = 0; t < mine; t++) {
-            if (t + ST - 1 < mine) load(t + ST - 1);
-            cp_async_commit();
-            cp_async_wait<ST - 1>();
-            __syncwarp();
+            dec_pipe_next<ST>(t, mine, load);
             const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *vc = kc + KT_TK * RB, *sb = vc + KT_TK * RB;
             unsigned okm = *(const unsigned *)(sb + KT_TK * 64);
             int jb = j0 + (warp + 4 * t) * KT_TK;
