@@ -393,18 +393,27 @@ static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
  * context is made) at 0 and at 1, alternated over 8 fresh contexts in this
  * process: 128-token prompt, G greedy steps, then the graph replayed alone.
  * Prints each round and the medians; the last tokens must agree. */
-/* a context made with the backend knob var = val in the environment (knobs are read when a context
- * is made); var's previous state restored */
-static int knob_ctx(cinfer_model *m, const cinfer_ctx_opts *co, const char *var, const char *val, cinfer_ctx **out, char *err,
-                    size_t en) {
+/* the backend knob var = val in the environment (knobs are read when a context is made); knob_set
+ * returns var's previous value (malloc'd, NULL: unset) for knob_restore */
+static char *knob_set(const char *var, const char *val) {
     const char *was = getenv(var);
     char *keep = was ? malloc(strlen(was) + 1) : NULL;
     if (keep) memcpy(keep, was, strlen(was) + 1);
     setenv(var, val, 1);
-    int bad = cinfer_ctx_new(m, co, out, err, en) != CINFER_OK;
+    return keep;
+}
+static void knob_restore(const char *var, char *keep) {
     if (keep) setenv(var, keep, 1);
     else unsetenv(var);
     free(keep);
+}
+
+/* a context made with the backend knob var = val */
+static int knob_ctx(cinfer_model *m, const cinfer_ctx_opts *co, const char *var, const char *val, cinfer_ctx **out, char *err,
+                    size_t en) {
+    char *keep = knob_set(var, val);
+    int bad = cinfer_ctx_new(m, co, out, err, en) != CINFER_OK;
+    knob_restore(var, keep);
     return bad;
 }
 
@@ -434,7 +443,6 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
         printf("  %s=%d: %.4f ms/token, graph alone %.4f ms\n", var, on, t[on][r / 2] * 1e3, tg[on][r / 2] * 1e3);
         cinfer_ctx_free(ctx);
     }
-    unsetenv(var);
     for (int on = 0; on < 2; on++)
         printf("A/B %s=%d: median %.4f ms/token (%.1f tok/s), graph alone %.4f ms (%.1f tok/s)\n", var, on, median(t[on], 4) * 1e3,
                1 / median(t[on], 4), median(tg[on], 4) * 1e3, 1 / median(tg[on], 4));
@@ -734,11 +742,11 @@ static int one_long_ab(cinfer_model *m, int P, const kv_fmt *f, int G, double co
     const char *abv = getenv("BENCH_KVQ_AB");
     if (!abv || !*abv) return one_long(m, P, f, G, copy_gbs, step_bytes, tok_s);
     double off = 0;
-    setenv(abv, "0", 1);
+    char *keep = knob_set(abv, "0");
     int bad = one_long(m, P, f, G, copy_gbs, step_bytes, &off);
     setenv(abv, "1", 1);
     bad = bad || one_long(m, P, f, G, copy_gbs, step_bytes, tok_s);
-    unsetenv(abv);
+    knob_restore(abv, keep);
     if (!bad) printf("A/B %s at %d tokens (%s, %d bits): =1 decodes at %.3fx the rate of =0\n", abv, P, f->dtype, f->bits, *tok_s / off);
     return bad;
 }
