@@ -326,9 +326,9 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                      out);
 }
 
-/* Tensor-core decode (the default): the same blocks, slices and partials as k_attn_decode, the
+/* Tensor-core decode (from DEC_TC_SPAN keys): the same blocks, slices and partials as k_attn_decode, the
  * work inside a block on mma.sync. Each warp takes every fourth run of DEC_TK keys of the slice and
- * walks them with its own cp.async pipeline (DEC_TST stages of K and V rows in shared memory, rows
+ * walks them with its own cp.async pipeline (dec_tc_geo::ST stages of K and V rows in shared memory, rows
  * 16 bytes a chunk XOR-swizzled by key so ldmatrix reads without bank conflicts; keys past the
  * slice zero-filled) and its own online softmax; the four warps' partials merge in shared memory
  * at the end. Precision: a pool row is exact in its 16-bit type; a query (times the scale and a
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
 template <int HD> struct dec_tc_geo {
     static constexpr int ST = HD == 128 ? 2 : 3;                               /* stages per warp */
     static constexpr size_t SMEM = (size_t)ST * 4 * 2 * DEC_TK * HD * 2;      /* 64 KB (HD 128) / 48 KB (HD 64) */
-    static constexpr int BLOCKS_SM = HD == 128 ? 3 : 4;                       /* resident blocks per SM (shared memory) */
+    static constexpr int BLOCKS_SM = HD == 128 ? 3 : 4;                       /* resident blocks per SM (registers, shared memory) */
 };
 static_assert(dec_tc_geo<128>::SMEM >= (4 + 1) * DEC_GMAX * 128 * 4 + 2 * DEC_GMAX * DEC_SMAX * 4, "merge scratch fits");
 static_assert(dec_tc_geo<64>::SMEM >= (4 + 1) * DEC_GMAX * 64 * 4 + 2 * DEC_GMAX * DEC_SMAX * 4, "merge scratch fits");
@@ -494,10 +494,9 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
     /* the tensor-core kernel (3 or 4 blocks an SM by its shared memory): at most one wave of blocks
      * (H200, llama-3.1-8b decode: 64 slices of one piece at 4k, 512 blocks for 396 places, ran
      * 0.95x the CUDA-core kernel's step) */
-    if (tc_sm > 0) {
-        int fit = tc_sm * (a->head_dim == 128 ? dec_tc_geo<128>::BLOCKS_SM : dec_tc_geo<64>::BLOCKS_SM) / (a->B * a->L * a->n_kv_head);
-        if (want > fit) want = fit > 1 ? fit : 1;
-    }
+    if (tc_sm > 0)
+        want = cu_one_wave(want, tc_sm * (a->head_dim == 128 ? dec_tc_geo<128>::BLOCKS_SM : dec_tc_geo<64>::BLOCKS_SM),
+                           (long)a->B * a->L * a->n_kv_head);
     *chunk = DEC_SUB * ((pieces + want - 1) / want);
     *nsplit = (span + *chunk - 1) / *chunk;
     return 1;

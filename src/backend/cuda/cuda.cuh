@@ -180,6 +180,12 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int *chunk, int *nsplit);
 int cu_attn_decode_tc(const be_ctx *c, int span);
+/* the tensor-core decode kernels' slices: want, capped so that rows x slices blocks fit in one wave of
+ * `slots` resident blocks (at least one slice) */
+static inline int cu_one_wave(int want, int slots, long rows) {
+    long fit = rows > 0 ? slots / rows : want;
+    return want < fit ? want : fit > 1 ? (int)fit : 1;
+}
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 /* affine.cu: MLX affine-quantized weights (upload, matmul, embedding rows) */
 int cu_affine_upload(be_ctx *c, be_mat *m);

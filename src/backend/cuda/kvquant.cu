@@ -442,6 +442,7 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  * scale of the group (split the same way), the bias term p * b summed apart. The slice's softmax is
  * the online recurrence over runs of 16 keys: the definition to f32 rounding, as the slices' merge. */
 #define KT_TK 16
+#define KT_BLOCKS_SM 3   /* resident blocks per SM (168 registers a thread) */
 template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
     static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
@@ -462,7 +463,7 @@ __device__ __forceinline__ uint32_t kq_bf2_byte(uint32_t lo, uint32_t hi) {
 }
 
 template <int HD, int BITS, int GROUP>
-__global__ void __launch_bounds__(KQ_THREADS, 3) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
+__global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
                                                          const void *Vs, const void *Vb, int sdt, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
@@ -646,14 +647,14 @@ __global__ void __launch_bounds__(KQ_THREADS, 3) k_kvq_tc(const float *q, const 
 
 enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
 
-/* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
- * sdt | path << 4 | tiled << 8, nsplit; f: scale, chunk, softcap */
 /* 1 when k_kvq_tc serves this format (else k_kvq_split) */
 static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
     int sbn = hd / group * (sdt == BE_F32 ? 4 : 2);
     return c->dec_tc && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16);
 }
 
+/* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
+ * sdt | path << 4 | tiled << 8, nsplit; f: scale, chunk, softcap */
 static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     int path = (int)(r->i[CU_A_OP + 2] >> 4 & 15);
     if (path == KQ_FLASH) { cu_kvq_flash_launch(c, r); return; }
@@ -673,7 +674,7 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
                           sh, window, keep, r->f[0], r->f[2], tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10], \
                           (const int *)r->p[11], nsplit, chunk, c->part, c->cnt, (float *)r->p[1]); \
         } while (0)
-#define KT_G(HD, BITS) do { if (group == 32) KT(HD, BITS, 32); else if (group == 64 || HD < 128) KT(HD, BITS, 64); else KT(HD, BITS, (HD < 128 ? 64 : 128)); } while (0)
+#define KT_G(HD, BITS) do { if (group == 32) KT(HD, BITS, 32); else if (group == 64) KT(HD, BITS, 64); else KT(HD, BITS, HD); } while (0)   /* 128: HD 128 only */
 #define KT_B(HD) do { if (bits == 4) KT_G(HD, 4); else KT_G(HD, 8); } while (0)
         if (hd == 64) KT_B(64);
         else KT_B(128);
@@ -719,10 +720,9 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
         chunk = BE_KVQ_TILE;
         nsplit = span / BE_KVQ_TILE + 4;
     } else if (kq_tc_takes(c, k->bits, a->head_dim, k->group, k->sdt) && !c->batch_inv) {
-        /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks (3 an SM)
+        /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks
          * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
-        int pieces = (span + 63) / 64, fit = 3 * c->n_sm / (a->B * a->L * a->n_kv_head), want = pieces < fit ? pieces : fit;
-        if (want < 1) want = 1;
+        int pieces = (span + 63) / 64, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
         chunk = 64 * ((pieces + want - 1) / want);
         nsplit = (span + chunk - 1) / chunk;
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
