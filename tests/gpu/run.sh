@@ -56,6 +56,9 @@ run $B/test-backend-ops
 # tensor-core one from 8192 keys, a 4-/8-bit one always): forced on, then off
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
+# every affine case through the one-token GEMV's CUDA-core kernel too (by default 4-bit rows of one token
+# with k % 128 == 0 take its tensor-core form, gemv-affine.cu)
+run env CINFER_CUDA_AFF_TC=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq
@@ -119,6 +122,17 @@ ppl_pair stories260k "$MODELS/stories260k" $T/gen-cpu.txt 24 2 5e-7 0
 # rounds activations to bf16 for cuBLAS as transformers does, the CPU keeps f32: achieved 4.1e-4
 # relative (34.771127 vs 34.756949 over 765 tokens) -> 1e-3
 ppl_pair prose-13m "$MODELS/prose-13m" "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" 256 4 1e-3 500
+# prose-13m converted to 4 and 8 bits (g64) by cinfer convert: greedy decode (one token a step, the affine
+# GEMV's tensor-core form) gives the CPU's text (seen identical on the H200 for 4 bits, both GEMV kernels)
+for q in 4 8; do
+  rm -rf $T/prose-q$q
+  $B/cinfer convert --hf-path "$MODELS/prose-13m" --mlx-path $T/prose-q$q -q --q-bits $q --q-group-size 64 >/dev/null 2>$T/conv.err
+  for d in cpu cuda; do
+    $B/cinfer generate -m $T/prose-q$q -p "The house stood" -n 60 --temp 0 --device $d >$T/genq-$d.txt 2>$T/genq-$d.err
+  done
+  if cmp -s $T/genq-cpu.txt $T/genq-cuda.txt && [ -s $T/genq-cuda.txt ]; then echo "PASS cli generate prose-13m q$q g64: cuda text identical to cpu" >>$O/tests.log
+  else echo "FAIL cli generate prose-13m q$q g64: cuda differs from cpu" >>$O/tests.log; cat $T/conv.err $T/genq-cpu.txt $T/genq-cuda.txt >>$O/tests.log; fails=$((fails + 1)); fi
+done
 # the same model quantized by mlx-lm (mixed 3/6-bit, issue 11): decode rows through the affine GEMV, prefill
 # through the matrix dequantized to bf16 for cuBLAS (affine.cu), so the prose-13m bar
 if [ -d "$MODELS/prose-13m-mlx-mixed-3-6" ]; then

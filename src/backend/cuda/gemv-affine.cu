@@ -5,6 +5,7 @@
  * and shapes go through affine.cu.
  */
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/mma.cuh"
 
 /* ---------------------------------------------------- MLX affine weights, 4 and 8 bits */
 
@@ -177,6 +178,289 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     }
 }
 
+/* ---------------------------------------------------- one token on the tensor cores */
+
+/* 4-bit codes of one token (decode at batch 1), k a multiple of 128, groups of 32, 64 or 128. A block's
+ * warps share one tile of 16 streams (16 rows; gate/up: 8 rows of each) and split its steps of
+ * 128 codes (warp w: the w-th run of ceil(steps / 8)); the block ends a tile with one barrier
+ * (partial sums through shared memory, double-buffered). Each warp streams its items (a tile's
+ * step) through its own ring of cp.async stages (aft_ring), lane-private, so that loads of the
+ * next items, the next tile's too, are in flight while it computes and while it waits at the
+ * barrier; the ring fills before the wait on the kernel before (weights do not depend on it).
+ * In a step lane (g, t) = (lane / 4, lane % 4) takes codes 32t..32t+31 of streams g and g+8:
+ * codes become exact f16 values (a lop3 under 1024's exponent and one packed subtract or fma:
+ * 1024 + c - 1024), the A operands of mma.sync m16n8k16 directly; the products are
+ * exact in the f32 accumulator. B holds x scaled per group by a power of two (the group's max
+ * |x| below 2^15) and split into f16 high and low parts (22 significant bits), one column per
+ * (group of the step, part): column 2j+h is part h of x on group j's codes and zero elsewhere,
+ * so that D's column pairs are each group's sums, which lane (g, t) finds in its accumulator
+ * for group t: s * 2^-e * (hi + lo) + b * sum x per group, in f32, the association of the
+ * kernel above. x sits in shared memory in the order the B fragments want (aft_convert): a
+ * lane's B of one step is four 16-byte loads, lanes of one load phase hit different banks, and
+ * lanes of zero columns load nothing. Measured against the kernel above (H200, 8B and 1B
+ * shapes, A/B in one process): BENCHMARKS.md, issue 11; 8-bit codes the same way (a byte
+ * permute per pair) were slower than the kernel above (2.0 against 2.8 TB/s on the 8B LM head)
+ * and are not taken. */
+#define AFT_STEP 128
+
+__device__ __forceinline__ uint32_t aft_lop3(uint32_t w, uint32_t mask) {   /* (w & mask) | 1024's exponent in each half */
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(mask), "r"(0x64006400u));
+    return r;
+}
+__device__ __forceinline__ uint32_t aft_sub1024(uint32_t v) {
+    uint32_t r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
+    return r;
+}
+__device__ __forceinline__ uint32_t aft_div16(uint32_t v) {   /* (1024 + 16c) / 16 - 64 = c, exact */
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x2C002C00u), "r"(0xD400D400u));
+    return r;
+}
+/* the 8 4-bit codes of w as f16 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7) */
+__device__ __forceinline__ void aft_word4(uint32_t w, uint32_t *p) {
+    uint32_t w8 = w >> 8;
+    p[0] = aft_sub1024(aft_lop3(w, 0x000F000Fu));
+    p[1] = aft_div16(aft_lop3(w, 0x00F000F0u));
+    p[2] = aft_sub1024(aft_lop3(w8, 0x000F000Fu));
+    p[3] = aft_div16(aft_lop3(w8, 0x00F000F0u));
+}
+/* position of element j (0..7) of an 8-code slot in its B order (0,4,1,5,2,6,3,7): aft_word4's pairs */
+__host__ __device__ __forceinline__ int aft_perm(int j) { return (j & 3) * 2 + (j >> 2); }
+
+__device__ __forceinline__ float aft_scale(const void *p, int sdt, size_t i) {
+    if (sdt == BE_F32) return ((const float *)p)[i];
+    unsigned short h = ((const unsigned short *)p)[i];
+    return sdt == BE_BF16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
+}
+
+/* x (k floats, shared memory) rewritten in place in the B order, each group scaled by its own power of two
+ * (its max |x| below 2^15) and split into f16 high and low parts: step s's 512 bytes hold
+ * [slot w 0..3][chunk t 0..3][hi 8 | lo 8], slot w of chunk t being elements 32t+8w..+7 of the step in
+ * aft_perm's order; gg[j] = (group j's sum of x (unscaled), its scale's inverse). A chunk is
+ * one lane's, a group's chunks neighbouring lanes, a step's four chunks four lanes of one warp, which
+ * read all before any writes. */
+__device__ void aft_convert(float *xs, int k, int gsh2, float2 *gg) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nch = k / 32, cpg = 1 << gsh2;
+    for (int base = warp * 32; base < nch; base += GEMV_WARPS * 32) {
+        int ch = base + lane;
+        float v[32], mx = 0.0f, sum = 0.0f;
+        if (ch < nch)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 f = ((const float4 *)(xs + (size_t)ch * 32))[i];
+                v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+                mx = fmaxf(mx, fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(f.z), fabsf(f.w))));
+                sum += (f.x + f.y) + (f.z + f.w);
+            }
+        for (int o = 1; o < cpg; o <<= 1)   /* the group's lanes (all in range or none: nch % 4 == 0) */
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o)), sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        int ex = 0;
+        if (mx > 0.0f && mx < INFINITY) frexpf(mx, &ex);
+        ex = ex < -100 ? -100 : ex;   /* the scale stays finite */
+        const float sc = ldexpf(1.0f, 15 - ex);   /* max |x| * sc < 2^15 */
+        __syncwarp();
+        if (ch < nch) {
+            if ((ch & (cpg - 1)) == 0) gg[ch >> gsh2] = make_float2(sum, ldexpf(1.0f, ex - 15));
+            uint4 *dst = (uint4 *)(xs + (size_t)(ch / 4) * AFT_STEP) + (ch % 4) * 2;
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                unsigned short h[8], l[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float y = v[8 * w + j] * sc;
+                    __half hh = __float2half_rn(y);
+                    h[aft_perm(j)] = __half_as_ushort(hh);
+                    l[aft_perm(j)] = __half_as_ushort(__float2half_rn(y - __half2float(hh)));
+                }
+                uint4 H, L;
+                H.x = h[0] | (uint32_t)h[1] << 16, H.y = h[2] | (uint32_t)h[3] << 16, H.z = h[4] | (uint32_t)h[5] << 16, H.w = h[6] | (uint32_t)h[7] << 16;
+                L.x = l[0] | (uint32_t)l[1] << 16, L.y = l[2] | (uint32_t)l[3] << 16, L.z = l[4] | (uint32_t)l[5] << 16, L.w = l[6] | (uint32_t)l[7] << 16;
+                dst[w * 8] = H;
+                dst[w * 8 + 1] = L;
+            }
+        }
+        __syncwarp();
+    }
+}
+
+/* one step's products of lane (g, t): d (4 accumulators of D) from the two streams' codes qa, qb (32 codes each) and B (bp, slots 8 uint4 apart) */
+/* one step's products of lane (g, t): d (4 accumulators of D) from the two streams' codes qa, qb (32 codes each) and B (bp, slots 8 uint4 apart) */
+__device__ __forceinline__ void aft_step(uint4 qa, uint4 qb, const uint4 *bp, int bact, float *d) {
+    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};   /* a second chain */
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        uint4 xb = make_uint4(0, 0, 0, 0);   /* a lane of a zero column loads nothing: a quarter-warp of them costs no wavefront */
+        if (bact) xb = bp[w * 8];
+        uint32_t pa[4], pb[4];
+        aft_word4(u4_word(qa, w), pa);
+        aft_word4(u4_word(qb, w), pb);
+        const uint32_t a1[4] = {pa[0], pb[0], pa[1], pb[1]}, a2[4] = {pa[2], pb[2], pa[3], pb[3]};
+        mma16816(d, a1, xb.x, xb.y);
+        mma16816(e, a2, xb.z, xb.w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] += e[i];
+}
+
+/* a warp's ring of D cp.async stages, each: lane-private slots of the two streams' codes (16 bytes each,
+ * padded so that a quarter-warp's 16-byte loads hit different banks), then [scales, biases][stream row
+ * 0..15] 16 bytes each, which lane r + 16 * (biases) fetches for stream row r: the step's gpl scales of the
+ * row (fs bytes: gpl * their size, at least 4, the aligned word that holds a lone 16-bit scale) */
+template <int D> struct aft_ring {
+    static constexpr int SLOT = 48, SC = 32 * SLOT, STAGE = SC + 512, WARP = D * STAGE;
+};
+/* where row group grp's streams of lane g are: matrix and row of each (a row past the end: row 0, never stored) */
+template <int GLU> __device__ __forceinline__ int aft_rows(const gemv_set &st, int grp, int g, int *row0, int *ra, int *rb, int *m) {
+    int mi = gemv_group(st, grp, GLU ? 8 : 16, row0);
+    *m = st.m[mi];
+    int a = *row0 + g, b = GLU ? a : *row0 + g + 8;
+    *ra = a < *m ? a : 0, *rb = b < *m ? b : 0;
+    return mi;
+}
+__device__ __forceinline__ float aft_sval(const char *p, int sdt) {
+    if (sdt == BE_F32) return *(const float *)p;
+    unsigned short h = *(const unsigned short *)p;
+    return sdt == BE_BF16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
+}
+/* the warp's next item to load: tile grp (of the block's persistent walk), the j-th step of this warp's run; the
+ * lane's code rows there and the scale row it fetches */
+struct aft_src {
+    int grp, j;
+    const char *pa, *pb, *ps;
+    size_t es;
+};
+template <int GLU> __device__ __forceinline__ void aft_src_tile(aft_src &r, const gemv_set &st, int g, int t, size_t rowb, int ng) {
+    if (r.grp >= st.gend[2]) return;
+    int row0, ra, rb, m, mi = aft_rows<GLU>(st, r.grp, g, &row0, &ra, &rb, &m);
+    const int wa = GLU ? 0 : mi, wb = GLU ? 1 : mi, lane = threadIdx.x & 31, sr = lane & 15, sw = sr < 8 ? wa : wb;
+    int rs = GLU ? row0 + (sr & 7) : row0 + sr;
+    rs = rs < m ? rs : 0;
+    r.pa = (const char *)st.w[wa] + (size_t)ra * rowb + (size_t)t * 16;
+    r.pb = (const char *)st.w[wb] + (size_t)rb * rowb + (size_t)t * 16;
+    r.ps = (const char *)(lane < 16 ? st.sc[sw] : st.bi[sw]);
+    r.es = (size_t)rs * ng;
+}
+/* issues the warp's next item into stage qi % D and moves on; one commit group an item, empty past the end */
+template <int D, int GLU>
+__device__ __forceinline__ void aft_issue(aft_src &r, const gemv_set &st, unsigned qi, int nper, int s0, int g, int t, int gpl, int ssz, int fs,
+                                          int ng, size_t rowb, char *ring) {
+    typedef aft_ring<D> R;
+    if (nper && r.grp < st.gend[2]) {
+        int s = s0 + r.j, lane = threadIdx.x & 31;
+        char *stage = ring + (size_t)(qi % D) * R::STAGE, *slot = stage + lane * R::SLOT;
+        size_t off = (size_t)s * (AFT_STEP / 2);
+        cp_async16(slot, r.pa + off);
+        cp_async16(slot + 16, r.pb + off);
+        const char *sp = r.ps + (((r.es + (size_t)s * gpl) * ssz) & ~(size_t)(fs - 1));
+        char *sd = stage + R::SC + lane * 16;
+        if (fs == 4) cp_async_ca<4>(sd, sp, 1);
+        else if (fs == 8) cp_async_ca<8>(sd, sp, 1);
+        else cp_async_ca<16>(sd, sp, 1);
+        if (++r.j == nper) {
+            r.j = 0, r.grp += gridDim.x;
+            aft_src_tile<GLU>(r, st, g, t, rowb, ng);
+        }
+    }
+    cp_async_commit();
+}
+
+template <int D, int GLU>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st, const float *x, int k) {
+    typedef aft_ring<D> R;
+    __shared__ float red[GEMV_WARPS];
+    __shared__ float part[2][GEMV_WARPS][16];
+    extern __shared__ float xs[];   /* [k]: x, then its B form (aft_convert); [ng2] float2: each group's sum of x and inverse scale; the warps' rings */
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    const int ng = k / st.group, gpl = AFT_STEP / st.group, nsteps = k / AFT_STEP, gsh2 = st.gshift - 5;
+    /* warp w: steps s0 .. s0 + nper - 1 of every tile (a run, so that its scale words share sectors item after item) */
+    const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS, s0 = warp * per, nper = nsteps - s0 < per ? (nsteps > s0 ? nsteps - s0 : 0) : per;
+    const int dact = t < gpl;
+    const int ssz = st.sdt == BE_F32 ? 4 : 2, fs = gpl * ssz < 4 ? 4 : gpl * ssz;
+    const size_t rowb = (size_t)k / 2;
+    float2 *gg = (float2 *)(xs + k);
+    char *ring = (char *)(gg + ((ng + 1) & ~1)) + (size_t)warp * R::WARP;
+    aft_src src;
+    src.grp = blockIdx.x, src.j = 0;
+    aft_src_tile<GLU>(src, st, g, t, rowb, ng);
+    unsigned qi = 0;
+    for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, fs, ng, rowb, ring);   /* weights: no wait on the kernel before */
+    PDL_ENTRY();
+    if (st.norm) {
+        gemv_norm_prologue<1>(st, x, k, xs, red, 0);
+    } else {
+        for (int e = threadIdx.x * 4; e < k; e += GEMV_WARPS * 32 * 4) *(float4 *)(xs + e) = *(const float4 *)(x + e);
+        __syncthreads();
+    }
+    aft_convert(xs, k, gsh2, gg);
+    __syncthreads();
+
+    /* lane (g, t)'s B: part g & 1 of chunk t where column g's group is chunk t's, else zeros */
+    const int bact = (g >> 1) == (t >> gsh2);
+    const uint4 *bbase = (const uint4 *)xs + t * 2 + (g & 1);
+    unsigned buf = 0, q = 0;
+    for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x, buf ^= 1) {
+        int row0, ra, rb, m, mi = aft_rows<GLU>(st, grp, g, &row0, &ra, &rb, &m);
+        const size_t ea0 = (size_t)ra * ng + t, eb0 = (size_t)rb * ng + t;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (int j = 0; j < nper; j++, q++, qi++) {
+            aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, fs, ng, rowb, ring);
+            cp_async_wait<D - 1>();
+            const char *stage = ring + (size_t)(q % D) * R::STAGE, *slot = stage + lane * R::SLOT;
+            const uint4 qa = ((const uint4 *)slot)[0], qb = ((const uint4 *)slot)[1];
+            int s = s0 + j;
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            aft_step(qa, qb, bbase + (size_t)s * (AFT_STEP * 4 / 16), bact, d);
+            if (dact) {   /* group t of the step: its scales (aft_ring) and x's sum and inverse scale */
+                const char *sc = stage + R::SC;
+                int oa = (int)(((ea0 + (size_t)s * gpl) * ssz) & (size_t)(fs - 1)), ob = (int)(((eb0 + (size_t)s * gpl) * ssz) & (size_t)(fs - 1));
+                float2 x2 = gg[s * gpl + t];
+                acc0 += aft_sval(sc + g * 16 + oa, st.sdt) * x2.y * (d[0] + d[1]) + aft_sval(sc + (16 + g) * 16 + oa, st.sdt) * x2.x;
+                acc1 += aft_sval(sc + (8 + g) * 16 + ob, st.sdt) * x2.y * (d[2] + d[3]) + aft_sval(sc + (24 + g) * 16 + ob, st.sdt) * x2.x;
+            }
+        }
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1), acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2), acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+        if (t == 0) part[buf][warp][g] = acc0, part[buf][warp][g + 8] = acc1;
+        __syncthreads();
+        if (threadIdx.x < (GLU ? 8 : 16)) {
+            int r = threadIdx.x;
+            float v[2][1] = {{0.0f}, {0.0f}};
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) v[0][0] += part[buf][w][r], v[1][0] += GLU ? part[buf][w][r + 8] : 0.0f;
+            if (row0 + r < m) gemv_store<1>(st, mi, row0 + r, m, v);
+        }
+    }
+    cp_async_wait<0>();   /* no copy outlives the block */
+}
+
+/* the tensor-core form takes this launch (see above) */
+static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
+    return c->aff_tc && n == 1 && k % AFT_STEP == 0 && st.group >= 32 && st.group <= 128 && k <= AFF_XS_MAX;
+}
+
+template <int D> static size_t aff_tc_smem(int k, int group) {
+    return sizeof(float) * ((size_t)k + 2 * (size_t)((k / group + 1) & ~1)) + (size_t)GEMV_WARPS * aft_ring<D>::WARP;
+}
+template <int D, int GLU>
+static void aff_tc_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    size_t smem = aff_tc_smem<D>(k, st.group);
+    if (smem > 48 * 1024 &&
+        cu_check(c, cudaFuncSetAttribute(k_gemv_aff_tc<D, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        return;
+    int per = 0;   /* a persistent grid of as many blocks as fit */
+    if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_aff_tc<D, GLU>, GEMV_WARPS * 32, smem), "gemv occupancy")) return;
+    unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
+    cu_launch(c, k_gemv_aff_tc<D, GLU>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
+}
+/* the ring's depth: the deep one where two blocks an SM still fit (AFT_SMEM_2 bytes each) */
+#define AFT_SMEM_2 (111 * 1024)
+template <int GLU> static void aff_tc_pick(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    if (aff_tc_smem<5>(k, st.group) <= AFT_SMEM_2) aff_tc_launch<5, GLU>(c, groups, st, x, k);
+    else aff_tc_launch<3, GLU>(c, groups, st, x, k);
+}
+
 /* the affine GEMV over the set's matrices (BITS 4 or 8) */
 template <int BITS, int N, int GLU>
 static void aff_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
@@ -192,6 +476,11 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     if (!groups || n <= 0) return;
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
+    if (BITS == 4 && aff_tc_takes(c, n, st, k)) {   /* the same row groups: 16 streams a block */
+        if (st.glu) aff_tc_pick<1>(c, groups, st, x, k);
+        else aff_tc_pick<0>(c, groups, st, x, k);
+        return;
+    }
     /* tokens a launch takes: their activations fit in shared memory (the norm prologue's always do) */
     int nc = AFF_XS_MAX / k < n ? AFF_XS_MAX / k : n;
     for (int r0 = 0; r0 < n; r0 += nc) {
