@@ -435,11 +435,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     cp_async_wait<0>();   /* no copy outlives the block */
 }
 
-/* the tensor-core form takes this launch (see above) */
-static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
-    return c->aff_tc && n == 1 && k % AFT_STEP == 0 && st.group >= 32 && st.group <= 128 && k <= AFF_XS_MAX;
-}
-
 template <int D> static size_t aff_tc_smem(int k, int group) {
     return sizeof(float) * ((size_t)k + 2 * (size_t)((k / group + 1) & ~1)) + (size_t)GEMV_WARPS * aft_ring<D>::WARP;
 }
@@ -454,11 +449,13 @@ static void aff_tc_launch(be_ctx *c, unsigned groups, const gemv_set &st, const 
     unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
     cu_launch(c, k_gemv_aff_tc<D, GLU>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
 }
-/* the ring's depth: the deep one where two blocks an SM still fit (AFT_SMEM_2 bytes each) */
+/* the tensor-core form takes this launch (see above) where its ring is AFT_D stages deep with two blocks an SM
+ * (AFT_SMEM_2 bytes each: k up to 8192); beyond (the 8B shape's down projection, k 14336) three stages left it
+ * slower than the CUDA-core kernel (26.8 against 19.8 us, H200) */
+#define AFT_D 5
 #define AFT_SMEM_2 (111 * 1024)
-template <int GLU> static void aff_tc_pick(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    if (aff_tc_smem<5>(k, st.group) <= AFT_SMEM_2) aff_tc_launch<5, GLU>(c, groups, st, x, k);
-    else aff_tc_launch<3, GLU>(c, groups, st, x, k);
+static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
+    return c->aff_tc && n == 1 && k % AFT_STEP == 0 && st.group >= 32 && st.group <= 128 && aff_tc_smem<AFT_D>(k, st.group) <= AFT_SMEM_2;
 }
 
 /* the affine GEMV over the set's matrices (BITS 4 or 8) */
@@ -477,8 +474,8 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
     if (BITS == 4 && aff_tc_takes(c, n, st, k)) {   /* the same row groups: 16 streams a block */
-        if (st.glu) aff_tc_pick<1>(c, groups, st, x, k);
-        else aff_tc_pick<0>(c, groups, st, x, k);
+        if (st.glu) aff_tc_launch<AFT_D, 1>(c, groups, st, x, k);
+        else aff_tc_launch<AFT_D, 0>(c, groups, st, x, k);
         return;
     }
     /* tokens a launch takes: their activations fit in shared memory (the norm prologue's always do) */
