@@ -229,12 +229,6 @@ __device__ __forceinline__ void aft_word4(uint32_t w, uint32_t *p) {
 /* position of element j (0..7) of an 8-code slot in its B order (0,4,1,5,2,6,3,7): aft_word4's pairs */
 __host__ __device__ __forceinline__ int aft_perm(int j) { return (j & 3) * 2 + (j >> 2); }
 
-__device__ __forceinline__ float aft_scale(const void *p, int sdt, size_t i) {
-    if (sdt == BE_F32) return ((const float *)p)[i];
-    unsigned short h = ((const unsigned short *)p)[i];
-    return sdt == BE_BF16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
-}
-
 /* x (k floats, shared memory) rewritten in place in the B order, each group scaled by its own power of two
  * (its max |x| below 2^15) and split into f16 high and low parts: step s's 512 bytes hold
  * [slot w 0..3][chunk t 0..3][hi 8 | lo 8], slot w of chunk t being elements 32t+8w..+7 of the step in
@@ -318,11 +312,6 @@ template <int GLU> __device__ __forceinline__ int aft_rows(const gemv_set &st, i
     int a = *row0 + g, b = GLU ? a : *row0 + g + 8;
     *ra = a < *m ? a : 0, *rb = b < *m ? b : 0;
     return mi;
-}
-__device__ __forceinline__ float aft_sval(const char *p, int sdt) {
-    if (sdt == BE_F32) return *(const float *)p;
-    unsigned short h = *(const unsigned short *)p;
-    return sdt == BE_BF16 ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
 }
 /* the warp's next item to load: tile grp (of the block's persistent walk), the j-th step of this warp's run; the
  * lane's code rows there and the scale row it fetches */
@@ -416,8 +405,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
                 const char *sc = stage + R::SC;
                 int oa = (int)(((ea0 + (size_t)s * gpl) * ssz) & (size_t)(fs - 1)), ob = (int)(((eb0 + (size_t)s * gpl) * ssz) & (size_t)(fs - 1));
                 float2 x2 = gg[s * gpl + t];
-                acc0 += aft_sval(sc + g * 16 + oa, st.sdt) * x2.y * (d[0] + d[1]) + aft_sval(sc + (16 + g) * 16 + oa, st.sdt) * x2.x;
-                acc1 += aft_sval(sc + (8 + g) * 16 + ob, st.sdt) * x2.y * (d[2] + d[3]) + aft_sval(sc + (24 + g) * 16 + ob, st.sdt) * x2.x;
+                acc0 += cu_mat_get(sc + g * 16 + oa, st.sdt, 0) * x2.y * (d[0] + d[1]) + cu_mat_get(sc + (16 + g) * 16 + oa, st.sdt, 0) * x2.x;
+                acc1 += cu_mat_get(sc + (8 + g) * 16 + ob, st.sdt, 0) * x2.y * (d[2] + d[3]) + cu_mat_get(sc + (24 + g) * 16 + ob, st.sdt, 0) * x2.x;
             }
         }
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1), acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
