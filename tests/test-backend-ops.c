@@ -297,6 +297,30 @@ static void test_matmul_affine(void) {
           "reference (worst %.2e), guards intact", cases - fails, cases, worst);
     CHECK(afails == 0, "affine matmul_add: y + x . w^T within 2e-5, every bit width and group");
     CHECK(efails == 0, "affine embedding rows equal aq_dequant_row bit for bit (18 matrices)");
+    /* one token's 4-bit rows in number enough that each block of a persistent grid takes many tiles (CUDA: the
+     * tensor-core GEMV's scale windows cycle), k whose steps of 128 codes split unevenly over a block's warps */
+    static const struct { int group, k; be_dtype sdt; } big[] = {{64, 5632, BE_BF16}, {128, 1536, BE_F32}, {32, 2944, BE_F16}};
+    int bfails = 0;
+    for (int i = 0; i < 3; i++) {
+        int64_t m = 9000, k = big[i].k;
+        be_mat w = mk_affine(4, big[i].group, big[i].sdt, m, k);
+        float *x = rnd((size_t)k, 1.0f), *ref = malloc(sizeof(float) * m), *got = malloc(sizeof(float) * m);
+        gbuf gx = gb_new((size_t)k), gy = gb_new((size_t)m);
+        gb_put(&gx, x);
+        be->matmul(bc, gx.p, 1, &w, NULL, gy.p);
+        int guards = gb_get(&gy, got);
+        ref_affine(x, 1, &w, ref, 0);
+        double e = relerr(got, ref, (size_t)m);
+        if (!(guards && e <= 2e-5)) {
+            bfails++;
+            printf("# affine matmul q4 g%d %s n=1 m=%d k=%d: err %.2e, guards %s\n", big[i].group, be_dtype_name(big[i].sdt), (int)m, (int)k, e,
+                   guards ? "intact" : "WRITTEN");
+        }
+        gb_free(&gx); gb_free(&gy);
+        free(x); free(ref); free(got);
+        free_affine(&w);
+    }
+    CHECK(bfails == 0, "affine matmul q4, one token, 9000 rows (k 5632 g64 bf16, 1536 g128 f32, 2944 g32 f16): within 2e-5");
 }
 
 /* the outputs of a multi-matrix op against their references: with glu, ref[0] becomes act(ref[0]) * ref[1] and

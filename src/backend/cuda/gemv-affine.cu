@@ -317,45 +317,47 @@ template <int GLU> __device__ __forceinline__ int aft_rows(const gemv_set &st, i
  * lane's code rows there and the scale row it fetches */
 struct aft_src {
     int grp, j;
-    const char *pa, *pb, *ps;
-    size_t es;
+    const char *pa, *pb, *ps;   /* the item's codes of the two streams (advanced an item at a time); the lane's scales or biases */
+    size_t so;                  /* the item's scales' byte offset in ps (its group 0, not yet aligned to fs) */
 };
-template <int GLU> __device__ __forceinline__ void aft_src_tile(aft_src &r, const gemv_set &st, int g, int t, size_t rowb, int ng) {
+template <int GLU> __device__ __forceinline__ void aft_src_tile(aft_src &r, const gemv_set &st, int g, int t, size_t rowb, int ng, int s0,
+                                                               int gpl, int ssz) {
     if (r.grp >= st.gend[2]) return;
     int row0, ra, rb, m, mi = aft_rows<GLU>(st, r.grp, g, &row0, &ra, &rb, &m);
     const int wa = GLU ? 0 : mi, wb = GLU ? 1 : mi, lane = threadIdx.x & 31, sr = lane & 15, sw = sr < 8 ? wa : wb;
     int rs = GLU ? row0 + (sr & 7) : row0 + sr;
     rs = rs < m ? rs : 0;
-    r.pa = (const char *)st.w[wa] + (size_t)ra * rowb + (size_t)t * 16;
-    r.pb = (const char *)st.w[wb] + (size_t)rb * rowb + (size_t)t * 16;
+    r.pa = (const char *)st.w[wa] + (size_t)ra * rowb + (size_t)t * 16 + (size_t)s0 * (AFT_STEP / 2);
+    r.pb = (const char *)st.w[wb] + (size_t)rb * rowb + (size_t)t * 16 + (size_t)s0 * (AFT_STEP / 2);
     r.ps = (const char *)(lane < 16 ? st.sc[sw] : st.bi[sw]);
-    r.es = (size_t)rs * ng;
+    r.so = ((size_t)rs * ng + (size_t)s0 * gpl) * ssz;
 }
-/* issues the warp's next item into stage qi % D and moves on; one commit group an item, empty past the end */
+/* issues the warp's next item into stage qs (< D) and moves on; one commit group an item, empty past the end */
 template <int D, int GLU>
-__device__ __forceinline__ void aft_issue(aft_src &r, const gemv_set &st, unsigned qi, int nper, int s0, int g, int t, int gpl, int ssz, int fs,
+__device__ __forceinline__ void aft_issue(aft_src &r, const gemv_set &st, unsigned qs, int nper, int s0, int g, int t, int gpl, int ssz, int fs,
                                           int ng, size_t rowb, char *ring) {
     typedef aft_ring<D> R;
     if (nper && r.grp < st.gend[2]) {
-        int s = s0 + r.j, lane = threadIdx.x & 31;
-        char *stage = ring + (size_t)(qi % D) * R::STAGE, *slot = stage + lane * R::SLOT;
-        size_t off = (size_t)s * (AFT_STEP / 2);
-        cp_async16(slot, r.pa + off);
-        cp_async16(slot + 16, r.pb + off);
-        const char *sp = r.ps + (((r.es + (size_t)s * gpl) * ssz) & ~(size_t)(fs - 1));
+        int lane = threadIdx.x & 31;
+        char *stage = ring + qs * R::STAGE, *slot = stage + lane * R::SLOT;
+        cp_async16(slot, r.pa);
+        cp_async16(slot + 16, r.pb);
+        const char *sp = r.ps + (r.so & ~(size_t)(fs - 1));
         char *sd = stage + R::SC + lane * 16;
         if (fs == 4) cp_async_ca<4>(sd, sp, 1);
         else if (fs == 8) cp_async_ca<8>(sd, sp, 1);
         else cp_async_ca<16>(sd, sp, 1);
+        r.pa += AFT_STEP / 2, r.pb += AFT_STEP / 2, r.so += (size_t)gpl * ssz;
         if (++r.j == nper) {
             r.j = 0, r.grp += gridDim.x;
-            aft_src_tile<GLU>(r, st, g, t, rowb, ng);
+            aft_src_tile<GLU>(r, st, g, t, rowb, ng, s0, gpl, ssz);
         }
     }
     cp_async_commit();
 }
 
-template <int D, int GLU>
+/* SDT: the scales' type (BE_F32, BE_F16, BE_BF16), a template parameter so that reading one is a load and a conversion */
+template <int D, int GLU, int SDT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st, const float *x, int k) {
     typedef aft_ring<D> R;
     __shared__ float red[GEMV_WARPS];
@@ -366,14 +368,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     /* warp w: steps s0 .. s0 + nper - 1 of every tile (a run, so that its scale words share sectors item after item) */
     const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS, s0 = warp * per, nper = nsteps - s0 < per ? (nsteps > s0 ? nsteps - s0 : 0) : per;
     const int dact = t < gpl;
-    const int ssz = st.sdt == BE_F32 ? 4 : 2, fs = gpl * ssz < 4 ? 4 : gpl * ssz;
+    constexpr int ssz = SDT == BE_F32 ? 4 : 2;
+    const int fs = gpl * ssz < 4 ? 4 : gpl * ssz;
     const size_t rowb = (size_t)k / 2;
     float2 *gg = (float2 *)(xs + k);
     char *ring = (char *)(gg + ((ng + 1) & ~1)) + (size_t)warp * R::WARP;
     aft_src src;
     src.grp = blockIdx.x, src.j = 0;
-    aft_src_tile<GLU>(src, st, g, t, rowb, ng);
-    unsigned qi = 0;
+    aft_src_tile<GLU>(src, st, g, t, rowb, ng, s0, gpl, ssz);
+    unsigned qi = 0;   /* the stage of the next item to issue */
     for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, fs, ng, rowb, ring);   /* weights: no wait on the kernel before */
     PDL_ENTRY();
     if (st.norm) {
@@ -387,27 +390,33 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
 
     /* lane (g, t)'s B: part g & 1 of chunk t where column g's group is chunk t's, else zeros */
     const int bact = (g >> 1) == (t >> gsh2);
-    const uint4 *bbase = (const uint4 *)xs + t * 2 + (g & 1);
-    unsigned buf = 0, q = 0;
+    const uint4 *bbase = (const uint4 *)xs + t * 2 + (g & 1) + (size_t)s0 * (AFT_STEP * 4 / 16);   /* step s0's */
+    const float2 *ggb = gg + s0 * gpl + t;
+    unsigned buf = 0, q = 0;   /* q: the stage of the next item to compute */
     for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x, buf ^= 1) {
         int row0, ra, rb, m, mi = aft_rows<GLU>(st, grp, g, &row0, &ra, &rb, &m);
-        const size_t ea0 = (size_t)ra * ng + t, eb0 = (size_t)rb * ng + t;
+        /* the low bits of the byte offsets of group t of step s0's scales in rows ra and rb: where in the fetched word they are */
+        unsigned oa = ((unsigned)ra * ng + t + s0 * gpl) * ssz, ob = ((unsigned)rb * ng + t + s0 * gpl) * ssz;
+        const uint4 *bp = bbase;
+        const float2 *gp = ggb;
         float acc0 = 0.0f, acc1 = 0.0f;
-        for (int j = 0; j < nper; j++, q++, qi++) {
+        for (int j = 0; j < nper; j++) {
             aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, fs, ng, rowb, ring);
+            qi = qi + 1 == D ? 0 : qi + 1;
             cp_async_wait<D - 1>();
-            const char *stage = ring + (size_t)(q % D) * R::STAGE, *slot = stage + lane * R::SLOT;
+            const char *stage = ring + q * R::STAGE, *slot = stage + lane * R::SLOT;
+            q = q + 1 == D ? 0 : q + 1;
             const uint4 qa = ((const uint4 *)slot)[0], qb = ((const uint4 *)slot)[1];
-            int s = s0 + j;
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            aft_step(qa, qb, bbase + (size_t)s * (AFT_STEP * 4 / 16), bact, d);
+            aft_step(qa, qb, bp, bact, d);
+            bp += AFT_STEP * 4 / 16;
             if (dact) {   /* group t of the step: its scales (aft_ring) and x's sum and inverse scale */
-                const char *sc = stage + R::SC;
-                int oa = (int)(((ea0 + (size_t)s * gpl) * ssz) & (size_t)(fs - 1)), ob = (int)(((eb0 + (size_t)s * gpl) * ssz) & (size_t)(fs - 1));
-                float2 x2 = gg[s * gpl + t];
-                acc0 += cu_mat_get(sc + g * 16 + oa, st.sdt, 0) * x2.y * (d[0] + d[1]) + cu_mat_get(sc + (16 + g) * 16 + oa, st.sdt, 0) * x2.x;
-                acc1 += cu_mat_get(sc + (8 + g) * 16 + ob, st.sdt, 0) * x2.y * (d[2] + d[3]) + cu_mat_get(sc + (24 + g) * 16 + ob, st.sdt, 0) * x2.x;
+                const char *sa = stage + R::SC + g * 16 + (oa & (fs - 1)), *sb = stage + R::SC + (8 + g) * 16 + (ob & (fs - 1));
+                float2 x2 = *gp;
+                acc0 += cu_mat_get(sa, SDT, 0) * x2.y * (d[0] + d[1]) + cu_mat_get(sa + 256, SDT, 0) * x2.x;
+                acc1 += cu_mat_get(sb, SDT, 0) * x2.y * (d[2] + d[3]) + cu_mat_get(sb + 256, SDT, 0) * x2.x;
             }
+            oa += gpl * ssz, ob += gpl * ssz, gp += gpl;
         }
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1), acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
         acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2), acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
@@ -427,16 +436,22 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
 template <int D> static size_t aff_tc_smem(int k, int group) {
     return sizeof(float) * ((size_t)k + 2 * (size_t)((k / group + 1) & ~1)) + (size_t)GEMV_WARPS * aft_ring<D>::WARP;
 }
-template <int D, int GLU>
+template <int D, int GLU, int SDT>
 static void aff_tc_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
     size_t smem = aff_tc_smem<D>(k, st.group);
     if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aff_tc<D, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        cu_check(c, cudaFuncSetAttribute(k_gemv_aff_tc<D, GLU, SDT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
         return;
     int per = 0;   /* a persistent grid of as many blocks as fit */
-    if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_aff_tc<D, GLU>, GEMV_WARPS * 32, smem), "gemv occupancy")) return;
+    if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_aff_tc<D, GLU, SDT>, GEMV_WARPS * 32, smem), "gemv occupancy"))
+        return;
     unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
-    cu_launch(c, k_gemv_aff_tc<D, GLU>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
+    cu_launch(c, k_gemv_aff_tc<D, GLU, SDT>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
+}
+template <int D, int GLU> static void aff_tc_launch_sdt(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    if (st.sdt == BE_BF16) aff_tc_launch<D, GLU, BE_BF16>(c, groups, st, x, k);
+    else if (st.sdt == BE_F16) aff_tc_launch<D, GLU, BE_F16>(c, groups, st, x, k);
+    else aff_tc_launch<D, GLU, BE_F32>(c, groups, st, x, k);
 }
 /* the tensor-core form takes this launch (see above) where its ring is AFT_D stages deep with two blocks an SM
  * (AFT_SMEM_2 bytes each: k up to 8192); beyond (the 8B shape's down projection, k 14336) three stages left it
@@ -463,8 +478,8 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
     if (BITS == 4 && aff_tc_takes(c, n, st, k)) {   /* the same row groups: 16 streams a block */
-        if (st.glu) aff_tc_launch<AFT_D, 1>(c, groups, st, x, k);
-        else aff_tc_launch<AFT_D, 0>(c, groups, st, x, k);
+        if (st.glu) aff_tc_launch_sdt<AFT_D, 1>(c, groups, st, x, k);
+        else aff_tc_launch_sdt<AFT_D, 0>(c, groups, st, x, k);
         return;
     }
     /* tokens a launch takes: their activations fit in shared memory (the norm prologue's always do) */
