@@ -301,7 +301,8 @@ __device__ __forceinline__ void aft_step(uint4 qa, uint4 qb, const uint4 *bp, in
 /* a warp's ring of D cp.async stages, each: lane-private slots of the two streams' codes (16 bytes each,
  * padded so that a quarter-warp's 16-byte loads hit different banks), then [scales, biases][stream row
  * 0..15] 16 bytes each, which lane r + 16 * (biases) fetches for stream row r: the step's gpl scales of the
- * row (fs bytes: gpl * their size, at least 4, the aligned word that holds a lone 16-bit scale) */
+ * row: the aligned 16 bytes that hold them (a step's gpl scales, 2 to 16 bytes, never straddle 16; reading the 16
+ * whole bytes costs the same L2 request as reading the scales alone, and no branch on their size) */
 template <int D> struct aft_ring {
     static constexpr int SLOT = 48, SC = 32 * SLOT, STAGE = SC + 512, WARP = D * STAGE;
 };
@@ -318,7 +319,7 @@ template <int GLU> __device__ __forceinline__ int aft_rows(const gemv_set &st, i
 struct aft_src {
     int grp, j;
     const char *pa, *pb, *ps;   /* the item's codes of the two streams (advanced an item at a time); the lane's scales or biases */
-    size_t so;                  /* the item's scales' byte offset in ps (its group 0, not yet aligned to fs) */
+    size_t so;                  /* the item's scales' byte offset in ps (its group 0; the fetch takes the 16 bytes around) */
 };
 template <int GLU> __device__ __forceinline__ void aft_src_tile(aft_src &r, const gemv_set &st, int g, int t, size_t rowb, int ng, int s0,
                                                                int gpl, int ssz) {
@@ -334,7 +335,7 @@ template <int GLU> __device__ __forceinline__ void aft_src_tile(aft_src &r, cons
 }
 /* issues the warp's next item into stage qs (< D) and moves on; one commit group an item, empty past the end */
 template <int D, int GLU>
-__device__ __forceinline__ void aft_issue(aft_src &r, const gemv_set &st, unsigned qs, int nper, int s0, int g, int t, int gpl, int ssz, int fs,
+__device__ __forceinline__ void aft_issue(aft_src &r, const gemv_set &st, unsigned qs, int nper, int s0, int g, int t, int gpl, int ssz,
                                           int ng, size_t rowb, char *ring) {
     typedef aft_ring<D> R;
     if (nper && r.grp < st.gend[2]) {
@@ -342,11 +343,9 @@ __device__ __forceinline__ void aft_issue(aft_src &r, const gemv_set &st, unsign
         char *stage = ring + qs * R::STAGE, *slot = stage + lane * R::SLOT;
         cp_async16(slot, r.pa);
         cp_async16(slot + 16, r.pb);
-        const char *sp = r.ps + (r.so & ~(size_t)(fs - 1));
+        const char *sp = r.ps + (r.so & ~(size_t)15);
         char *sd = stage + R::SC + lane * 16;
-        if (fs == 4) cp_async_ca<4>(sd, sp, 1);
-        else if (fs == 8) cp_async_ca<8>(sd, sp, 1);
-        else cp_async_ca<16>(sd, sp, 1);
+        cp_async_ca<16>(sd, sp, 1);
         r.pa += AFT_STEP / 2, r.pb += AFT_STEP / 2, r.so += (size_t)gpl * ssz;
         if (++r.j == nper) {
             r.j = 0, r.grp += gridDim.x;
@@ -369,7 +368,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     const int per = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS, s0 = warp * per, nper = nsteps - s0 < per ? (nsteps > s0 ? nsteps - s0 : 0) : per;
     const int dact = t < gpl;
     constexpr int ssz = SDT == BE_F32 ? 4 : 2;
-    const int fs = gpl * ssz < 4 ? 4 : gpl * ssz;
     const size_t rowb = (size_t)k / 2;
     float2 *gg = (float2 *)(xs + k);
     char *ring = (char *)(gg + ((ng + 1) & ~1)) + (size_t)warp * R::WARP;
@@ -377,7 +375,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     src.grp = blockIdx.x, src.j = 0;
     aft_src_tile<GLU>(src, st, g, t, rowb, ng, s0, gpl, ssz);
     unsigned qi = 0;   /* the stage of the next item to issue */
-    for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, fs, ng, rowb, ring);   /* weights: no wait on the kernel before */
+    for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, ng, rowb, ring);   /* weights: no wait on the kernel before */
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<1>(st, x, k, xs, red, 0);
@@ -395,13 +393,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     unsigned buf = 0, q = 0;   /* q: the stage of the next item to compute */
     for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x, buf ^= 1) {
         int row0, ra, rb, m, mi = aft_rows<GLU>(st, grp, g, &row0, &ra, &rb, &m);
-        /* the low bits of the byte offsets of group t of step s0's scales in rows ra and rb: where in the fetched word they are */
+        /* the low bits of the byte offsets of group t of step s0's scales in rows ra and rb: where in the fetched 16 bytes they are */
         unsigned oa = ((unsigned)ra * ng + t + s0 * gpl) * ssz, ob = ((unsigned)rb * ng + t + s0 * gpl) * ssz;
         const uint4 *bp = bbase;
         const float2 *gp = ggb;
         float acc0 = 0.0f, acc1 = 0.0f;
         for (int j = 0; j < nper; j++) {
-            aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, fs, ng, rowb, ring);
+            aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, ng, rowb, ring);
             qi = qi + 1 == D ? 0 : qi + 1;
             cp_async_wait<D - 1>();
             const char *stage = ring + q * R::STAGE, *slot = stage + lane * R::SLOT;
@@ -411,7 +409,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
             aft_step(qa, qb, bp, bact, d);
             bp += AFT_STEP * 4 / 16;
             if (dact) {   /* group t of the step: its scales (aft_ring) and x's sum and inverse scale */
-                const char *sa = stage + R::SC + g * 16 + (oa & (fs - 1)), *sb = stage + R::SC + (8 + g) * 16 + (ob & (fs - 1));
+                const char *sa = stage + R::SC + g * 16 + (oa & 15), *sb = stage + R::SC + (8 + g) * 16 + (ob & 15);
                 float2 x2 = *gp;
                 acc0 += cu_mat_get(sa, SDT, 0) * x2.y * (d[0] + d[1]) + cu_mat_get(sa + 256, SDT, 0) * x2.x;
                 acc1 += cu_mat_get(sb, SDT, 0) * x2.y * (d[2] + d[3]) + cu_mat_get(sb + 256, SDT, 0) * x2.x;
