@@ -127,7 +127,10 @@ static void fill_avx512(void) { fill(&sets[1], &gemv_avx512_kernels); }
 
 const gemv_kernels *gemv_int8_act(const gemv_kernels *base) {
     if (base == &gemv_avx2_kernels) { pthread_once(&sets[0].once, fill_avx2); return &sets[0].k; }
-    if (base == &gemv_avx512_kernels) { pthread_once(&sets[1].once, fill_avx512); return &sets[1].k; }
+    if (base == &gemv_avx512_kernels || base == gemv_avx512_vnni()) {   /* (the vnni set differs only in q4) */
+        pthread_once(&sets[1].once, fill_avx512);
+        return &sets[1].k;
+    }
     return base;
 }
 #else

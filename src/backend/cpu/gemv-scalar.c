@@ -53,6 +53,7 @@ const gemv_kernels gemv_scalar_kernels = {
 
 const gemv_kernels *gemv_isa(const char *isa) {
 #ifdef GEMV_X86
+    if (!strcmp(isa, "avx512vnni")) return gemv_avx512_vnni();
     if (!strcmp(isa, "avx512"))
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512vl") ? &gemv_avx512_kernels : NULL;
@@ -67,12 +68,13 @@ const gemv_kernels *gemv_isa(const char *isa) {
 const gemv_kernels *gemv_pick(void) {
     /* CINFER_ISA caps the choice (benchmarks and tests of the fallbacks) */
     const char *cap = getenv("CINFER_ISA");
-    static const char *order[] = { "avx512", "avx2", "scalar" };
+    static const char *order[] = { "avx512vnni", "avx512", "avx2", "scalar" };
     int start = 0;
-    if (cap && !strcmp(cap, "avx2")) start = 1;
-    if (cap && !strcmp(cap, "scalar")) start = 2;
+    if (cap && !strcmp(cap, "avx512")) start = 1;
+    if (cap && !strcmp(cap, "avx2")) start = 2;
+    if (cap && !strcmp(cap, "scalar")) start = 3;
     const char *i8 = getenv("CINFER_INT8_ACT");
-    for (int i = start; i < 3; i++) {
+    for (int i = start; i < 4; i++) {
         const gemv_kernels *g = gemv_isa(order[i]);
         if (g) return i8 && !strcmp(i8, "1") ? gemv_int8_act(g) : g;
     }

@@ -27,6 +27,16 @@ typedef void (*rows_f32_fn)(const be_mat *w, int64_t r0, int64_t r1, float *dst)
 /* rearranges x[n][k] into xp[n][k] in the order a kernel wants it */
 typedef void (*prep_x_fn)(const float *x, int n, int64_t k, float *xp);
 
+/* Decode kernels read DS = 4 rows at a time as 4 long sequential streams: rows [r0, r1) cut into 4 parts
+ * walked side by side, rows r, r + h, r + 2h, r + 3h for r in [r0, r0 + h), then the rows from r0 + 4h
+ * one by one. Adjacent rows interleaved read about half as fast on the 2-core Zen 4 VM (their streams
+ * are cut every 4 KiB page, where the hardware prefetchers stop); h is odd because streams a power of
+ * two of bytes apart alias (gemv-avx512.c measured both). Returns h (0 when fewer than 4 rows). */
+static inline int64_t gemv_streams(int64_t r0, int64_t r1) {
+    int64_t h = (r1 - r0) / 4;
+    return h - (h > 1 && !(h & 1));
+}
+
 typedef struct gemv_kernels {
     const char *isa;          /* "avx512", "avx2", "scalar" */
     gemv_fn gemv[BE_N_DTYPES];          /* indexed by be_dtype */
@@ -36,13 +46,16 @@ typedef struct gemv_kernels {
     prep_x_fn prep_x[BE_N_DTYPES];
 } gemv_kernels;
 
-/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512 caps the choice; CINFER_INT8_ACT=1
+/* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512|avx512vnni caps the choice; CINFER_INT8_ACT=1
  * swaps in gemv-affine-i8.c's int8-activation kernels for 4- and 8-bit affine weights) */
 const gemv_kernels *gemv_pick(void);
 /* one specific set, NULL if this CPU (or build) lacks it: for tests */
 const gemv_kernels *gemv_isa(const char *isa);
 
 extern const gemv_kernels gemv_scalar_kernels;
+/* the avx512 set with gemv-affine-vnni.c's 4-bit decode kernel (exact integer products on a 24-bit
+ * fixed-point x); NULL where the CPU lacks AVX-512 VNNI */
+const gemv_kernels *gemv_avx512_vnni(void);
 /* base with the int8-activation kernels for BE_Q4 / BE_Q8 (gemv-affine-i8.c); base itself when it has none */
 const gemv_kernels *gemv_int8_act(const gemv_kernels *base);
 
