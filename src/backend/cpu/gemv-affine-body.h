@@ -19,17 +19,19 @@
  * (MLX's quantized_matmul association; f32 accumulation, activations stay f32), the group sums of x
  * computed once per call. Decode runs 4 weight rows per pass (4 independent FMA chains, one x load
  * shared), more tokens 2 rows x 2 tokens; a token's arithmetic does not depend on the others
- * (batch invariance). Prefetch: the next rows, once per 64-byte line of codes.
+ * (batch invariance). The rows of a pass are gemv_streams' (gemv.h): 4 (or 2) sequential streams h rows
+ * apart, each prefetched AFF_PFD bytes ahead once per 64-byte line of codes.
  */
 #define AFF_XS_MAX 4096   /* group sums of x kept on the stack: tokens x groups */
+#define AFF_PFD 1024      /* software prefetch distance in each stream (bytes) */
 
-/* R rows from r x NT tokens: per group, R*NT accumulators of sum(x*q), then scale and bias */
-AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r, float *y, int64_t ldy,
-                           const int bits, const int R, const int NT, const aff_dec_t *d, const uint8_t *end, int pf) {
+/* the R rows r + a h (a < R) x NT tokens: per group, R*NT accumulators of sum(x*q), then scale and bias */
+AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r, int64_t h, float *y,
+                           int64_t ldy, const int bits, const int R, const int NT, const aff_dec_t *d, const uint8_t *end) {
     int64_t k = w->cols;
     const int G = w->group, step = AFF_W * bits / 8;
-    size_t rb = aq_row_bytes(k, bits);
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+    size_t rb = aq_row_bytes(k, bits) * (size_t)h;   /* a row to the next of the pass */
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * aq_row_bytes(k, bits);
     aff_v acc[4][2];
     float bsum[4][2];
     _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
@@ -47,8 +49,8 @@ AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be
                 _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) ao[a][t] = aff_zero();
             for (int i = 0; i < G; i += 2 * AFF_W, p += AFF_W) {
                 aff_v qe[4], qo[4];
-                if (pf && (((size_t)(g * G + i) / 2) & 63) < (size_t)AFF_W)
-                    _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)(R + a) * rb, _MM_HINT_T0);
+                if ((((size_t)(g * G + i) / 2) & 63) < (size_t)AFF_W)
+                    _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)a * rb + AFF_PFD, _MM_HINT_T0);
                 _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) aff_dec4(p + (size_t)a * rb, &qe[a], &qo[a]);
                 _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
                     aff_v xe, xo;
@@ -65,8 +67,8 @@ AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be
 #endif
         for (int i = 0; i < G; i += AFF_W, p += step) {
             aff_v q[4];
-            if (pf && (((size_t)(g * G + i) * (size_t)bits / 8) & 63) < (size_t)step)   /* the next R rows, ahead of use */
-                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)(R + a) * rb, _MM_HINT_T0);
+            if ((((size_t)(g * G + i) * (size_t)bits / 8) & 63) < (size_t)step)   /* each stream, AFF_PFD bytes ahead */
+                _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) _mm_prefetch((const char *)p + (size_t)a * rb + AFF_PFD, _MM_HINT_T0);
             _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) q[a] = aff_dec(d, p + (size_t)a * rb, bits, end);
             _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
                 aff_v xv = aff_load(xg + (int64_t)t * k + i);
@@ -74,7 +76,7 @@ AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be
             }
         }
         _Pragma("GCC unroll 4") for (int a = 0; a < R; a++) {
-            int64_t gi = (r + a) * ng + g;
+            int64_t gi = (r + a * h) * ng + g;
             aff_v sv = aff_set1(aff_sb(w->scales, w->sdt, gi));
             float b = aff_sb(w->biases, w->sdt, gi);
             _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) {
@@ -84,20 +86,20 @@ AFF_INL void AFF_NAME(blk)(const float *x, const float *xs, int64_t ng, const be
         }
     }
     _Pragma("GCC unroll 4") for (int a = 0; a < R; a++)
-        _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) y[(int64_t)t * ldy + r + a] = aff_hsum(acc[a][t]) + bsum[a][t];
+        _Pragma("GCC unroll 2") for (int t = 0; t < NT; t++) y[(int64_t)t * ldy + r + a * h] = aff_hsum(acc[a][t]) + bsum[a][t];
 }
 
-/* tokens in ones (4 rows at a time) or pairs (2 rows at a time); xs[t][g] = group sums of x */
+/* tokens in ones (4 rows at a time: gemv_streams' 4 streams) or pairs (2 rows at a time, 2 streams);
+ * xs[t][g] = group sums of x */
 AFF_INL void AFF_NAME(rows)(const float *x, const float *xs, int64_t ng, const be_mat *w, int64_t r0, int64_t r1, float *y,
                             int64_t ldy, const int bits, const int NT) {
     const uint8_t *end = (const uint8_t *)w->data + (size_t)w->rows * aq_row_bytes(w->cols, bits);
     aff_dec_t d = aff_dec_init(bits);
-    int64_t r = r0;
-    if (NT == 1)
-        for (; r + 4 <= r1; r += 4) AFF_NAME(blk)(x, xs, ng, w, r, y, ldy, bits, 4, 1, &d, end, r + 8 <= r1);
-    else
-        for (; r + 2 <= r1; r += 2) AFF_NAME(blk)(x, xs, ng, w, r, y, ldy, bits, 2, NT, &d, end, r + 4 <= r1);
-    for (; r < r1; r++) AFF_NAME(blk)(x, xs, ng, w, r, y, ldy, bits, 1, NT, &d, end, 0);
+    const int S = NT == 1 ? 4 : 2;
+    int64_t h = S == 4 ? gemv_streams(r0, r1) : (r1 - r0) / 2;
+    for (int64_t r = r0; r < r0 + h; r++)
+        AFF_NAME(blk)(x, xs, ng, w, r, h, y, ldy, bits, S, NT, &d, end);
+    for (int64_t r = r0 + S * h; r < r1; r++) AFF_NAME(blk)(x, xs, ng, w, r, 0, y, ldy, bits, 1, NT, &d, end);
 }
 
 AFF_INL void AFF_NAME(gemv)(const float *x, int n, const be_mat *w, int64_t r0, int64_t r1, float *y, int64_t ldy, int bits) {
