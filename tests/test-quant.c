@@ -180,7 +180,7 @@ static void test_packing(void) {
 #define GUARD 16
 static void test_kernels(void) {
     static const char *isas[] = {"scalar", "avx2", "avx512", "avx512vnni"};
-    static const int bitsv[] = {2, 3, 4, 5, 6, 8}, groups[] = {32, 64, 128};
+    static const int bitsv[] = {2, 3, 4, 5, 6, 8};
     static const be_dtype sdts[] = {BE_BF16, BE_F16, BE_F32};
     static const int64_t ms[] = {1, 5, 13};
     for (int s = 0; s < 4; s++) {
@@ -189,17 +189,18 @@ static void test_kernels(void) {
         for (int bi = 0; bi < 6; bi++) {
             double worst = 0;
             int exact = 1, guards = 1;
-            /* k: 3 groups of 32 or 64 (the vnni kernel's fallback for k % 64 != 0 at g32), 4 of 32, 2 of 128 */
-            for (int gi = 0; gi < 4; gi++)
+            /* (group, k): 3 groups of 32 or 64 (k % 128 != 0: the vnni kernel's fallback), 2 of 128, 4 of 32, 4 of 64 */
+            static const int gk[5][2] = {{32, 96}, {64, 192}, {128, 256}, {32, 128}, {64, 256}};
+            for (int gi = 0; gi < 5; gi++)
                 for (int si = 0; si < 3; si++)
                     for (int mi = 0; mi < 3; mi++) {
-                        int64_t k = gi == 3 ? 128 : groups[gi] * (gi == 2 ? 2 : 3), m = ms[mi];
-                        const int grp = gi == 3 ? 32 : groups[gi];
+                        int64_t k = gk[gi][1], m = ms[mi];
+                        const int grp = gk[gi][0];
                         qmat q = make_q(m, k, bitsv[bi], grp, sdts[si], NULL);
                         float *x = malloc(sizeof(float) * 8 * (size_t)k), *yb = malloc(sizeof(float) * (8 * (size_t)m + 2 * GUARD));
                         float *y = yb + GUARD, *ref = malloc(sizeof(float) * 8 * (size_t)m), *xp = malloc(sizeof(float) * 8 * (size_t)k);
                         for (int64_t i = 0; i < 8 * k; i++) x[i] = frand();
-                        if (si == 1) x[k / 3] *= 1000.0f;   /* an outlier: the vnni kernel's chunks scale to their largest */
+                        if (si == 1) x[k / 3] *= 1000.0f;   /* an outlier: the vnni kernel's blocks of 8 scale to their largest */
                         for (int n = 1; n <= 8; n++) {
                             for (int i = 0; i < 8 * (int)m + 2 * GUARD; i++) yb[i] = -7777.0f;
                             be_ref_matmul(x, n, &q.m, NULL, ref);
@@ -210,8 +211,14 @@ static void test_kernels(void) {
                             for (int i = 0; i < GUARD; i++) guards &= yb[i] == -7777.0f && y[n * m + i] == -7777.0f;
                             for (int t = 0; t < n; t++)
                                 for (int64_t r = 0; r < m; r++) {
+                                    /* the magnitudes the association sums: |x| (|s q| + |b|) (an outlier's s*q*x and
+                                     * b*x can cancel to a small x*w, their rounding does not) */
                                     double mag = 0;
-                                    for (int64_t i = 0; i < k; i++) mag += fabs((double)x[t * k + i] * be_mat_get(&q.m, r, i));
+                                    for (int64_t i = 0; i < k; i++) {
+                                        size_t gsb = (size_t)(r * (k / grp) + i / grp);
+                                        double sq = be_kv_get(q.s, sdts[si], gsb) * (double)aq_code(q.q + (size_t)r * aq_row_bytes(k, bitsv[bi]), i, bitsv[bi]);
+                                        mag += fabs((double)x[t * k + i]) * (fabs(sq) + fabs((double)be_kv_get(q.b, sdts[si], gsb)));
+                                    }
                                     double e = fabs((double)y[t * m + r] - ref[t * m + r]) / (1e-5 * mag + 1e-6);
                                     if (!(e <= worst)) worst = e;
                                 }
