@@ -7,8 +7,10 @@
  * Weights live in anonymous memory (or, with --file PATH, in a read-only mmap
  * of any large file, as model weights are: 4 KiB page-cache pages, no THP).
  *
- * usage: bench-matmul [-t THREADS] [--dtype bf16|f16|f32] [-m 2048] [-k 2048]
+ * usage: bench-matmul [-t THREADS] [--dtype bf16|f16|f32|q4|q8] [-m 2048] [-k 2048]
  *                     [--mb 1024] [-n 1] [-r 5] [--file PATH] [--tinyllama]
+ *   q4, q8: MLX affine codes of 4 / 8 bits, group 64, bf16 scales and biases (random
+ *     codes; GB/s counts codes, scales and biases as stored: what a decode step reads)
  *   -n 1..8: GEMV over ~--mb MiB of [m][k] matrices, reports GB/s
  *   -n > 8:  GEMM x[n][k] . W[m][k]^T, reports GFLOP/s
  *   --tinyllama: instead, one decode step's matmuls of the TinyLlama-1.1B shape
@@ -90,11 +92,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-k")) k = atoll(v);
         else if (!strcmp(a, "--mb")) mb = (size_t)atoll(v);
         else if (!strcmp(a, "--file")) file = v;
-        else if (!strcmp(a, "--dtype")) dt = !strcmp(v, "f32") ? BE_F32 : !strcmp(v, "f16") ? BE_F16 : BE_BF16;
+        else if (!strcmp(a, "--dtype"))
+            dt = !strcmp(v, "f32") ? BE_F32 : !strcmp(v, "f16") ? BE_F16 : !strcmp(v, "q4") ? BE_Q4 : !strcmp(v, "q8") ? BE_Q8 : BE_BF16;
         else { fprintf(stderr, "bench-matmul: unknown option %s\n", a); return 2; }
     }
+    const int bits = dt == BE_Q4 ? 4 : dt == BE_Q8 ? 8 : 0, G = 64;   /* affine: codes, then bf16 scales, then biases */
+    if (tiny && bits) { fprintf(stderr, "bench-matmul: --tinyllama takes bf16, f16 or f32\n"); return 2; }
     if (tiny) return tinyllama_stack(threads, n, reps, dt);
-    size_t es = be_dtype_size(dt), mat_bytes = (size_t)(m * k) * es;
+    if (bits && (k % G || file)) { fprintf(stderr, "bench-matmul: q4/q8 need k %% 64 == 0 and no --file\n"); return 2; }
+    size_t code_bytes = (size_t)(m * k) * (size_t)(bits ? bits : 8) / 8, sb_bytes = bits ? (size_t)(m * (k / G)) * 2 : 0;
+    size_t mat_bytes = bits ? code_bytes + 2 * sb_bytes : (size_t)(m * k) * be_dtype_size(dt);
     int nmat = n <= 8 ? (int)((mb << 20) / mat_bytes) : 1;
     if (nmat < 1) nmat = 1;
     size_t total = mat_bytes * (size_t)nmat;
@@ -117,6 +124,13 @@ int main(int argc, char **argv) {
         if (!b) return 1;
         for (size_t i = 0; i < total / 2; i++) ((uint16_t *)b)[i] = (uint16_t)(0x3c00 + (i % 97));  /* small finite values */
         if (dt == BE_F32) for (size_t i = 0; i < total / 4; i++) ((float *)b)[i] = 0.01f * (float)(i % 97);
+        uint64_t rs = 12345;
+        for (size_t i = 0; bits && i < total; i++) {   /* codes: random bytes; scales, biases: small bf16 values */
+            size_t o = i % mat_bytes;
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            if (o < code_bytes) b[i] = (uint8_t)(rs >> 56);
+            else if (!(o & 1)) *(uint16_t *)(b + i) = (uint16_t)((o < code_bytes + sb_bytes ? 0x3c00 : 0xbc00) + (rs >> 60));
+        }
         w = b;
     }
     float *x = malloc(sizeof(float) * (size_t)(n * k)), *y = malloc(sizeof(float) * (size_t)(n * m));
@@ -125,7 +139,16 @@ int main(int argc, char **argv) {
     be_ctx *c;
     if (ops->ctx_new(&c, threads)) return 1;
     be_mat *mats = calloc((size_t)nmat, sizeof *mats);
-    for (int i = 0; i < nmat; i++) mats[i] = (be_mat){ .data = w + mat_bytes * (size_t)i, .dt = dt, .rows = m, .cols = k };
+    for (int i = 0; i < nmat; i++) {
+        const uint8_t *base = w + mat_bytes * (size_t)i;
+        mats[i] = (be_mat){ .data = base, .dt = dt, .rows = m, .cols = k };
+        if (bits) {
+            mats[i].scales = base + code_bytes;
+            mats[i].biases = base + code_bytes + sb_bytes;
+            mats[i].sdt = BE_BF16;
+            mats[i].group = G;
+        }
+    }
     ops->matmul(c, x, n, &mats[0], NULL, y);   /* warm-up */
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
