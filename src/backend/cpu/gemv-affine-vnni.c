@@ -23,10 +23,11 @@
  *
  * Why: with f32 activations each code costs a conversion and an FMA, and on
  * Zen 4 the conversions, shifts and byte moves share two of the four vector
- * pipes: the f32 kernel runs ~8.4 cycles a row's 64 codes, bound there. Here
- * a row's 128 codes (one 64-byte load) cost 6 vpdpbusd, 1 multiply and 1 FMA
- * on the multiply pipes, 1 shift, 2 Horner shifts, 1 conversion and 1
- * permute on the others, 2 ANDs anywhere: ~4 cycles a 64 codes.
+ * pipes: the f32 kernel takes 12-14 cycles a row's 64 codes (a matrix in L3,
+ * 1 thread). Here a row's 128 codes (one 64-byte load) cost 6 vpdpbusd, 1
+ * multiply and 1 FMA on the multiply pipes, 1 shift, 2 Horner shifts, 1
+ * conversion and 1 permute on the others, 2 ANDs anywhere: 5.7 cycles a 64
+ * codes measured (BENCHMARKS.md, issue 11).
  *
  * Prepared x (prep_q4_vnni, gemv.h's prep_x contract), per token t at
  * xp + t*k floats, for k % 128 == 0: 448 bytes a block of 128 values: for
