@@ -56,9 +56,11 @@ run $B/test-backend-ops
 # tensor-core one from 8192 keys, a 4-/8-bit one always): forced on, then off
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
-# every affine case through the one-token GEMV's CUDA-core kernel too (by default 4-bit rows of one token
-# with k % 128 == 0 take its tensor-core form, gemv-affine.cu)
+# every affine case through the one-token GEMV's other forms too (by default 4-bit rows of one token
+# with k % 128 == 0 take its tensor-core form, gemv-affine.cu; CINFER_CUDA_AFF_TC=0 its f32 CUDA-core
+# kernel; CINFER_CUDA_AFF_DP=1 its integer form, opt-in until this has passed on the device)
 run env CINFER_CUDA_AFF_TC=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
+run env CINFER_CUDA_AFF_DP=1 CINFER_TEST_ONLY=affine $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq

@@ -107,7 +107,86 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
     }
 }
 
-template <int BITS, int N, int GLU>
+/* One token's 4-bit rows in integers (DP): each piece's 32 x values as 24-bit fixed point, the method of
+ * the CPU's gemv-affine-vnni.c. The piece's largest |x| = m gets the smallest power of two d with
+ * m / d <= 127; X_i = round(x_i 2^16 / d) (exact scaling, one rounding: within 2^-23 m), held as three
+ * signed bytes X = 2^16 x0 + 2^8 x1 + x2, so a row's 32 codes c meet them in 6 dp4a a word of 8 codes
+ * (low nibbles: codes 0, 2, 4, 6; high: 1, 3, 5, 7), summed exactly in int32 (|c.x0| <= 32 * 15 * 128);
+ * F = (c.x0 2^8 + c.x1) 2^8 + c.x2 in f32 (the first sum exact below 2^24, one rounding), then
+ * s * (d / 2^16) * F + b * sum x per piece, as the kernel's f32 form. About 1.4 instructions a code
+ * against its ~3.5. A piece's digits sit in shared memory as 24 words [digit][word][low, high] and
+ * then d / 2^16, AFF_DPW words a piece (lanes reading 16 bytes of consecutive pieces hit
+ * different banks), written over x (36 floats a piece in xs_index's layout) once every thread has read
+ * its pieces. Opt-in (CINFER_CUDA_AFF_DP=1): measured on the H200 (8B shape, A/B in one process against
+ * the tensor-core form, the same greedy tokens) 2.788 against 3.063 ms a step, but not yet run through
+ * test-backend-ops on the device; once it has, it should be the default. */
+#define AFF_DPW 28
+__device__ __forceinline__ void aff_dp_make(const float *v, uint32_t *o) {
+    float m = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        m = fmaxf(m, fabsf(v[i]));
+        bad |= !isfinite(v[i]);
+    }
+    int E;
+    frexpf(m, &E);
+    int e = ldexpf(m, 7 - E) <= 127.0f ? E - 7 : E - 6;
+    e = e < -100 ? -100 : e;   /* (|x| below 2^-93: 2^(16 - e) stays finite; such values round to 0) */
+    const float sc = bad || m == 0.0f ? 0.0f : ldexpf(1.0f, 16 - e);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t w0 = 0, w1 = 0, w2 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int X = __float2int_rn(v[8 * u + 2 * i + h] * sc);
+                int d2 = (int)(signed char)(X & 0xff), X1 = (X - d2) >> 8;
+                int d1 = (int)(signed char)(X1 & 0xff), d0 = (X1 - d1) >> 8;
+                w0 |= (uint32_t)(d0 & 0xff) << (8 * i);
+                w1 |= (uint32_t)(d1 & 0xff) << (8 * i);
+                w2 |= (uint32_t)(d2 & 0xff) << (8 * i);
+            }
+            o[0 * 8 + 2 * u + h] = w0;
+            o[1 * 8 + 2 * u + h] = w1;
+            o[2 * 8 + 2 * u + h] = w2;
+        }
+    ((float *)o)[24] = bad ? __int_as_float(0x7fc00000) : m == 0.0f ? 0.0f : ldexpf(1.0f, e - 16);
+}
+
+/* acc[s] += sc[s] * (d / 2^16) * sum c X + bi[s] * sum x over piece j (one token; dg: the pieces' digits) */
+template <int S>
+__device__ __forceinline__ void aff_dp_piece(const uint4 *q, const float *sc, const float *bi, const uint32_t *dg, const float *xp, int j,
+                                             float (*acc)[1]) {
+    const uint4 *d4 = (const uint4 *)(dg + (size_t)j * AFF_DPW);
+    uint4 dd[7];
+#pragma unroll
+    for (int i = 0; i < 7; i++) dd[i] = d4[i];
+    const float dscale = __uint_as_float(dd[6].x);   /* d / 2^16 (NaN: a NaN or Inf in the piece) */
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        int S0 = 0, S1 = 0, S2 = 0;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const uint32_t w = u4_word(q[s], u), lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+            const uint4 a0 = dd[u >> 1], a1 = dd[2 + (u >> 1)], a2 = dd[4 + (u >> 1)];
+            const int l0 = (int)((u & 1) ? a0.z : a0.x), h0 = (int)((u & 1) ? a0.w : a0.y);
+            const int l1 = (int)((u & 1) ? a1.z : a1.x), h1 = (int)((u & 1) ? a1.w : a1.y);
+            const int l2 = (int)((u & 1) ? a2.z : a2.x), h2 = (int)((u & 1) ? a2.w : a2.y);
+            S0 = __dp4a((int)lo, l0, S0); S0 = __dp4a((int)hi, h0, S0);
+            S1 = __dp4a((int)lo, l1, S1); S1 = __dp4a((int)hi, h1, S1);
+            S2 = __dp4a((int)lo, l2, S2); S2 = __dp4a((int)hi, h2, S2);
+        }
+        const float F = fmaf((float)(S0 * 256 + S1), 256.0f, (float)S2);
+        acc[s][0] = fmaf(sc[s] * dscale, F, acc[s][0]);
+    }
+    const float xsum = xp[j];
+#pragma unroll
+    for (int s = 0; s < S; s++) acc[s][0] += bi[s] * xsum;
+}
+
+template <int BITS, int N, int GLU, int DP = 0>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
     constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
     __shared__ float red[GEMV_WARPS];
@@ -123,12 +202,38 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     }
     const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
     float *xp = xs + (size_t)N * xrow;
-    for (int e = threadIdx.x; e < N * nu; e += GEMV_WARPS * 32) {   /* each piece's sum of x, once for every row */
-        const float4 *v4 = (const float4 *)(xs + (size_t)(e / nu) * xrow + xs_index(e % nu * V, 1));
-        float sum = 0.0f;
+    uint32_t *dg = (uint32_t *)xs;   /* DP: the pieces' digits, over x once every thread holds its pieces */
+    if (DP) {   /* one token, k <= AFF_XS_MAX: at most DPP pieces a thread */
+        constexpr int DPP = AFF_XS_MAX / 32 / (GEMV_WARPS * 32);
+        float v[DPP][32];
 #pragma unroll
-        for (int i = 0; i < V / 4; i++) sum += (v4[i].x + v4[i].y) + (v4[i].z + v4[i].w);
-        xp[e] = sum;
+        for (int p = 0; p < DPP; p++) {
+            const int e = threadIdx.x + p * GEMV_WARPS * 32;
+            if (e >= nu) break;
+            const float4 *v4 = (const float4 *)(xs + xs_index(e * 32, 1));
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float4 t = v4[i];
+                sum += (t.x + t.y) + (t.z + t.w);
+                v[p][4 * i] = t.x, v[p][4 * i + 1] = t.y, v[p][4 * i + 2] = t.z, v[p][4 * i + 3] = t.w;
+            }
+            xp[e] = sum;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int p = 0; p < DPP; p++) {
+            const int e = threadIdx.x + p * GEMV_WARPS * 32;
+            if (e < nu) aff_dp_make(v[p], dg + (size_t)e * AFF_DPW);
+        }
+    } else {
+        for (int e = threadIdx.x; e < N * nu; e += GEMV_WARPS * 32) {   /* each piece's sum of x, once for every row */
+            const float4 *v4 = (const float4 *)(xs + (size_t)(e / nu) * xrow + xs_index(e % nu * V, 1));
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < V / 4; i++) sum += (v4[i].x + v4[i].y) + (v4[i].z + v4[i].w);
+            xp[e] = sum;
+        }
     }
     __syncthreads();
     const size_t rb = (size_t)k * BITS / 8;
@@ -162,7 +267,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
 #pragma unroll
             for (int p = 0; p < AFF_U; p++) {
                 int j = j0 + 32 * p;
-                if (j < nu) aff_piece<BITS, N, S>(q[p], sc[p], bi[p], xs, xrow, xp, nu, j, acc);
+                if (j < nu) {
+                    if (DP) aff_dp_piece<S>(q[p], sc[p], bi[p], dg, xp, j, (float (*)[1])acc);
+                    else aff_piece<BITS, N, S>(q[p], sc[p], bi[p], xs, xrow, xp, nu, j, acc);
+                }
             }
         }
 #pragma unroll
@@ -460,13 +568,13 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
     return c->aff_tc && n == 1 && k % AFT_STEP == 0 && st.group >= 32 && st.group <= 128 && aff_tc_smem<AFT_D>(k, st.group) <= AFT_SMEM_2;
 }
 
-/* the affine GEMV over the set's matrices (BITS 4 or 8) */
-template <int BITS, int N, int GLU>
+/* the affine GEMV over the set's matrices (BITS 4 or 8; DP: one token's 4-bit rows in integers) */
+template <int BITS, int N, int GLU, int DP = 0>
 static void aff_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
     if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aff<BITS, N, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        cu_check(c, cudaFuncSetAttribute(k_gemv_aff<BITS, N, GLU, DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
         return;
-    cu_launch(c, k_gemv_aff<BITS, N, GLU>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
+    cu_launch(c, k_gemv_aff<BITS, N, GLU, DP>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
 }
 
 template <int BITS>
@@ -475,6 +583,12 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     if (!groups || n <= 0) return;
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
+    if (BITS == 4 && n == 1 && c->aff_dp) {   /* one token in integers: xs, the pieces' sums, their digits */
+        size_t smem = sizeof(float) * ((size_t)xs_row(k, 1) + (size_t)k / 32);   /* the digits take x's place */
+        if (st.glu) aff_launch<4, 1, 1, 1>(c, grid, smem, st, x, k);
+        else aff_launch<4, 1, 0, 1>(c, grid, smem, st, x, k);
+        return;
+    }
     if (BITS == 4 && aff_tc_takes(c, n, st, k)) {   /* the same row groups: 16 streams a block */
         if (st.glu) aff_tc_launch_sdt<AFT_D, 1>(c, groups, st, x, k);
         else aff_tc_launch_sdt<AFT_D, 0>(c, groups, st, x, k);
