@@ -96,7 +96,7 @@ AFF_INL void AFF_NAME(rows)(const float *x, const float *xs, int64_t ng, const b
     const uint8_t *end = (const uint8_t *)w->data + (size_t)w->rows * aq_row_bytes(w->cols, bits);
     aff_dec_t d = aff_dec_init(bits);
     const int S = NT == 1 ? 4 : 2;
-    int64_t h = S == 4 ? gemv_streams(r0, r1) : (r1 - r0) / 2;
+    const int64_t h = gemv_streams(r0, r1, S);
     for (int64_t r = r0; r < r0 + h; r++)
         AFF_NAME(blk)(x, xs, ng, w, r, h, y, ldy, bits, S, NT, &d, end);
     for (int64_t r = r0 + S * h; r < r1; r++) AFF_NAME(blk)(x, xs, ng, w, r, 0, y, ldy, bits, 1, NT, &d, end);

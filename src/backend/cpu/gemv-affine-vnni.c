@@ -185,7 +185,7 @@ INLV void vn_blk(const uint8_t *xp, const float *xs, const be_mat *w, int64_t r,
 #define VN_T 4   /* tokens whose group sums are made at once */
 INLV void vn_rows(const float *x, float xs[][VN_UNITS + 16], int nt, const be_mat *w, int64_t r0, int64_t r1, float *y,
                   int64_t ldy, const int G) {
-    const int64_t k = w->cols, h = gemv_streams(r0, r1);
+    const int64_t k = w->cols, h = gemv_streams(r0, r1, 4);
     for (int t = 0; t < nt; t++) vn_sums((const uint8_t *)(x + (int64_t)t * k), k, G, xs[t]);
     for (int64_t r = r0; r < r0 + h; r++)
         for (int t = 0; t < nt; t++) vn_blk((const uint8_t *)(x + (int64_t)t * k), xs[t], w, r, h, y + (int64_t)t * ldy, 4, G);
@@ -223,9 +223,7 @@ static void vn_fill(void) {
     vn_set.prep_x[BE_Q4] = prep_q4_vnni;
 }
 const gemv_kernels *gemv_avx512_vnni(void) {
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
-        !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vnni"))
-        return NULL;
+    if (!gemv_isa("avx512") || !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vnni")) return NULL;
     pthread_once(&vn_once, vn_fill);
     return &vn_set;
 }

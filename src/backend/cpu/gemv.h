@@ -27,13 +27,14 @@ typedef void (*rows_f32_fn)(const be_mat *w, int64_t r0, int64_t r1, float *dst)
 /* rearranges x[n][k] into xp[n][k] in the order a kernel wants it */
 typedef void (*prep_x_fn)(const float *x, int n, int64_t k, float *xp);
 
-/* Decode kernels read DS = 4 rows at a time as 4 long sequential streams: rows [r0, r1) cut into 4 parts
- * walked side by side, rows r, r + h, r + 2h, r + 3h for r in [r0, r0 + h), then the rows from r0 + 4h
- * one by one. Adjacent rows interleaved read about half as fast on the 2-core Zen 4 VM (their streams
- * are cut every 4 KiB page, where the hardware prefetchers stop); h is odd because streams a power of
- * two of bytes apart alias (gemv-avx512.c measured both). Returns h (0 when fewer than 4 rows). */
-static inline int64_t gemv_streams(int64_t r0, int64_t r1) {
-    int64_t h = (r1 - r0) / 4;
+/* Decode kernels read s rows at a time (4; 2 for pairs of tokens) as s long sequential streams: rows
+ * [r0, r1) cut into s parts walked side by side, rows r, r + h, .., r + (s-1) h for r in [r0, r0 + h),
+ * then the rows from r0 + s h one by one. Adjacent rows interleaved read about half as fast on the 2-core
+ * Zen 4 VM (their streams are cut every 4 KiB page, where the hardware prefetchers stop); h is odd
+ * because streams a power of two of bytes apart alias (gemv-avx512.c measured both). Returns h (0 when
+ * fewer than s rows). */
+static inline int64_t gemv_streams(int64_t r0, int64_t r1, int s) {
+    int64_t h = (r1 - r0) / s;
     return h - (h > 1 && !(h & 1));
 }
 
