@@ -10,16 +10,19 @@
 # its own llama-quantize --pure from the GGUF of the same f16 weights (bench/hf-to-gguf.py).
 # cinfer: $BUILD/bench/bench-model -d (prefill once to each depth with the f32 cache, time TG decode
 # steps, restore that state into a kv_bits context with quantized_kv_start = depth, whose first step
-# converts the cache, then time TG steps; best of REPS). llama.cpp: llama-bench -p 0 -n TG -d DEPTH
-# -r REPS, one call per depth and KV type, every KV type at a depth before the next depth (its mean; it
-# prefills the depth once per call and restores that state per repetition).
+# converts the cache, then time TG steps; best of REPS). llama.cpp: bench/llama-depth.cpp (built here
+# against the peer's libraries), llama-bench's own decode steps (-fa 1, -ctk/-ctv) after a depth filled
+# as SPLIT sequences that seq_cp then gives to one sequence (the same cells and kernel as llama-bench -d,
+# without the hour that llama-bench's quantized-KV fill of 16k takes on 2 cores; see that file), one
+# call per depth and KV type, every KV type at a depth before the next depth (mean of REPS). PEER_CHECK=D
+# also runs llama-bench -p 0 -n TG -d D itself for each KV type, the check of the method at depth D.
 #
 # usage: bench/kvq-cpu.sh [DEPTHS] [THREADS] [TG] [REPS]     (defaults: 4096,16384 2 32 2)
 #   env: BUILD (default build-cpu, built with CUDA=0), CINFER_BENCH_DIR (default /tmp/cinfer-bench; models under its kvq/), PEER_KV (default
-#        "q8_0 q4_0"; add f16 for llama.cpp's f16 cache), NO_PEER=1 skips llama.cpp, NO_CINFER=1 runs
+#        "q8_0 q4_0"; add f16 for llama.cpp's f16 cache), SPLIT (default 64), PEER_CHECK (a depth; unset: none), NO_PEER=1 skips llama.cpp, NO_CINFER=1 runs
 #        llama.cpp alone next to the cinfer figures and ceilings of the last run.
-# Filling 16k tokens of context costs minutes of prefill on 2 cores for each engine (llama.cpp once per
-# KV type): expect about 20 minutes on a quiet 2-core machine. Output: a markdown table; raw logs in
+# Filling 16k tokens of context costs cinfer about 16 minutes of prefill on 2 cores, llama.cpp a few
+# minutes a KV type: expect about 30 minutes on a quiet 2-core machine. Output: a markdown table; raw logs in
 # $CINFER_BENCH_DIR/kvq/last-run/.
 set -e
 cd "$(dirname "$0")/.."
@@ -37,6 +40,10 @@ SHARED=${CINFER_SHARED:-../shared}
 [ -d "$SHARED/peers" ] || SHARED=/work/shared
 PEER=${LLAMA_PEER_DIR:-$HOME/.cache/llama-cpp-peer}
 BIN=$(sh "$SHARED/peers/llama-cpp-cpu.sh" "$PEER" | tail -1)
+PLIB=$PEER/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
+[ "$BIN/llama-depth" -nt bench/llama-depth.cpp ] || g++ -O2 -std=c++17 -I"$PEER/src/include" -I"$PEER/src/ggml/include" \
+  bench/llama-depth.cpp -o "$BIN/llama-depth" -L"$PLIB" -l:libllama.v0.4.0.so -l:libggml.v0.4.0.so -l:libggml-base.so \
+  -pthread -Wl,-rpath,'$ORIGIN'
 
 F16=$WORK/tl-f16 Q8=$WORK/tl-q8g64 G16=$WORK/tl-f16.gguf G8=$WORK/tl-q8_0.gguf
 if [ ! -s "$F16/model.safetensors" ]; then
@@ -64,16 +71,24 @@ if [ -z "$NO_CINFER" ]; then
 else   # NO_CINFER=1: the peer alone, next to the cinfer.txt and ceilings.txt of an earlier run
   ./$B/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
 fi
-: >"$OUT/peer.jsonl"
+: >"$OUT/peer.jsonl"; : >"$OUT/peer-check.jsonl"
 if [ -z "$NO_PEER" ]; then
   for d in $(echo "$DEPTHS" | tr ',' ' '); do   # every KV type at a depth before the next depth
     for kv in $PEER_KV; do
       t0=$(date +%s)
-      "$BIN/llama-bench" -m "$G8" -t "$T" -fa 1 -p 0 -n "$TG" -d "$d" -r "$REPS" -ctk "$kv" -ctv "$kv" -o jsonl \
+      "$BIN/llama-depth" -m "$G8" -t "$T" -n "$TG" -d "$d" -r "$REPS" -ctk "$kv" -ctv "$kv" --split "${SPLIT:-64}" \
         >>"$OUT/peer.jsonl" 2>>"$OUT/peer-$kv.log"
-      echo "# llama.cpp $kv at depth $d: $(( $(date +%s) - t0 )) s"
+      echo "# llama.cpp $kv at depth $d (llama-depth, split ${SPLIT:-64}): $(( $(date +%s) - t0 )) s"
     done
   done
+  if [ -n "$PEER_CHECK" ]; then   # the method against llama-bench's own fill, at one depth
+    for kv in $PEER_KV; do
+      t0=$(date +%s)
+      "$BIN/llama-bench" -m "$G8" -t "$T" -fa 1 -p 0 -n "$TG" -d "$PEER_CHECK" -r "$REPS" -ctk "$kv" -ctv "$kv" -o jsonl \
+        >>"$OUT/peer-check.jsonl" 2>>"$OUT/peer-$kv.log"
+      echo "# llama-bench $kv at depth $PEER_CHECK: $(( $(date +%s) - t0 )) s"
+    done
+  fi
 fi
 ./$B/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null
 echo "# load after: $(uptime | sed 's/.*load average/load average/')"
@@ -102,11 +117,12 @@ for d in depths:
         ts = c.get(f"d{d}_{key}_tg{tg}_tok_s")
         if ts is None: continue
         rows.append(("cinfer", name, d, float(ts), wc, float(c[f"d{d}_{key}_kv_bytes"])))
-for l in open(f"{out}/peer.jsonl"):
-    if not l.startswith("{"): continue
-    r = json.loads(l)
-    rows.append(("llama.cpp", f"{r['type_k']}/{r['type_v']}", r["n_depth"], r["avg_ts"], r["model_size"] - EMB,
-                 22 * 2 * 256 * r["n_depth"] * BPE.get(r["type_k"], 0)))
+for f, name in (("peer.jsonl", "llama.cpp"), ("peer-check.jsonl", "llama.cpp (llama-bench -d)")):
+    for l in open(f"{out}/{f}"):
+        if not l.startswith("{"): continue
+        r = json.loads(l)
+        rows.append((name, f"{r['type_k']}/{r['type_v']}", r["n_depth"], r["avg_ts"], r["model_size"] - EMB,
+                     22 * 2 * 256 * r["n_depth"] * BPE.get(r["type_k"], 0)))
 print(f"read bandwidth ceiling (ceilings, 2 threads, best of 3): {bw / 1e9:.1f} GB/s")
 print()
 print("| engine | KV cache | context | decode tok/s | weights MB/step | KV MB/step | GB/s read | ceiling tok/s | of ceiling |")

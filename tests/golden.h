@@ -61,18 +61,28 @@ static inline double golden_rel_err(const float *a, const float *b, size_t n) {
     return mx != mx ? INFINITY : mx / (hi - lo);
 }
 
-/* logits [n][V] of ids through a fresh context, NULL on failure */
-static inline float *golden_eval_all(cinfer_model *m, const int32_t *ids, int n, int V) {
+/* logits [n][V] of ids through a fresh context made with opts o, NULL on failure; prefill_f32: with
+ * f32 activations everywhere (prefill_act "f32", the definition the golden files hold: on a CPU with
+ * AVX-512 BF16 the default rounds a quantized model's prefill activations to bf16), where the backend
+ * has that setting (CUDA has its own precision and refuses it) */
+static inline float *golden_eval_opts(cinfer_model *m, const cinfer_ctx_opts *o, int prefill_f32, const int32_t *ids,
+                                      int n, int V) {
     cinfer_ctx *c = NULL;
     char err[256];
     float *lg = malloc(sizeof(float) * n * V);
-    if (!lg || cinfer_ctx_new(m, NULL, &c, err, sizeof err) || cinfer_eval(c, ids, n, 1, lg)) {
+    cinfer_ctx_opts f = o ? *o : (cinfer_ctx_opts){0};
+    f.prefill_act = "f32";
+    if (prefill_f32 && lg && cinfer_ctx_new(m, &f, &c, err, sizeof err)) c = NULL;
+    if (!lg || (!c && cinfer_ctx_new(m, o, &c, err, sizeof err)) || cinfer_eval(c, ids, n, 1, lg)) {
         printf("# eval: %s\n", c ? cinfer_ctx_error(c) : err);
         free(lg);
         lg = NULL;
     }
     cinfer_ctx_free(c);
     return lg;
+}
+static inline float *golden_eval_all(cinfer_model *m, const int32_t *ids, int n, int V) {
+    return golden_eval_opts(m, NULL, 1, ids, n, V);
 }
 /* ids scored as row 0 of a right-padded batch of 2 rows (row 1 = the first
  * n-3 tokens): the largest error of each row against `full`, the logits of

@@ -1389,6 +1389,7 @@ int main(void) {
     if (!be) return CHECK_DONE();
     CHECK(be->ctx_new(&bc, on_cuda ? 1 : 2) == 0, "%s context", be->name);
     if (!bc) return CHECK_DONE();
+    if (be->prefill_act) be->prefill_act(bc, BE_ACT_F32);   /* the f32 definition (the bf16 mode: test-cpu-kernels) */
     /* CINFER_TEST_ONLY=WORD: only the tests whose name holds WORD (a sanitizer run of a few kernels) */
     const char *only = getenv("CINFER_TEST_ONLY");
 #define RUN(t) do { if (!only || strstr(#t, only)) t(); } while (0)

@@ -196,6 +196,7 @@ static void test_matmul_multi(int threads) {
  * rounded to bf16 (the reference sees the rounded x); and through cpu_matmul
  * with CINFER_BF16_ACT=1 on every CPU (without AVX-512 BF16, or under
  * CINFER_ISA=avx2, the rounded x through the f32 path) */
+static void test_bf16_matmul(void);
 static void test_gemm_bf16(void) {
     if (!gemm_bf16_available()) printf("# avx512bf16 not on this CPU (or capped by CINFER_ISA): the kernel skipped, its emulation checked\n");
     static const int ns[] = { 1, 9, 31, 32, 33, 70 };
@@ -226,6 +227,56 @@ static void test_gemm_bf16(void) {
             }
     if (gemm_bf16_available()) CHECK(worst <= 1.0, "gemm-bf16 kernel n=1..70, odd m, k: worst error %.3g of bound", worst);
 
+    /* the AMX form of the same products (gemm-amx.c): x and the rows packed, padded to 32 */
+    if (!gemm_amx_available()) printf("# AMX not on this CPU or not granted (or capped by CINFER_ISA): its kernel skipped\n");
+    static const int64_t mx[] = { 1, 16, 17, 32, 33, 70 }, kx[] = { 1, 2, 31, 32, 33, 64, 257 };
+    worst = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns && gemm_amx_available(); a++)
+        for (size_t b = 0; b < sizeof mx / sizeof *mx; b++)
+            for (size_t d = 0; d < sizeof kx / sizeof *kx; d++) {
+                int n = ns[a];
+                int64_t m = mx[b], k = kx[d], ldy = m + 3;
+                tmat w = make_mat(BE_F32, m, k, 1.0f);
+                float *x = malloc(sizeof(float) * (size_t)(n * k)), *xr = malloc(sizeof(float) * (size_t)(n * k));
+                float *wr = malloc(sizeof(float) * (size_t)(m * k));
+                float *y = malloc(sizeof(float) * (size_t)(n * ldy)), *ref = malloc(sizeof(float) * (size_t)(n * m));
+                uint16_t *xp = malloc(2 * (size_t)(GEMM_AMX_PAD(n) * GEMM_AMX_XLD(k)));
+                uint32_t *wv = calloc((size_t)(GEMM_AMX_PAD(m) * GEMM_AMX_PAD(k) / 2), 4);
+                for (int64_t i = 0; i < n * k; i++) {
+                    x[i] = frand();
+                    xr[i] = be_bf16_to_f32(be_f32_to_bf16(x[i]));
+                }
+                for (int64_t i = 0; i < m * k; i++) wr[i] = be_bf16_to_f32(be_f32_to_bf16(((float *)w.m.data)[i]));
+                be_mat wm = {.data = wr, .dt = BE_F32, .rows = m, .cols = k};
+                for (int64_t i = 0; i < n * ldy; i++) y[i] = NAN;
+                be_ref_matmul(xr, n, &wm, NULL, ref);
+                gemm_amx_pack_x(x, n, k, xp);
+                gemm_amx_pack_rows(w.m.data, (int)m, k, wv);
+                gemm_amx_block(xp, n, k, wv, (int)m, y, ldy);
+                int guard = 1;   /* the columns past m are never written */
+                for (int t = 0; t < n; t++) {
+                    for (int64_t r = m; r < ldy; r++) guard &= isnan(y[t * ldy + r]);
+                    memmove(y + t * m, y + t * ldy, sizeof(float) * (size_t)m);
+                }
+                double e = guard ? err_ratio(xr, n, &wm, NULL, y, ref) : INFINITY;
+                if (!(e <= worst)) worst = e;
+                free(x); free(xr); free(wr); free(y); free(ref); free(xp); free(wv); free(w.buf);
+            }
+    if (gemm_amx_available())
+        CHECK(worst <= 1.0, "gemm-amx kernel n=1..70, m=1..70, k=1..257 (rounded x and rows): worst error %.3g of bound "
+              "(infinite: a write past the rows)", worst);
+
+    test_bf16_matmul();
+    if (gemm_amx_available()) {   /* the same through the AVX-512 BF16 kernel */
+        setenv("CINFER_ISA", "avx512vnni", 1);
+        test_bf16_matmul();
+        unsetenv("CINFER_ISA");
+    }
+}
+
+/* the bf16 mode through cpu_matmul: whichever kernel this CPU (and CINFER_ISA) gives */
+static void test_bf16_matmul(void) {
+    const char *path = gemm_amx_available() ? "AMX" : gemm_bf16_available() ? "AVX-512 BF16" : "emulated";
     const be_ops *ops = be_cpu();
     be_ctx *c = NULL;
     if (ops->ctx_new(&c, 2) || !c) return;
@@ -240,7 +291,7 @@ static void test_gemm_bf16(void) {
     ops->matmul(c, x, n, &w.m, &bias.m, y);
     double e = err_ratio(xr, n, &w.m, &bias.m, y, ref);
     CHECK(e <= 1.0, "cpu_matmul with CINFER_BF16_ACT=1 (bf16 x, n=77, +bias; %s): error %.3g of bound",
-          gemm_bf16_available() ? "AVX-512 BF16" : "emulated", e);
+          path, e);
     /* MLX affine weights in the same mode: each row dequantized, rounded to bf16, then the same products
      * (the reference: that row from cpu_mat_row_f32, rounded, through be_ref_matmul) */
     static const int bits[] = {4, 8, 3};
@@ -270,17 +321,59 @@ static void test_gemm_bf16(void) {
         ops->matmul(c, xa, na, &a, NULL, ya);
         double ea = err_ratio(xar, na, &wm, NULL, ya, refa);
         CHECK(ea <= 1.0, "cpu_matmul with CINFER_BF16_ACT=1 on %d-bit affine weights (rows dequantized and rounded to bf16, "
-              "n=45; %s): error %.3g of bound", bits[bi], gemm_bf16_available() ? "AVX-512 BF16" : "emulated", ea);
+              "n=45; %s): error %.3g of bound", bits[bi], path, ea);
+        /* who decides: the context's prefill_act, then CINFER_BF16_ACT, then auto (bf16 for affine weights
+         * where the CPU has the dot products); each mode's result against its own reference (f32: the
+         * unrounded x and rows), and the other reference missed, so the mode taken is the one named */
+        float *ref32 = malloc(sizeof(float) * (size_t)(na * ma));
+        be_ref_matmul(xa, na, &a, NULL, ref32);
+        static const struct { int ctx_mode; const char *env; int bf16; const char *what; } modes[] = {
+            {BE_ACT_AUTO, NULL, -1, "auto (env unset)"}, {BE_ACT_AUTO, "0", 0, "auto, CINFER_BF16_ACT=0"},
+            {BE_ACT_F32, NULL, 0, "prefill_act f32"}, {BE_ACT_F32, "1", 0, "prefill_act f32 over CINFER_BF16_ACT=1"},
+            {BE_ACT_BF16, "0", 1, "prefill_act bf16 over CINFER_BF16_ACT=0"}};
+        for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+            int want = modes[mi].bf16 < 0 ? gemm_bf16_available() : modes[mi].bf16;
+            if (modes[mi].env) setenv("CINFER_BF16_ACT", modes[mi].env, 1);
+            else unsetenv("CINFER_BF16_ACT");
+            ops->prefill_act(c, modes[mi].ctx_mode);
+            for (int64_t i = 0; i < na * ma; i++) ya[i] = NAN;
+            ops->matmul(c, xa, na, &a, NULL, ya);
+            double eb = err_ratio(xar, na, &wm, NULL, ya, refa), ef = err_ratio(xa, na, &a, NULL, ya, ref32);
+            CHECK(want ? eb <= 1.0 && ef > 1.0 : ef <= 1.0 && eb > 1.0,
+                  "%d-bit affine, %s: the %s path (%s; error %.3g of the bf16 bound, %.3g of the f32 bound)", bits[bi],
+                  modes[mi].what, want ? "bf16" : "f32", path, eb, ef);
+        }
+        ops->prefill_act(c, BE_ACT_AUTO);
+        setenv("CINFER_BF16_ACT", "1", 1);
+        free(ref32);
         free(codes); free(sc); free(bs); free(row); free(wr); free(xa); free(xar); free(ya); free(refa);
     }
+    /* bf16 weights: auto keeps f32 (the bf16 mode is theirs only when asked for) */
     unsetenv("CINFER_BF16_ACT");
+    for (int64_t i = 0; i < n * m; i++) y[i] = NAN;
+    ops->matmul(c, x, n, &w.m, &bias.m, y);
+    be_ref_matmul(x, n, &w.m, &bias.m, ref);
+    e = err_ratio(x, n, &w.m, &bias.m, y, ref);
+    CHECK(e <= 1.0, "cpu_matmul on bf16 weights, auto: f32 activations (%s CPU; error %.3g of bound)", path, e);
     free(x); free(xr); free(y); free(ref); free(w.buf); free(bias.buf);
     ops->ctx_free(c);
 }
 
-/* attention through sgemm vs be_ref_attention over random paged layouts:
- * GQA, padding, windows with and without sink tokens, f32/f16/bf16 pools */
+/* attention (many queries: AVX-512 blocks where the CPU has them, else sgemm; one query: sgemm) vs
+ * be_ref_attention over random paged layouts: GQA, padding, windows with and without sink tokens,
+ * f32/f16/bf16 pools; again with CINFER_ISA=avx2 (sgemm throughout) */
+static void test_attention_isa(int threads);
 static void test_attention(int threads) {
+    test_attention_isa(threads);
+    if (att_avx512_available()) {
+        setenv("CINFER_ISA", "avx2", 1);
+        test_attention_isa(threads);
+        unsetenv("CINFER_ISA");
+    }
+}
+
+static void test_attention_isa(int threads) {
+    const char *path = att_avx512_available() ? "AVX-512 query blocks" : "sgemm";
     const be_ops *ops = be_cpu();
     be_ctx *c = NULL;
     if (ops->ctx_new(&c, threads) || !c) return;
@@ -328,8 +421,8 @@ static void test_attention(int threads) {
             free(q); free(o); free(ref); free(k); free(v);
             paged_free(&pl);
         }
-        CHECK(ok && worst <= 1.0, "attention via sgemm, paged %s pools, %d threads: worst |err| %.3g x 1e-5",
-              be_dtype_name(kv), threads, worst);
+        CHECK(ok && worst <= 1.0, "attention (%s), paged %s pools, %d threads: worst |err| %.3g x 1e-5",
+              path, be_dtype_name(kv), threads, worst);
     }
     ops->ctx_free(c);
 }

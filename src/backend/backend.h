@@ -248,6 +248,8 @@ static inline BE_HD float be_apply_edit(float x, const be_logit_edit *e) {
     return e->kind == BE_EDIT_PENALTY ? (x > 0 ? x / e->v : x * e->v) : x + e->v;
 }
 
+enum { BE_ACT_AUTO = 0, BE_ACT_F32 = 1, BE_ACT_BF16 = 2 };   /* be_ops.prefill_act modes */
+
 typedef struct be_ops {
     const char *name;
     int (*ctx_new)(be_ctx **out, int n_threads);
@@ -309,6 +311,9 @@ typedef struct be_ops {
      * batched matmuls on CUDA), so a row's results do not depend on the other
      * rows; off (default): the fast paths */
     void (*batch_invariant)(be_ctx *c, int on);
+    /* precision of the activations into many-token matmuls (prefill, scoring):
+     * BE_ACT_AUTO (default), BE_ACT_F32 or BE_ACT_BF16; see cinfer_ctx_opts.prefill_act */
+    void (*prefill_act)(be_ctx *c, int mode);
     /* bracket one forward; a backend may capture the ops between as a graph
      * and replay it when a later bracket issues the same ops (decode steps) */
     void (*step_begin)(be_ctx *c);

@@ -106,6 +106,19 @@ static cinfer_status kv_options(cinfer_ctx *c, const cinfer_ctx_opts *o, char *e
     return CINFER_OK;
 }
 
+/* cinfer_ctx_opts.prefill_act -> be_ops.prefill_act */
+static cinfer_status prefill_act_option(cinfer_ctx *c, const cinfer_ctx_opts *o, char *err, size_t n) {
+    const char *v = o ? o->prefill_act : NULL;
+    int mode = !v || !strcmp(v, "auto") ? BE_ACT_AUTO : !strcmp(v, "f32") ? BE_ACT_F32 : !strcmp(v, "bf16") ? BE_ACT_BF16 : -1;
+    if (mode < 0) return cf_err(err, n, CINFER_EINVAL, "prefill_act '%s': auto, f32 or bf16", v);
+    if (mode == BE_ACT_AUTO) return CINFER_OK;
+    if (!c->m->be->prefill_act)
+        return cf_err(err, n, CINFER_EINVAL, "prefill_act '%s' is a CPU setting; the %s backend has its own precision "
+                      "(batch_invariant keeps its activations f32)", v, c->m->be->name);
+    c->m->be->prefill_act(c->bc, mode);
+    return CINFER_OK;
+}
+
 cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_ctx **out, char *err, size_t n) {
     *out = NULL;
     cinfer_ctx *c = calloc(1, sizeof *c);
@@ -117,6 +130,7 @@ cinfer_status cinfer_ctx_new(cinfer_model *m, const cinfer_ctx_opts *o, cinfer_c
     if (!st) st = ctx_kvq_options(c, o, err, n);
     if (!st) st = build_groups(c, err, n);
     if (!st && o && o->batch_invariant && m->be->batch_invariant) m->be->batch_invariant(c->bc, 1);
+    if (!st) st = prefill_act_option(c, o, err, n);
     if (st) {
         cinfer_ctx_free(c);
         return st;

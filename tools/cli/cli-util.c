@@ -245,6 +245,10 @@ int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co) {
         if (!strcmp(v, "unfused") || !strcmp(v, "tiled-causal") || !strcmp(v, "tiled")) { co->kv_kernels = v; return 1; }
         fprintf(stderr, "cinfer %s: bad value for --kv-kernels: '%s' (unfused, tiled-causal or tiled)\n", cmd, v);
         return -1;
+    case KV_ACT:
+        if (!strcmp(v, "auto") || !strcmp(v, "f32") || !strcmp(v, "bf16")) { co->prefill_act = v; return 1; }
+        fprintf(stderr, "cinfer %s: bad value for --prefill-act: '%s' (auto, f32 or bf16)\n", cmd, v);
+        return -1;
     case KV_PAGE:
         if (cli_int(cmd, "--kv-page", v, 1, 65536, &co->kv_page) && !(co->kv_page & (co->kv_page - 1))) return 1;
         fprintf(stderr, "cinfer %s: bad value for --kv-page: '%s' (a power of two up to 65536)\n", cmd, v);

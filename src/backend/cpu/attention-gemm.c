@@ -18,8 +18,12 @@
  * over exact scalar loops by far. f16/bf16 pages are widened to f32 into
  * the thread's workspace first, segment by segment.
  *
+ * Many queries (prefill) on a CPU with AVX-512 take attention-avx512.c's
+ * products instead of sgemm, in blocks of 4 queries that stop at their own
+ * last visible key (many_queries).
+ *
  * Workspace: the context's attention buffer (c->att), grown on first use to
- * n_threads x (ATT_QB*T + 2*T*hd) floats + the segment list,
+ * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list,
  * T <= max_span + ATT_QB + keep. Like
  * cpu_matmul, it keeps OpenBLAS single-threaded: the pool runs the threads.
  * Padded queries (i >= len[b]) get zeros.
@@ -89,6 +93,40 @@ static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4]
     return ns;
 }
 
+/* many queries on AVX-512 (attention-avx512.c): the item's keys transposed into kt[hd][T] and its values
+ * gathered into vf[T][hd] once, then per query head blocks of 4 queries, each block up to the last key
+ * any of its queries sees */
+static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const int rng[4], int n1, int T, const seg *sg,
+                         int ns, float *S, float *kt, float *vf) {
+    const be_attn *a = j->a;
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
+    size_t ld = (size_t)a->n_head * hd;
+    for (int e = 0; e < ns; e++) {
+        for (int t = 0; t < sg[e].n; t++)
+            for (int d = 0; d < hd; d++) kt[(size_t)d * T + sg[e].col + t] = sg[e].k[(size_t)t * hd + d];
+        if (sg[e].v != vf + (size_t)sg[e].col * hd)
+            memcpy(vf + (size_t)sg[e].col * hd, sg[e].v, sizeof(float) * (size_t)sg[e].n * hd);
+    }
+    for (int g = 0; g < grp; g++) {
+        const float *Q = j->q + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
+        float *O = j->out + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
+        for (int r0 = 0; r0 < M; r0 += 4) {
+            int nr = M - r0 < 4 ? M - r0 : 4, last = a->pos0[b] + i0 + r0 + nr - 1;
+            int cb = n1 + last + 1 - rng[2];
+            if (cb > T) cb = T;
+            att_qk_avx512(Q + (size_t)r0 * ld, (int)ld, nr, kt, T, cb, hd, a->scale, S, T);
+            for (int r = 0; r < nr; r++) {
+                int p = a->pos0[b] + i0 + r0 + r, sp[3];
+                be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
+                int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
+                if (c1 < c0) c1 = c0;
+                masked_softmax(S + (size_t)r * T, cb, c0, c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap);
+            }
+            att_pv_avx512(S, T, nr, cb, vf, hd, O + (size_t)r0 * ld, (int)ld);
+        }
+    }
+}
+
 static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     const be_attn *a = j->a;
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head, nh = a->n_head;
@@ -106,10 +144,14 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     if (rng[2] > rng[3]) rng[2] = rng[3];   /* every query still among the sinks (p < keep): no run */
     int n1 = rng[1] - rng[0], T = n1 + rng[3] - rng[2];
     float *S = ws, *kf = ws + (size_t)ATT_QB * j->tmax, *vf = kf + (size_t)j->tmax * hd;
-    seg *sg = (seg *)(vf + (size_t)j->tmax * hd);
+    seg *sg = (seg *)(vf + 2 * (size_t)j->tmax * hd);   /* (after vf: kt, many_queries' transposed keys) */
     const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
     int ns = segments(j, pt, kh, rng, kf, vf, sg);
     int M = live - i0;
+    if (M > 1 && att_avx512_available()) {
+        many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf);
+        return;
+    }
     /* one query per row: the group's heads are adjacent rows of q with one mask */
     int rows = M == 1 ? grp : M, heads = M == 1 ? 1 : grp;
     int lda = M == 1 ? hd : (int)ld;
@@ -150,7 +192,7 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
     int tmax = (a->max_span > 0 ? a->max_span : 1) + (a->L < ATT_QB ? a->L : ATT_QB) + a->keep;
     int nth = cpu_pool_size(c->pool);
     size_t segs = (size_t)(tmax / a->page + a->keep + 8) * sizeof(seg) / sizeof(float) + 1;
-    size_t per = (size_t)ATT_QB * tmax + 2 * (size_t)tmax * a->head_dim + segs;
+    size_t per = (size_t)ATT_QB * tmax + 3 * (size_t)tmax * a->head_dim + segs;
     per = (per + 15) & ~(size_t)15;
     if (c->att_n < per * nth) {
         float *p = realloc(c->att, per * nth * sizeof(float));

@@ -26,6 +26,7 @@ struct be_ctx {
     size_t att_n;
     int batch_inv;         /* be_ops.batch_invariant: every row through the per-row paths (GEMV kernels,
                             * per-query attention, unsplit key ranges), bit for bit whatever the batch */
+    int prefill_act;       /* be_ops.prefill_act: BE_ACT_AUTO, _F32 or _BF16 (matmul.c's bf16_act) */
 };
 
 /* y[n][m] = x[n][k] . w[m][k]^T (+ bias): GEMV kernels for small n (any n in batch-invariant mode),

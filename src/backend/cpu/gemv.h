@@ -82,6 +82,25 @@ void gemm_bf16_round(const float *src, int64_t k, uint16_t *dst);
 void gemm_bf16_rows(const uint32_t *xp, int n, int64_t k, const uint16_t *w, int64_t m, int64_t r0,
                     int64_t r1, float *y);
 
+/* gemm-amx.c: the same bf16 mode on AMX tiles (TDPBF16PS), where the CPU and the OS grant them
+ * (CINFER_ISA set to anything but "amx" turns them off). Sizes are padded to GEMM_AMX_PAD:
+ * xp holds GEMM_AMX_PAD(n) * GEMM_AMX_XLD(k) u16, wv GEMM_AMX_PAD(rows) * GEMM_AMX_PAD(k) / 2 u32.
+ * gemm_amx_pack_rows packs f32 rows w[rows][k] (rounded to bf16); gemm_amx_block writes
+ * y[t * ldy + r] for t < n, r < rows. */
+#define GEMM_AMX_PAD(v) (((int64_t)(v) + 31) / 32 * 32)
+#define GEMM_AMX_XLD(k) (GEMM_AMX_PAD(k) + 32)   /* xp's row stride: rows a power of two apart share cache sets */
+int gemm_amx_available(void);
+void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp);
+void gemm_amx_pack_rows(const float *w, int rows, int64_t k, uint32_t *wv);
+void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y, int64_t ldy);
+
+/* attention-avx512.c: attention-gemm.c's products for blocks of up to 4 queries (rows), f32:
+ * s[r][c] = scale * q[r] . kt[.][c] for c < cols; o[r] = sum_{c < cols} s[r][c] v[c] */
+int att_avx512_available(void);
+void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
+                   float *s, int lds);
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo);
+
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
  * its workspace cannot be allocated. */

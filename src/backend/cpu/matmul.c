@@ -19,16 +19,19 @@
  *     independent single-threaded sgemms run as fast as one two-threaded
  *     sgemm (bench/ceilings prints both: ~195 GFLOP/s on the 2-core Zen 4)
  *     and each thread converts its own weight block in between.
- * Activations stay f32 throughout; results differ from be_ref_matmul only by
- * summation order (tests/test-cpu-kernels.c). Opt-in exception: with
- * CINFER_BF16_ACT=1 in the environment, prefill with bf16 weights rounds the
- * activations to bf16 and uses AVX-512 BF16 dot products (gemm-bf16.c), as
- * llama.cpp does for BF16 models: about twice the FLOP rate of sgemm (on a CPU
- * without them, the rounded activations go through the f32 path: same mode,
- * no speed-up). It is also how mlx-lm computes a bf16 model. MLX affine
- * weights take the same path in that mode: each worker dequantizes a block of
- * its rows and rounds them to bf16 (BF16_BLK rows), then the dot products
- * (emulated: the rounded rows through sgemm).
+ * Activations stay f32 in the GEMV path; results differ from be_ref_matmul
+ * only by summation order (tests/test-cpu-kernels.c). The GEMM path has a
+ * bf16 mode (bf16_act below): the activations rounded to bf16 and AVX-512
+ * BF16 dot products (gemm-bf16.c), as llama.cpp does for BF16 models: about
+ * twice the FLOP rate of sgemm (on a CPU without them, the rounded
+ * activations go through the f32 path: same mode, no speed-up). It is also
+ * how mlx-lm computes a bf16 model. MLX affine weights take the same path in
+ * that mode: each worker dequantizes a block of its rows and rounds them to
+ * bf16 (BF16_BLK rows), then the dot products (emulated: the rounded rows
+ * through sgemm). The mode is the default for MLX affine weights on a CPU
+ * with AVX-512 BF16 (their own rounding is thousands of times the
+ * activations': KL in BENCHMARKS.md), opt-in for bf16 weights, off with
+ * prefill_act f32 (cinfer_ctx_opts) or CINFER_BF16_ACT=0.
  */
 #include <cblas.h>
 #include <stdatomic.h>
@@ -64,7 +67,8 @@ typedef struct mm_job {
     int64_t chunk;           /* GEMV: rows per claimed chunk */
     int round_w;             /* GEMM path: converted weights rounded to bf16 (CINFER_BF16_ACT, affine) */
     uint16_t *wb;            /* bf16 dot path, affine: [nth][BF16_BLK][k] dequantized rows */
-    float *wf;               /* ... and [nth][k] one row in f32 */
+    float *wf;               /* ... and [nth][k] one row in f32 (AMX: [nth][16][k], 16 rows) */
+    uint32_t *wv;            /* AMX: [nth][blk][PAD(k)/2] a block of rows in the tiles' pair layout */
     atomic_llong next;       /* GEMV: first row not yet claimed */
 } mm_job;
 
@@ -135,6 +139,28 @@ static void bf16dot_affine_task(void *arg, int ith, int nth) {
     if (r0 < r1) add_bias(j->bias, j->n, j->y, j->w->rows, r0, r1);
 }
 
+/* the bf16 mode on AMX tiles (gemm-amx.c): each worker converts blocks of its rows, 16 at a time, to f32
+ * and into the tiles' bf16 pair layout, then runs every token block over the block */
+static void amx_task(void *arg, int ith, int nth) {
+    const mm_job *j = arg;
+    int64_t k = j->w->cols, kp2 = GEMM_AMX_PAD(k) / 2, r0, r1;
+    split_rows(j->w->rows, 32, ith, nth, &r0, &r1);
+    uint32_t *wv = j->wv + (size_t)ith * (size_t)(j->blk * kp2);
+    float *wf = j->wf + (size_t)ith * 16 * (size_t)k;
+    for (int64_t rb = r0; rb < r1; rb += j->blk) {
+        int64_t re = rb + j->blk < r1 ? rb + j->blk : r1, tail = (re - rb) & 31;
+        for (int64_t g = rb; g < re; g += 16) {
+            int rows = re - g < 16 ? (int)(re - g) : 16;
+            j->g->rows_f32[j->w->dt](j->w, g, g + rows, wf);
+            gemm_amx_pack_rows(wf, rows, k, wv + (size_t)((g - rb) / 16 * kp2 * 16));
+        }
+        if (tail && tail <= 16)   /* the step's second group of 16 rows lies past the block: zeros */
+            memset(wv + (size_t)((re - rb + 15) / 16 * kp2 * 16), 0, (size_t)kp2 * 16 * 4);
+        gemm_amx_block((const uint16_t *)j->scratch, j->n, k, wv, (int)(re - rb), j->y + rb, j->w->rows);
+    }
+    if (r0 < r1) add_bias(j->bias, j->n, j->y, j->w->rows, r0, r1);
+}
+
 static void gemm_task(void *arg, int ith, int nth) {
     const mm_job *j = arg;
     int64_t m = j->w->rows, k = j->w->cols, r0, r1;
@@ -196,34 +222,63 @@ void cpu_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_mat 
     for (int i = 0; i < count; i++) cpu_matmul(c, x, n, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
-static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
+static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int act);
 
-/* CINFER_BF16_ACT=1 and weights it applies to: bf16, MLX affine */
-static int bf16_act(const be_mat *w) { return (w->dt == BE_BF16 || be_traits(w->dt)->affine) && getenv("CINFER_BF16_ACT"); }
+/* the GEMM path's bf16 mode for w: the context's prefill_act; where that is auto, CINFER_BF16_ACT
+ * (1: on, 0: off); where that is unset too, on for MLX affine weights when the CPU has the bf16 dot
+ * products. Forced on, it applies to bf16 and MLX affine weights (f16/f32 stay f32). */
+static int bf16_act(const be_ctx *c, const be_mat *w) {
+    int mode = c->prefill_act, aff = be_traits(w->dt)->affine;
+    const char *e = mode == BE_ACT_AUTO ? getenv("CINFER_BF16_ACT") : NULL;
+    if (e && *e) mode = strcmp(e, "0") ? BE_ACT_BF16 : BE_ACT_F32;
+    if (mode == BE_ACT_BF16) return w->dt == BE_BF16 || aff;
+    return mode == BE_ACT_AUTO && aff && gemm_bf16_available();
+}
 
 void cpu_matmul(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
     if (gemv_path(c, n)) { gemv_multi(c, x, n, 1, &w, &bias, &y); return; }
-    if (bf16_act(w) && !gemm_bf16_available()) {
+    int act = bf16_act(c, w);
+    if (act && !gemm_bf16_available()) {
         /* the opt-in without AVX-512 BF16: the same bf16-rounded activations into the f32 path
          * (products of two bf16 values are exact in f32), so the mode means one thing on every CPU */
         size_t len = (size_t)n * (size_t)w->cols;
         float *xr = malloc(len * sizeof(float));
         if (xr) {
             for (size_t i = 0; i < len; i++) xr[i] = be_bf16_to_f32(be_f32_to_bf16(x[i]));
-            matmul_gemm(c, xr, n, w, bias, y);
+            matmul_gemm(c, xr, n, w, bias, y, act);
             free(xr);
             return;
         }
     }
-    matmul_gemm(c, x, n, w, bias, y);
+    matmul_gemm(c, x, n, w, bias, y, act);
 }
 
-/* the GEMM paths of cpu_matmul (more tokens than the GEMV takes) */
-static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y) {
+/* the GEMM paths of cpu_matmul (more tokens than the GEMV takes); act: bf16_act's answer */
+static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int act) {
     mm_job j = { .x = x, .n = n, .w = w, .bias = bias, .y = y, .g = gemv_pick() };
-    j.round_w = bf16_act(w) && w->dt != BE_BF16;   /* (emulated mode: x already rounded by cpu_matmul) */
-    if (bf16_act(w) && gemm_bf16_available()) {
-        /* opt-in: activations rounded to bf16, AVX-512 BF16 dot products; affine rows dequantized per block */
+    j.round_w = act && w->dt != BE_BF16;   /* (emulated mode: x already rounded by cpu_matmul) */
+    if (act && gemm_amx_available()) {
+        /* bf16 mode on AMX: x packed once (bf16, padded), blocks of ~1 MiB of rows per worker */
+        int nth = cpu_pool_size(c->pool);
+        int64_t kpad = GEMM_AMX_PAD(w->cols), blk = (1 << 20) / (kpad * 2) / 32 * 32;
+        j.blk = blk < 32 ? 32 : blk > 512 ? 512 : blk;
+        size_t xw = (size_t)(GEMM_AMX_PAD(n) * GEMM_AMX_XLD(w->cols) / 2), vw = (size_t)(j.blk * kpad / 2) * (size_t)nth;
+        size_t need = xw + vw + (size_t)nth * 16 * (size_t)w->cols;
+        if (c->scratch_n < need) {
+            float *s = realloc(c->scratch, need * sizeof(float));
+            if (s) { c->scratch = s; c->scratch_n = need; }
+        }
+        if (c->scratch_n >= need) {
+            gemm_amx_pack_x(x, n, w->cols, (uint16_t *)c->scratch);
+            j.scratch = c->scratch;
+            j.wv = (uint32_t *)(c->scratch + xw);
+            j.wf = c->scratch + xw + vw;
+            cpu_pool_run(c->pool, amx_task, &j);
+            return;
+        }
+    }
+    if (act && gemm_bf16_available()) {
+        /* bf16 mode: activations rounded to bf16, AVX-512 BF16 dot products; affine rows dequantized per block */
         int nth = cpu_pool_size(c->pool), aff = w->dt != BE_BF16;
         size_t words = gemm_bf16_xp_words(n, w->cols), xw = words + ((size_t)w->cols + 2) / 2;
         size_t wbw = aff ? ((size_t)nth * BF16_BLK * (size_t)w->cols + 1) / 2 : 0;   /* u16 pairs, in floats */

@@ -45,6 +45,7 @@ static void cpu_copy(be_ctx *c, void *dst, const void *src, size_t bytes) { (voi
 static int cpu_mat_prepare(be_ctx *c, be_mat *m) { (void)c; (void)m; return 0; }
 static void cpu_mat_release(be_ctx *c, be_mat *m) { (void)c; (void)m; }
 static void cpu_batch_invariant(be_ctx *c, int on) { c->batch_inv = on != 0; }
+static void cpu_prefill_act(be_ctx *c, int mode) { c->prefill_act = mode; }
 
 static void cpu_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out) {
     (void)c;
@@ -359,6 +360,7 @@ static const be_ops cpu_ops = {
     .matmul_multi = cpu_matmul_multi,
     .mem_available = cpu_mem_available,
     .batch_invariant = cpu_batch_invariant,
+    .prefill_act = cpu_prefill_act,
     .score = cpu_score,
     .sample = cpu_sample,
     .kvq_write = cpu_kvq_write,

@@ -1,0 +1,78 @@
+/*
+ * attention-avx512.c — the two products of attention-gemm.c's many-query
+ * items on AVX-512 f32 FMAs, for blocks of 4 queries:
+ *     S[r][c] = scale * sum_d Q[r][d] KT[d][c]        (keys transposed once per item)
+ *     O[r][d] = sum_c S[r][c] V[c][d]
+ * f32 throughout (the same definition as the sgemm calls they replace, another
+ * summation order). Why not sgemm: a block of 4 queries stops at its own last
+ * visible key (causal prefill skips the masked half), and OpenBLAS picks its
+ * kernel by CPU model: on a model it does not know it falls back to SSE3
+ * (Debian's 0.3.21 on the AMX Xeon: "Prescott", 25 GFLOP/s a core).
+ * Function-level target attributes; att_avx512_available says when to call.
+ */
+#include "backend/cpu/gemv.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx512f")))
+
+int att_avx512_available(void) {
+    const char *cap = getenv("CINFER_ISA");   /* as gemv_pick: a cap below avx512 turns it off */
+    if (cap && *cap && strcmp(cap, "amx") && strcmp(cap, "avx512vnni") && strcmp(cap, "avx512")) return 0;
+    return __builtin_cpu_supports("avx512f");
+}
+
+static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
+
+/* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] for r < rows (<= 4), n < cols: blocks of 4 rows x 64 columns
+ * (16 accumulators), b's rows loaded whole, a's values broadcast */
+TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb, int cols, int kk, float alpha,
+                      float *c, int ldc) {
+    const float *ar[4];
+    for (int i = 0; i < 4; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * lda;
+    for (int c0 = 0; c0 < cols; c0 += 64) {
+        __mmask16 m[4];
+        for (int j = 0; j < 4; j++) m[j] = tail_mask(cols - c0 - 16 * j);
+        __m512 acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+        const float *bp = b + c0;
+        for (int p = 0; p < kk; p++, bp += ldb) {
+            __m512 b0 = _mm512_maskz_loadu_ps(m[0], bp), b1 = _mm512_maskz_loadu_ps(m[1], bp + 16);
+            __m512 b2 = _mm512_maskz_loadu_ps(m[2], bp + 32), b3 = _mm512_maskz_loadu_ps(m[3], bp + 48);
+            for (int i = 0; i < 4; i++) {
+                __m512 x = _mm512_set1_ps(ar[i][p]);
+                acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+                acc[i][2] = _mm512_fmadd_ps(x, b2, acc[i][2]);
+                acc[i][3] = _mm512_fmadd_ps(x, b3, acc[i][3]);
+            }
+        }
+        __m512 al = _mm512_set1_ps(alpha);
+        for (int i = 0; i < rows && i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                _mm512_mask_storeu_ps(c + (size_t)i * ldc + c0 + 16 * j, m[j], alpha == 1.0f ? acc[i][j] : _mm512_mul_ps(acc[i][j], al));
+    }
+}
+
+void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
+                   float *s, int lds) {
+    rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds);
+}
+
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo) {
+    rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo);
+}
+#else
+int att_avx512_available(void) { return 0; }
+void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
+                   float *s, int lds) {
+    (void)q; (void)ldq; (void)rows; (void)kt; (void)ldk; (void)cols; (void)hd; (void)scale; (void)s; (void)lds;
+}
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo) {
+    (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo;
+}
+#endif
