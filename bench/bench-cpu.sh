@@ -9,6 +9,8 @@
 #        NO_PEER=1 skips llama.cpp, PP/TG change 512/128, ROUNDS (default 2) alternations of cinfer and
 #        llama.cpp per row (best of all is kept), BF16_ACT=1 adds a row with CINFER_BF16_ACT=1 (bf16 and affine types)
 #        (prefill on bf16-rounded activations, AVX-512 BF16).
+#        PP_ENVS="VAR=V VAR2=V2 ..." adds, per row, a prefill row for each setting run under it (e.g.
+#        CINFER_BF16_ACT=0: affine prefill on f32 activations; CINFER_ISA=avx512vnni: off AMX).
 #   DTYPES may name MLX affine types as qBgG (e.g. q4g64, q8g64): the bf16 model converted by `cinfer convert -q
 #   --q-bits B --q-group-size G`, next to llama.cpp's QB_0 (q4g64 and Q4_0 are both 4.5 bits per weight, q8g64
 #   and Q8_0 both 8.5). INT8_ACT=1 adds, for those, a decode row with CINFER_INT8_ACT=1 (the opt-in int8-activation
@@ -47,6 +49,7 @@ row() {  # shape dtype t pp lpp gflops sgemm tg ltg gbs bw
       c1, (tg == "" ? "-" : tg), (ltg == "" ? "-" : ltg), r2, c2 }'
 }
 echo "# ceilings ($(date -u +%Y-%m-%dT%H:%MZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores)"
+echo "# CPU features: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16|avx512_fp16|amx_tile|amx_bf16|amx_int8)$' | tr '\n' ' ')"
 for k in read_GBs_1t read_GBs_2t sgemm_GFLOPs_1t sgemm_GFLOPs_2x1t sgemm_GFLOPs_2t; do echo "    $k $(val $k "$OUT/ceilings.txt")"; done
 echo
 echo "| shape | dtype | t | cinfer pp$PP tok/s | llama.cpp pp$PP | ratio | GFLOP/s (% of sgemm) | cinfer tg$TG tok/s | llama.cpp tg$TG | ratio | GB/s (% of read bw) |"
@@ -67,12 +70,14 @@ for shape in $SHAPES; do
       f=$OUT/$shape-$dt-t$t.txt
       ./build/bench/ceilings --mb 1024 >>"$OUT/ceilings.txt" 2>/dev/null   # again per row: bandwidth drifts
       : >"$f"; : >"$f.peer"; : >"$f.act"; : >"$f.i8"
+      for e in $PP_ENVS; do : >"$f.env-$e"; done
       # alternate cinfer and llama.cpp ROUNDS times (the machine's load and memory bandwidth drift)
       r=0
       while [ $r -lt "$ROUNDS" ]; do
         ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n "$TG" -r "$REPS" >>"$f"
         case $dt in bf16|q*g*) if [ -n "$BF16_ACT" ]; then
           CINFER_BF16_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.act"; fi ;; esac
+        for e in $PP_ENVS; do env "$e" ./build/bench/bench-model -m "$dir" -t "$t" -p "$PP" -n 0 -r "$REPS" >>"$f.env-$e"; done
         case $dt in q*g*) if [ -n "$INT8_ACT" ]; then
           CINFER_INT8_ACT=1 ./build/bench/bench-model -m "$dir" -t "$t" -p 0 -n "$TG" -r "$REPS" >>"$f.i8"; fi ;; esac
         if [ -z "$NO_PEER" ]; then
@@ -92,6 +97,10 @@ for shape in $SHAPES; do
         row "$shape" "$dt, bf16 activations (prefill)" "$t" "$(val "pp${PP}_tok_s" "$f.act")" "$lpp" \
             "$(val "pp${PP}_GFLOP_s" "$f.act")" "$sg" "" "" "" "$bw"
       fi
+      for e in $PP_ENVS; do
+        row "$shape" "$dt, $e (prefill)" "$t" "$(val "pp${PP}_tok_s" "$f.env-$e")" "$lpp" \
+            "$(val "pp${PP}_GFLOP_s" "$f.env-$e")" "$sg" "" "" "" "$bw"
+      done
       if [ -s "$f.i8" ]; then
         row "$shape" "$dt, int8 activations (decode)" "$t" "$pp" "$lpp" "$gf" "$sg" "$(val "tg${TG}_tok_s" "$f.i8")" "$ltg" \
             "$(val "tg${TG}_GB_s" "$f.i8")" "$bw"
