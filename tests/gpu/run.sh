@@ -57,10 +57,10 @@ run $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
 # every affine case through the one-token GEMV's other forms too (by default 4-bit rows of one token
-# with k % 128 == 0 take its tensor-core form, gemv-affine.cu; CINFER_CUDA_AFF_TC=0 its f32 CUDA-core
-# kernel; CINFER_CUDA_AFF_DP=1 its integer form, opt-in until this has passed on the device)
-run env CINFER_CUDA_AFF_TC=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
-run env CINFER_CUDA_AFF_DP=1 CINFER_TEST_ONLY=affine $B/test-backend-ops
+# take its integer form, gemv-affine.cu; CINFER_CUDA_AFF_DP=0 the f32 forms: tensor cores where
+# k % 128 == 0, and with CINFER_CUDA_AFF_TC=0 too the CUDA-core kernel)
+run env CINFER_CUDA_AFF_DP=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
+run env CINFER_CUDA_AFF_DP=0 CINFER_CUDA_AFF_TC=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"
 run $B/test-cache
 run $B/test-seq

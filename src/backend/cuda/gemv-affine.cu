@@ -117,9 +117,9 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
  * against its ~3.5. A piece's digits sit in shared memory as 24 words [digit][word][low, high] and
  * then d / 2^16, AFF_DPW words a piece (lanes reading 16 bytes of consecutive pieces hit
  * different banks), written over x (36 floats a piece in xs_index's layout) once every thread has read
- * its pieces. Opt-in (CINFER_CUDA_AFF_DP=1): measured on the H200 (8B shape, A/B in one process against
- * the tensor-core form, the same greedy tokens) 2.788 against 3.063 ms a step, but not yet run through
- * test-backend-ops on the device; once it has, it should be the default. */
+ * its pieces. The default for one token (CINFER_CUDA_AFF_DP=0: the f32 forms): measured on the H200 (8B
+ * shape, A/B in one process against the tensor-core form, the same greedy tokens) 2.788 against 3.063 ms
+ * a step, on an H100 3.042 against 3.222; test-backend-ops' affine cases on the device pass with it. */
 #define AFF_DPW 28
 __device__ __forceinline__ void aff_dp_make(const float *v, uint32_t *o) {
     float m = 0.0f;
