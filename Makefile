@@ -25,7 +25,7 @@ GIT_REV := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 VFLAGS   = -DCINFER_VERSION='"$(VERSION)"' $(if $(GIT_REV),-DCINFER_GIT_REV='"$(GIT_REV)"')
 PREFIX  ?= /usr/local
 LIBDIR  ?= $(PREFIX)/lib
-LDLIBS  = -lopenblas $(PKG_LIBS) -lxxhash -lpthread -lm
+LDLIBS  = -lopenblas $(PKG_LIBS) -lxxhash -lpthread -lmvec -lm
 
 SRC   := $(wildcard src/*/*.c src/*/*/*.c)
 OBJ   := $(SRC:%.c=$(BUILD)/%.o)

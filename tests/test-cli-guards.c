@@ -296,6 +296,19 @@ static void test_version(void) {
     CHECK(rc == 0 && sscanf(out, "cinfer %d.%d.%d", &a, &b, &c) == 3, "cinfer --version: %s", out);
 }
 
+/* --prefill-act: a bad value is named; f32 and bf16 are taken (on an f32 model the bf16 mode changes
+ * nothing: it rounds the activations into bf16 and affine weights only) */
+static void test_prefill_act(void) {
+    int rc = sh_run("generate -m " M " -p 'Once upon a time' -n 4 --prefill-act f16", out, sizeof out);
+    CHECK(rc == 2 && strstr(run_err(), "--prefill-act") && strstr(run_err(), "'f16'"),
+          "--prefill-act f16 is refused naming the flag and the value (rc %d: %.80s)", rc, run_err());
+    char a[256];
+    rc = sh_run("generate -m " M " -p 'Once upon a time' -n 12 -q --prefill-act f32", a, sizeof a);
+    int rc2 = sh_run("generate -m " M " -p 'Once upon a time' -n 12 -q --prefill-act bf16", out, sizeof out);
+    CHECK(rc == 0 && rc2 == 0 && !strcmp(a, out) && !strncmp(out, ", there was a little girl named Lily.", 37),
+          "--prefill-act f32 / bf16 on the f32 model: the same text (%.40s)", out);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     if (!cli_setup(argv[0])) return 1;
@@ -306,6 +319,7 @@ int main(int argc, char **argv) {
     test_writes();
     test_nan_model();
     test_version();
+    test_prefill_act();
     cli_cleanup();
     return CHECK_DONE();
 }

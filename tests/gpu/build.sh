@@ -13,7 +13,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 make CUDA=1 BUILD=$B -j2 $B/libcinfer.a >/dev/null
 CF="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc -DCINFER_CUDA=1 -I/usr/include/x86_64-linux-gnu/openblas-pthread $(pkg-config --cflags jansson libpcre2-8 libutf8proc)"
 LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic \
- -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lm -Wl,-rpath,$CUDA_HOME/lib64"
+ -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lmvec -lm -Wl,-rpath,$CUDA_HOME/lib64"
 cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
 # the server needs libmicrohttpd, which the GPU machine lacks and which links statically only with
 # gnutls's dependencies that Debian ships as shared objects alone: it and its non-glibc dependencies

@@ -78,7 +78,8 @@ enum { KV_MEMORY = 0x200, KV_DTYPE, KV_MAX_SIZE, KV_PREFILL, KV_PAGE, KV_BITS, K
     "                             tiled-causal (default with --kv-config) or tiled\n"           \
     "      --prefill-act A        CPU: activations into the prompt/scoring matmuls: f32, bf16 or\n"  \
     "                             auto (default: bf16 for MLX-quantized weights where the CPU has\n"   \
-    "                             AVX-512 BF16, ~2x faster; f32 otherwise; env CINFER_BF16_ACT=0|1)\n"
+    "                             AVX-512 BF16, on AMX tiles where it has them: 2-14x the f32 rate;\n" \
+    "                             f32 otherwise; env CINFER_BF16_ACT=0|1)\n"
 int cli_kv_flag(const char *cmd, int code, const char *v, cinfer_ctx_opts *co);
 /* scoring commands: --kv-bits quantizes from token 0, so --quantized-kv-start is refused (0 + message);
  * a quantized cache turns on batch_invariant (results the same at every batch and chunk size) */

@@ -27,10 +27,10 @@ int att_avx512_available(void) {
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
 
-/* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] for r < rows (<= 4), n < cols: blocks of 4 rows x 64 columns
- * (16 accumulators), b's rows loaded whole, a's values broadcast */
+/* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] (+ c[r][n] when add) for r < rows (<= 4), n < cols: blocks of
+ * 4 rows x 64 columns (16 accumulators), b's rows loaded whole, a's values broadcast */
 TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb, int cols, int kk, float alpha,
-                      float *c, int ldc) {
+                      float *c, int ldc, int add) {
     const float *ar[4];
     for (int i = 0; i < 4; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * lda;
     for (int c0 = 0; c0 < cols; c0 += 64) {
@@ -38,7 +38,8 @@ TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb
         for (int j = 0; j < 4; j++) m[j] = tail_mask(cols - c0 - 16 * j);
         __m512 acc[4][4];
         for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = add && i < rows ? _mm512_maskz_loadu_ps(m[j], c + (size_t)i * ldc + c0 + 16 * j) : _mm512_setzero_ps();
         const float *bp = b + c0;
         for (int p = 0; p < kk; p++, bp += ldb) {
             __m512 b0 = _mm512_maskz_loadu_ps(m[0], bp), b1 = _mm512_maskz_loadu_ps(m[1], bp + 16);
@@ -58,21 +59,53 @@ TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb
     }
 }
 
-void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
-                   float *s, int lds) {
-    rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds);
+/* glibc's libmvec: expf on 16 lanes (AVX-512), the vector ABI's name */
+__m512 _ZGVeN16v_expf(__m512 x);
+
+TGT float att_exp_avx512(float *s, int n, float mx) {
+    __m512 m = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i);
+        __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m));
+        e = _mm512_maskz_mov_ps(k, e);
+        _mm512_mask_storeu_ps(s + i, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
 }
 
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo) {
-    rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo);
+TGT float att_max_avx512(const float *s, int n, float mx) {
+    __m512 m = _mm512_set1_ps(mx);
+    for (int i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, tail_mask(n - i), s + i));
+    return _mm512_reduce_max_ps(m);
+}
+
+TGT void att_scale_avx512(float *s, int n, float f) {
+    __m512 v = _mm512_set1_ps(f);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i);
+        _mm512_mask_storeu_ps(s + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + i), v));
+    }
+}
+
+void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
+                   float *s, int lds) {
+    rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds, 0);
+}
+
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
+    rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo, add);
 }
 #else
 int att_avx512_available(void) { return 0; }
+float att_exp_avx512(float *s, int n, float mx) { (void)s; (void)n; (void)mx; return 0; }
+float att_max_avx512(const float *s, int n, float mx) { (void)s; (void)n; return mx; }
+void att_scale_avx512(float *s, int n, float f) { (void)s; (void)n; (void)f; }
 void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds) {
     (void)q; (void)ldq; (void)rows; (void)kt; (void)ldk; (void)cols; (void)hd; (void)scale; (void)s; (void)lds;
 }
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo) {
-    (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo;
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
+    (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add;
 }
 #endif

@@ -50,10 +50,22 @@ typedef struct ag_job {
 } ag_job;
 
 /* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere;
- * scores softcapped first when cap > 0 */
-static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1, float cap) {
+ * scores softcapped first when cap > 0. vec: AVX-512 over the ranges (the
+ * exponentials by libmvec's expf, 16 at a time: att_exp_avx512) */
+static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1, float cap, int vec) {
     float mx = -INFINITY, sum = 0;
     if (cap > 0) for (int t = 0; t < T; t++) s[t] = be_softcap(s[t], cap);
+    if (vec && a1 <= b0) {   /* the two ranges in order, apart: exponentials over each, zeros around them */
+        if (a1 > a0) mx = att_max_avx512(s + a0, a1 - a0, mx);
+        mx = att_max_avx512(s + b0, b1 - b0, mx);
+        memset(s, 0, sizeof(float) * (size_t)(a0 < T ? a0 : T));
+        sum = a1 > a0 ? att_exp_avx512(s + a0, a1 - a0, mx) : 0.0f;
+        if (b0 > a1) memset(s + a1, 0, sizeof(float) * (size_t)(b0 - a1));
+        sum += b1 > b0 ? att_exp_avx512(s + b0, b1 - b0, mx) : 0.0f;
+        if (T > b1) memset(s + b1, 0, sizeof(float) * (size_t)(T - b1));
+        att_scale_avx512(s + a0, b1 - a0, 1.0f / sum);   /* (the zeros outside stay zeros) */
+        return;
+    }
     for (int t = a0; t < a1; t++) if (s[t] > mx) mx = s[t];
     for (int t = b0; t < b1; t++) if (s[t] > mx) mx = s[t];
     for (int t = 0; t < T; t++) {
@@ -94,8 +106,15 @@ static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4]
 }
 
 /* many queries on AVX-512 (attention-avx512.c): the item's keys transposed into kt[hd][T] and its values
- * gathered into vf[T][hd] once, then per query head blocks of 4 queries, each block up to the last key
- * any of its queries sees */
+ * gathered into vf[T][hd] once; then per query head, blocks of 4 queries, each up to the last key any of
+ * its queries sees (blk_end), in runs of ATT_CH keys so that a run of kt and of vf stays in cache while
+ * every block of the item passes over it */
+#define ATT_CH 256
+static int blk_end(const be_attn *a, int b, int i0, int r0, int M, int rng2, int n1, int T) {
+    int nr = M - r0 < 4 ? M - r0 : 4, e = n1 + a->pos0[b] + i0 + r0 + nr - rng2;
+    return e < T ? e : T;
+}
+
 static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const int rng[4], int n1, int T, const seg *sg,
                          int ns, float *S, float *kt, float *vf) {
     const be_attn *a = j->a;
@@ -110,20 +129,28 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     for (int g = 0; g < grp; g++) {
         const float *Q = j->q + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
         float *O = j->out + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
-        for (int r0 = 0; r0 < M; r0 += 4) {
-            int nr = M - r0 < 4 ? M - r0 : 4, last = a->pos0[b] + i0 + r0 + nr - 1;
-            int cb = n1 + last + 1 - rng[2];
-            if (cb > T) cb = T;
-            att_qk_avx512(Q + (size_t)r0 * ld, (int)ld, nr, kt, T, cb, hd, a->scale, S, T);
-            for (int r = 0; r < nr; r++) {
-                int p = a->pos0[b] + i0 + r0 + r, sp[3];
-                be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
-                int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
-                if (c1 < c0) c1 = c0;
-                masked_softmax(S + (size_t)r * T, cb, c0, c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap);
+        for (int c0 = 0; c0 < T; c0 += ATT_CH)
+            for (int r0 = 0; r0 < M; r0 += 4) {
+                int cb = blk_end(a, b, i0, r0, M, rng[2], n1, T), n = cb - c0 < ATT_CH ? cb - c0 : ATT_CH;
+                if (n > 0)
+                    att_qk_avx512(Q + (size_t)r0 * ld, (int)ld, M - r0 < 4 ? M - r0 : 4, kt + c0, T, n, hd, a->scale,
+                                  S + (size_t)r0 * T + c0, T);
             }
-            att_pv_avx512(S, T, nr, cb, vf, hd, O + (size_t)r0 * ld, (int)ld);
+        for (int r = 0; r < M; r++) {
+            int p = a->pos0[b] + i0 + r, sp[3];
+            be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
+            int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
+            if (c1 < c0) c1 = c0;
+            masked_softmax(S + (size_t)r * T, blk_end(a, b, i0, r / 4 * 4, M, rng[2], n1, T), c0, c1,
+                           n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap, 1);
         }
+        for (int c0 = 0; c0 < T; c0 += ATT_CH)
+            for (int r0 = 0; r0 < M; r0 += 4) {
+                int cb = blk_end(a, b, i0, r0, M, rng[2], n1, T), n = cb - c0 < ATT_CH ? cb - c0 : ATT_CH;
+                if (n > 0)
+                    att_pv_avx512(S + (size_t)r0 * T + c0, T, M - r0 < 4 ? M - r0 : 4, n, vf + (size_t)c0 * hd, hd,
+                                  O + (size_t)r0 * ld, (int)ld, c0 > 0);
+            }
     }
 }
 
@@ -147,7 +174,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     seg *sg = (seg *)(vf + 2 * (size_t)j->tmax * hd);   /* (after vf: kt, many_queries' transposed keys) */
     const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
     int ns = segments(j, pt, kh, rng, kf, vf, sg);
-    int M = live - i0;
+    int M = live - i0, vec = att_avx512_available();
     if (M > 1 && att_avx512_available()) {
         many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf);
         return;
@@ -166,7 +193,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
             be_span(p, a->window, a->keep, a->run0[b], &s[0], &s[1], &s[2]);
             int c0 = s[0] - rng[0], c1 = s[1] - rng[0];
             if (c1 < c0) c1 = c0;
-            masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + s[2] - rng[2], n1 + p + 1 - rng[2], a->softcap);
+            masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + s[2] - rng[2], n1 + p + 1 - rng[2], a->softcap, vec);
         }
         for (int e = 0; e < ns; e++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, sg[e].n, 1.0f, S + sg[e].col, T,

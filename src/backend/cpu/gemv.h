@@ -95,11 +95,16 @@ void gemm_amx_pack_rows(const float *w, int rows, int64_t k, uint32_t *wv);
 void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y, int64_t ldy);
 
 /* attention-avx512.c: attention-gemm.c's products for blocks of up to 4 queries (rows), f32:
- * s[r][c] = scale * q[r] . kt[.][c] for c < cols; o[r] = sum_{c < cols} s[r][c] v[c] */
+ * s[r][c] = scale * q[r] . kt[.][c] for c < cols; o[r] = sum_{c < cols} s[r][c] v[c] (+ o[r] when add) */
 int att_avx512_available(void);
+/* s[i] = exp(s[i] - mx) for i < n (glibc's libmvec expf on 16 lanes); returns their sum */
+float att_exp_avx512(float *s, int n, float mx);
+/* max(mx, s[0..n)); s[i] *= f for i < n */
+float att_max_avx512(const float *s, int n, float mx);
+void att_scale_avx512(float *s, int n, float f);
 void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds);
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo);
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add);
 
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
