@@ -55,7 +55,7 @@ typedef struct ag_job {
 static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1, float cap, int vec) {
     float mx = -INFINITY, sum = 0;
     if (cap > 0) for (int t = 0; t < T; t++) s[t] = be_softcap(s[t], cap);
-    if (vec && a1 <= b0) {   /* the two ranges in order, apart: exponentials over each, zeros around them */
+    if (vec && a1 <= b0 && b0 <= b1) {   /* both ranges in order (an empty run may start past its end): exponentials, zeros around */
         if (a1 > a0) mx = att_max_avx512(s + a0, a1 - a0, mx);
         mx = att_max_avx512(s + b0, b1 - b0, mx);
         memset(s, 0, sizeof(float) * (size_t)(a0 < T ? a0 : T));
