@@ -101,9 +101,9 @@ typedef struct cinfer_ctx_opts {
                            quantized KV cache can turn into a different code */
     const char *prefill_act; /* CPU: the activations into many-token matmuls (prefill, scoring;
                            decode's GEMV kernels always take f32): "f32"; "bf16" (rounded to bf16,
-                           AVX-512 BF16 dot products where the CPU has them, else the f32 path on the
-                           rounded values), for bf16 and MLX affine weights; NULL or "auto": bf16 for
-                           MLX affine weights on a CPU with AVX-512 BF16 (about twice the f32 rate;
+                           AMX tiles or AVX-512 BF16 dot products where the CPU has them, else the f32
+                           path on the rounded values), for bf16 and MLX affine weights; NULL or "auto":
+                           bf16 for MLX affine weights on a CPU with AVX-512 BF16 (2-14x the f32 rate;
                            the weights' own rounding is far larger: KL in BENCHMARKS.md), f32 for
                            everything else; there CINFER_BF16_ACT=1 or 0 in the environment turns
                            bf16 on or off. Another backend refuses "f32"/"bf16" (CUDA: see

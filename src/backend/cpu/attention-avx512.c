@@ -20,9 +20,7 @@
 #define TGT __attribute__((target("avx512f")))
 
 int att_avx512_available(void) {
-    const char *cap = getenv("CINFER_ISA");   /* as gemv_pick: a cap below avx512 turns it off */
-    if (cap && *cap && strcmp(cap, "amx") && strcmp(cap, "avx512vnni") && strcmp(cap, "avx512")) return 0;
-    return __builtin_cpu_supports("avx512f");
+    return !cpu_isa_capped("avx512") && __builtin_cpu_supports("avx512f");
 }
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }

@@ -175,7 +175,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
     int ns = segments(j, pt, kh, rng, kf, vf, sg);
     int M = live - i0, vec = att_avx512_available();
-    if (M > 1 && att_avx512_available()) {
+    if (M > 1 && vec) {
         many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf);
         return;
     }

@@ -53,8 +53,7 @@ static int amx_probe(void) {
 
 int gemm_amx_available(void) {
     static atomic_int known;   /* 0 = not asked yet, 1 = no, 2 = yes */
-    const char *cap = getenv("CINFER_ISA");
-    if (cap && *cap && strcmp(cap, "amx")) return 0;
+    if (cpu_isa_capped("amx")) return 0;
     int v = atomic_load_explicit(&known, memory_order_relaxed);
     if (!v) atomic_store_explicit(&known, v = amx_probe() ? 2 : 1, memory_order_relaxed);
     return v == 2;

@@ -33,8 +33,7 @@
 #define NR 32   /* tokens per tile */
 
 int gemm_bf16_available(void) {
-    const char *cap = getenv("CINFER_ISA");   /* as gemv_pick: a cap below avx512 turns these off too */
-    if (cap && *cap && strcmp(cap, "amx") && strcmp(cap, "avx512vnni") && strcmp(cap, "avx512")) return 0;
+    if (cpu_isa_capped("avx512")) return 0;
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }

@@ -65,6 +65,18 @@ const gemv_kernels *gemv_isa(const char *isa) {
     return NULL;
 }
 
+int cpu_isa_capped(const char *isa) {
+    static const char *order[] = { "amx", "avx512vnni", "avx512", "avx2", "scalar" };
+    const char *cap = getenv("CINFER_ISA");
+    if (!cap || !*cap) return 0;
+    int ci = 5, ii = 0;
+    for (int i = 0; i < 5; i++) {
+        if (!strcmp(cap, order[i])) ci = i;
+        if (!strcmp(isa, order[i])) ii = i;
+    }
+    return ci > ii;
+}
+
 const gemv_kernels *gemv_pick(void) {
     /* CINFER_ISA caps the choice (benchmarks and tests of the fallbacks) */
     const char *cap = getenv("CINFER_ISA");

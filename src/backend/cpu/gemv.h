@@ -50,6 +50,9 @@ typedef struct gemv_kernels {
 /* best kernels this CPU runs (CINFER_ISA=scalar|avx2|avx512|avx512vnni caps the choice; CINFER_INT8_ACT=1
  * swaps in gemv-affine-i8.c's int8-activation kernels for 4- and 8-bit affine weights) */
 const gemv_kernels *gemv_pick(void);
+/* 1 when CINFER_ISA caps the kernels below isa ("amx" > "avx512vnni" > "avx512" > "avx2" > "scalar";
+ * unset or empty: no cap; a name not in that list caps everything) */
+int cpu_isa_capped(const char *isa);
 /* one specific set, NULL if this CPU (or build) lacks it: for tests */
 const gemv_kernels *gemv_isa(const char *isa);
 

@@ -21,7 +21,9 @@
  *     and each thread converts its own weight block in between.
  * Activations stay f32 in the GEMV path; results differ from be_ref_matmul
  * only by summation order (tests/test-cpu-kernels.c). The GEMM path has a
- * bf16 mode (bf16_act below): the activations rounded to bf16 and AVX-512
+ * bf16 mode (bf16_act below): the activations rounded to bf16 and AMX tiles
+ * (gemm-amx.c, where the CPU and Linux grant them; every weight type of the
+ * mode dequantized into the tiles' layout per block) or AVX-512
  * BF16 dot products (gemm-bf16.c), as llama.cpp does for BF16 models: about
  * twice the FLOP rate of sgemm (on a CPU without them, the rounded
  * activations go through the f32 path: same mode, no speed-up). It is also
@@ -84,6 +86,16 @@ static void add_bias(const be_mat *bias, int n, float *y, int64_t m, int64_t r0,
     if (!bias) return;
     for (int t = 0; t < n; t++)
         for (int64_t r = r0; r < r1; r++) y[(int64_t)t * m + r] += be_mat_get(bias, 0, r);
+}
+
+/* grows the context's scratch to hold need floats; 0 when it cannot (the scratch stays as it was) */
+static int scratch_fit(be_ctx *c, size_t need) {
+    if (c->scratch_n >= need) return 1;
+    float *s = realloc(c->scratch, need * sizeof(float));
+    if (!s) return 0;
+    c->scratch = s;
+    c->scratch_n = need;
+    return 1;
 }
 
 /* GEMV rows are claimed in chunks from a shared counter rather than split in
@@ -200,12 +212,7 @@ static void gemv_multi(be_ctx *c, const float *x, int n, int count, const be_mat
     }
     prep_x_fn prep = j.g->prep_x[w[0]->dt];
     if (prep) {   /* the kernel wants x rearranged: a copy in the scratch (n*k floats) */
-        size_t need = (size_t)n * (size_t)w[0]->cols;
-        if (c->scratch_n < need) {
-            float *s = realloc(c->scratch, need * sizeof(float));
-            if (!s) j.g = &gemv_scalar_kernels;
-            else { c->scratch = s; c->scratch_n = need; }
-        }
+        if (!scratch_fit(c, (size_t)n * (size_t)w[0]->cols)) j.g = &gemv_scalar_kernels;
         if (j.g->prep_x[w[0]->dt]) { prep(x, n, w[0]->cols, c->scratch); j.x = c->scratch; }
     }
     cpu_pool_run(c->pool, gemv_task, &j);
@@ -263,12 +270,7 @@ static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const
         int64_t kpad = GEMM_AMX_PAD(w->cols), blk = (1 << 20) / (kpad * 2) / 32 * 32;
         j.blk = blk < 32 ? 32 : blk > 512 ? 512 : blk;
         size_t xw = (size_t)(GEMM_AMX_PAD(n) * GEMM_AMX_XLD(w->cols) / 2), vw = (size_t)(j.blk * kpad / 2) * (size_t)nth;
-        size_t need = xw + vw + (size_t)nth * 16 * (size_t)w->cols;
-        if (c->scratch_n < need) {
-            float *s = realloc(c->scratch, need * sizeof(float));
-            if (s) { c->scratch = s; c->scratch_n = need; }
-        }
-        if (c->scratch_n >= need) {
+        if (scratch_fit(c, xw + vw + (size_t)nth * 16 * (size_t)w->cols)) {
             gemm_amx_pack_x(x, n, w->cols, (uint16_t *)c->scratch);
             j.scratch = c->scratch;
             j.wv = (uint32_t *)(c->scratch + xw);
@@ -282,12 +284,7 @@ static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const
         int nth = cpu_pool_size(c->pool), aff = w->dt != BE_BF16;
         size_t words = gemm_bf16_xp_words(n, w->cols), xw = words + ((size_t)w->cols + 2) / 2;
         size_t wbw = aff ? ((size_t)nth * BF16_BLK * (size_t)w->cols + 1) / 2 : 0;   /* u16 pairs, in floats */
-        size_t need = xw + wbw + (aff ? (size_t)nth * (size_t)w->cols : 0);
-        if (c->scratch_n < need) {
-            float *s = realloc(c->scratch, need * sizeof(float));
-            if (s) { c->scratch = s; c->scratch_n = need; }
-        }
-        if (c->scratch_n >= need) {
+        if (scratch_fit(c, xw + wbw + (aff ? (size_t)nth * (size_t)w->cols : 0))) {
             gemm_bf16_pack_x(x, n, w->cols, (uint32_t *)c->scratch, (uint16_t *)(c->scratch + words));
             j.scratch = c->scratch;
             j.wb = (uint16_t *)(c->scratch + xw);
@@ -302,15 +299,9 @@ static void matmul_gemm(be_ctx *c, const float *x, int n, const be_mat *w, const
         int64_t cap = (int64_t)(GEMM_FLOATS / (size_t)w->cols);
         j.blk = per < cap ? per : cap;
         if (j.blk < 16) j.blk = 16;
-        size_t need = (size_t)nth * (size_t)j.blk * (size_t)w->cols;
-        if (c->scratch_n < need) {
-            float *s = realloc(c->scratch, need * sizeof(float));
-            if (!s) {   /* no room for the GEMM blocks: the GEMV kernels still give the answer */
-                gemv_multi(c, x, n, 1, &w, &bias, &y);
-                return;
-            }
-            c->scratch = s;
-            c->scratch_n = need;
+        if (!scratch_fit(c, (size_t)nth * (size_t)j.blk * (size_t)w->cols)) {
+            gemv_multi(c, x, n, 1, &w, &bias, &y);   /* no room for the GEMM blocks: the GEMV kernels still give the answer */
+            return;
         }
         j.scratch = c->scratch;
     }
