@@ -57,8 +57,10 @@ run $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
 # every affine case through the one-token GEMV's other forms too (by default 4-bit rows of one token
-# take its integer form, gemv-affine.cu; CINFER_CUDA_AFF_DP=0 the f32 forms: tensor cores where
-# k % 128 == 0, and with CINFER_CUDA_AFF_TC=0 too the CUDA-core kernel)
+# take its integer form, streamed where a row's scales are whole 16-byte chunks, gemv-affine.cu;
+# CINFER_CUDA_AFF_RING=0 the integer form's register kernel; CINFER_CUDA_AFF_DP=0 the f32 forms: tensor
+# cores where k % 128 == 0, and with CINFER_CUDA_AFF_TC=0 too the CUDA-core kernel)
+run env CINFER_CUDA_AFF_RING=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
 run env CINFER_CUDA_AFF_DP=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
 run env CINFER_CUDA_AFF_DP=0 CINFER_CUDA_AFF_TC=0 CINFER_TEST_ONLY=affine $B/test-backend-ops
 run $B/test-cuda-model "$MODELS"

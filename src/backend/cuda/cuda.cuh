@@ -118,6 +118,7 @@ struct be_ctx {
     int aff_gemv;            /* 4/8-bit affine decode through gemv-affine.cu (CINFER_CUDA_AFF_GEMV=0: affine.cu's GEMV, one matrix a launch) */
     int aff_tc;              /* one token's 4-bit rows through gemv-affine.cu's tensor-core form (CINFER_CUDA_AFF_TC=0: its CUDA-core kernel) */
     int aff_dp;              /* one token's 4-bit rows through gemv-affine.cu's integer form (default; CINFER_CUDA_AFF_DP=0 off) */
+    int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
 };
 
 /* error bookkeeping: records the first failure, returns 1 on failure */

@@ -186,13 +186,8 @@ __device__ __forceinline__ void aff_dp_piece(const uint4 *q, const float *sc, co
     for (int s = 0; s < S; s++) acc[s][0] += bi[s] * xsum;
 }
 
-template <int BITS, int N, int GLU, int DP = 0>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
-    constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
-    __shared__ float red[GEMV_WARPS];
-    extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations; then [N][k/V] their pieces' sums */
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    PDL_ENTRY();
+/* xs[t] = the N tokens' activations (the rmsnorm prologue's output, or a copy) in xs_index's layout, rows xs_row apart */
+template <int N> __device__ __forceinline__ void aff_x_in(const gemv_set &st, const float *x, int k, float *xs, float *red) {
     if (st.norm) {
         gemv_norm_prologue<N>(st, x, k, xs, red, 1);
     } else {
@@ -200,32 +195,48 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
             *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = *(const float4 *)(x + e);
         __syncthreads();
     }
+}
+
+/* one token's x (xs, xs_index's layout, k = 32 nu) -> each piece's sum of x (xp) and its digits over x (AFF_DPW
+ * words a piece); the caller's barrier follows. k <= AFF_XS_MAX: at most DPP pieces a thread */
+__device__ __forceinline__ void aff_dp_digits(float *xs, int nu, float *xp) {
+    constexpr int DPP = AFF_XS_MAX / 32 / (GEMV_WARPS * 32);
+    float v[DPP][32];
+#pragma unroll
+    for (int p = 0; p < DPP; p++) {
+        const int e = threadIdx.x + p * GEMV_WARPS * 32;
+        if (e >= nu) break;
+        const float4 *v4 = (const float4 *)(xs + xs_index(e * 32, 1));
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 t = v4[i];
+            sum += (t.x + t.y) + (t.z + t.w);
+            v[p][4 * i] = t.x, v[p][4 * i + 1] = t.y, v[p][4 * i + 2] = t.z, v[p][4 * i + 3] = t.w;
+        }
+        xp[e] = sum;
+    }
+    __syncthreads();   /* every thread holds its pieces: the digits go over x */
+#pragma unroll
+    for (int p = 0; p < DPP; p++) {
+        const int e = threadIdx.x + p * GEMV_WARPS * 32;
+        if (e < nu) aff_dp_make(v[p], (uint32_t *)xs + (size_t)e * AFF_DPW);
+    }
+}
+
+template <int BITS, int N, int GLU, int DP = 0>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff(gemv_set st, const float *x, int k) {
+    constexpr int V = 128 / BITS, S = AFF_RW, RW = GLU ? 1 : S;   /* codes a piece; streams; rows */
+    __shared__ float red[GEMV_WARPS];
+    extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations; then [N][k/V] their pieces' sums */
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    PDL_ENTRY();
+    aff_x_in<N>(st, x, k, xs, red);
     const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
     float *xp = xs + (size_t)N * xrow;
     uint32_t *dg = (uint32_t *)xs;   /* DP: the pieces' digits, over x once every thread holds its pieces */
-    if (DP) {   /* one token, k <= AFF_XS_MAX: at most DPP pieces a thread */
-        constexpr int DPP = AFF_XS_MAX / 32 / (GEMV_WARPS * 32);
-        float v[DPP][32];
-#pragma unroll
-        for (int p = 0; p < DPP; p++) {
-            const int e = threadIdx.x + p * GEMV_WARPS * 32;
-            if (e >= nu) break;
-            const float4 *v4 = (const float4 *)(xs + xs_index(e * 32, 1));
-            float sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float4 t = v4[i];
-                sum += (t.x + t.y) + (t.z + t.w);
-                v[p][4 * i] = t.x, v[p][4 * i + 1] = t.y, v[p][4 * i + 2] = t.z, v[p][4 * i + 3] = t.w;
-            }
-            xp[e] = sum;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int p = 0; p < DPP; p++) {
-            const int e = threadIdx.x + p * GEMV_WARPS * 32;
-            if (e < nu) aff_dp_make(v[p], dg + (size_t)e * AFF_DPW);
-        }
+    if (DP) {
+        aff_dp_digits(xs, nu, xp);
     } else {
         for (int e = threadIdx.x; e < N * nu; e += GEMV_WARPS * 32) {   /* each piece's sum of x, once for every row */
             const float4 *v4 = (const float4 *)(xs + (size_t)(e / nu) * xrow + xs_index(e % nu * V, 1));
@@ -284,6 +295,121 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
                 gemv_store<N>(st, mi, row0 + r, m, a2);
             }
     }
+}
+
+/* ---------------------------------------------------- one token's 4-bit rows in integers, streamed */
+
+/* k_gemv_aff_ring: the integer kernel above (its warps, row pairs, digits and arithmetic), its weights
+ * streamed: k_gemv_aff loads a warp's row pair in one round of registers and then waits a full DRAM
+ * round trip, computes, reduces and stores before the next pair's loads issue (8B shape, H200: the big
+ * GEMVs at ~2 TB/s). Here each warp streams items through its own ring of D cp.async stages, filled
+ * before the wait on the kernel before (weights do not depend on it), so that the loads of its next
+ * items (the next row pair's too) are in flight while it computes. An item is a round of the warp's two
+ * streams: 32 pieces of each (lane L: piece 32 r + L of round r), codes [stream][lane] 16 bytes each
+ * (conflict-free 16-byte reads), then the round's scales and biases, [stream][kind][chunk] 16 bytes each
+ * (a stream's round has 1024 / group scales: 16 to 128 bytes), chunk c of (stream, kind) fetched by lane
+ * 16 stream + 8 kind + c. Taken where a row's scales are whole 16-byte chunks (k / group * size % 16 == 0)
+ * and the pointers 16-byte aligned (CINFER_CUDA_AFF_RING=0: never). */
+#define AFR_STAGE 1536
+struct afr_src {
+    int grp, r;              /* the item: the warp's row group of the persistent walk, the round */
+    const char *pa, *pb;     /* the lane's codes of the round in streams 0 and 1 */
+    const char *ps;          /* the lane's scale or bias chunk of the round */
+    int nch;                 /* chunks of the round the lanes fetch (1024 / group * size / 16; fewer in a short last round) */
+};
+/* the warp's rows in row group grp: matrix index, first row, rows (s: row of stream s, a row past the end: row 0) */
+template <int GLU> __device__ __forceinline__ int afr_rows(const gemv_set &st, int grp, int *row0, int *m, int *ra, int *rb) {
+    constexpr int RW = GLU ? 1 : AFF_RW;
+    int mi = gemv_group(st, grp, GEMV_WARPS * RW, row0);
+    *row0 += (threadIdx.x / 32) * RW;
+    *m = st.m[mi];
+    int a = *row0, b = GLU ? a : *row0 + 1;
+    *ra = a < *m ? a : 0, *rb = b < *m ? b : 0;
+    return mi;
+}
+template <int GLU, int SSZ> __device__ __forceinline__ void afr_src_at(afr_src &q, const gemv_set &st, int nu, int ng, int gsh) {
+    if (q.grp >= st.gend[2]) return;
+    int row0, m, ra, rb, mi = afr_rows<GLU>(st, q.grp, &row0, &m, &ra, &rb);
+    const int lane = threadIdx.x & 31, s = lane >> 4, wa = GLU ? 0 : mi, wb = GLU ? 1 : mi, ws = s ? wb : wa;
+    const size_t rowb = (size_t)nu * 16;
+    q.pa = (const char *)st.w[wa] + (size_t)ra * rowb + (size_t)(32 * q.r + lane) * 16;
+    q.pb = (const char *)st.w[wb] + (size_t)rb * rowb + (size_t)(32 * q.r + lane) * 16;
+    q.ps = (const char *)((lane >> 3) & 1 ? st.bi[ws] : st.sc[ws]) + ((size_t)(s ? rb : ra) * ng + (size_t)q.r * (1024 >> gsh)) * SSZ +
+           (lane & 7) * 16;
+    const int pieces = nu - 32 * q.r < 32 ? nu - 32 * q.r : 32;
+    q.nch = ((((pieces << 5) + (1 << gsh) - 1) >> gsh) * SSZ + 15) >> 4;
+}
+/* issues the warp's next item into stage qs and moves on; one commit group an item (empty past the end) */
+template <int GLU, int SSZ>
+__device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu, int ng, int gsh, char *stage) {
+    if (q.grp < st.gend[2]) {
+        const int lane = threadIdx.x & 31;
+        if (32 * q.r + lane < nu) {
+            cp_async16(stage + lane * 16, q.pa);
+            cp_async16(stage + 512 + lane * 16, q.pb);
+        }
+        if ((lane & 7) < q.nch) cp_async16(stage + 1024 + lane * 16, q.ps);
+        q.pa += 512, q.pb += 512, q.ps += (size_t)(1024 >> gsh) * SSZ;
+        if (32 * ++q.r >= nu) {
+            q.r = 0, q.grp += gridDim.x;
+            afr_src_at<GLU, SSZ>(q, st, nu, ng, gsh);
+        } else if (32 * (q.r + 1) > nu) {   /* a short last round: fewer chunks */
+            afr_src_at<GLU, SSZ>(q, st, nu, ng, gsh);
+        }
+    }
+    cp_async_commit();
+}
+
+template <int D, int GLU, int SDT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
+    constexpr int RW = GLU ? 1 : AFF_RW, SSZ = SDT == BE_F32 ? 4 : 2;
+    __shared__ float red[GEMV_WARPS];
+    extern __shared__ float xs[];   /* [xs_row(k, 1)]: x, then its digits; [k / 32] the pieces' sums of x; the warps' rings */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nu = k / 32, ng = k >> st.gshift, gsh = st.gshift;
+    float *xp = xs + xs_row(k, 1);
+    char *ring = (char *)xs + (((size_t)(xs_row(k, 1) + nu) * 4 + 15) & ~(size_t)15) + (size_t)warp * D * AFR_STAGE;
+    afr_src src;
+    src.grp = blockIdx.x, src.r = 0;
+    afr_src_at<GLU, SSZ>(src, st, nu, ng, gsh);
+    int qi = 0;   /* the stage of the next item to issue */
+    for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);   /* weights: no wait on the kernel before */
+    PDL_ENTRY();
+    aff_x_in<1>(st, x, k, xs, red);
+    aff_dp_digits(xs, nu, xp);
+    __syncthreads();
+    const uint32_t *dg = (const uint32_t *)xs;
+    const int gi = (lane << 5) >> gsh;   /* the lane's group in a round */
+    int q = 0;                           /* the stage of the next item to compute */
+    for (int grp = blockIdx.x; grp < st.gend[2]; grp += gridDim.x) {
+        int row0, m, ra, rb, mi = afr_rows<GLU>(st, grp, &row0, &m, &ra, &rb);
+        float acc[2][1] = {{0.0f}, {0.0f}};
+        for (int r = 0; 32 * r < nu; r++) {
+            __syncwarp();   /* every lane is done with the stage the issue refills (its scale chunks are shared) */
+            afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);
+            qi = qi + 1 == D ? 0 : qi + 1;
+            cp_async_wait<D - 1>();
+            __syncwarp();   /* the other lanes' chunks of this stage are visible */
+            const char *stage = ring + q * AFR_STAGE;
+            q = q + 1 == D ? 0 : q + 1;
+            const int j = 32 * r + lane;
+            if (j < nu) {
+                const uint4 qq[2] = {((const uint4 *)stage)[lane], ((const uint4 *)stage)[32 + lane]};
+                const float sc[2] = {cu_mat_get(stage + 1024, SDT, gi), cu_mat_get(stage + 1024 + 256, SDT, gi)};
+                const float bi[2] = {cu_mat_get(stage + 1024 + 128, SDT, gi), cu_mat_get(stage + 1024 + 384, SDT, gi)};
+                aff_dp_piece<2>(qq, sc, bi, dg, xp, j, acc);
+            }
+        }
+        (void)ra, (void)rb;
+#pragma unroll
+        for (int s = 0; s < 2; s++) warp_sum<1>(acc[s]);
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+            if (lane == r && row0 + r < m) {
+                float a2[2][1] = {{acc[r][0]}, {GLU ? acc[1][0] : 0.0f}};
+                gemv_store<1>(st, mi, row0 + r, m, a2);
+            }
+    }
+    cp_async_wait<0>();   /* no copy outlives the block */
 }
 
 /* ---------------------------------------------------- one token on the tensor cores */
@@ -568,6 +694,33 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
     return c->aff_tc && n == 1 && k % AFT_STEP == 0 && st.group >= 32 && st.group <= 128 && aff_tc_smem<AFT_D>(k, st.group) <= AFT_SMEM_2;
 }
 
+/* the streamed integer kernel: its ring depth, shared memory, and where it takes a set (see k_gemv_aff_ring) */
+#define AFR_D 6
+static size_t afr_smem(int k) { return (((size_t)xs_row(k, 1) + (size_t)k / 32) * 4 + 15 & ~(size_t)15) + (size_t)GEMV_WARPS * AFR_D * AFR_STAGE; }
+static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
+    const size_t ssz = st.sdt == BE_F32 ? 4 : 2;
+    if (!c->aff_ring || k > AFF_XS_MAX || k % 32 || (size_t)(k / st.group) * ssz % 16 || afr_smem(k) > 227 * 1024) return 0;
+    for (int i = 0; i < (st.glu ? 2 : count); i++)
+        if (((uintptr_t)st.w[i] | (uintptr_t)st.sc[i] | (uintptr_t)st.bi[i]) & 15) return 0;
+    return 1;
+}
+template <int GLU, int SDT> static void afr_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    const size_t smem = afr_smem(k);
+    if (smem > 48 * 1024 &&
+        cu_check(c, cudaFuncSetAttribute(k_gemv_aff_ring<AFR_D, GLU, SDT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        return;
+    int per = 0;   /* a persistent grid of as many blocks as fit */
+    if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_aff_ring<AFR_D, GLU, SDT>, GEMV_WARPS * 32, smem), "gemv occupancy"))
+        return;
+    const unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
+    cu_launch(c, k_gemv_aff_ring<AFR_D, GLU, SDT>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
+}
+static void afr_launch_sdt(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    if (st.sdt == BE_BF16) st.glu ? afr_launch<1, BE_BF16>(c, groups, st, x, k) : afr_launch<0, BE_BF16>(c, groups, st, x, k);
+    else if (st.sdt == BE_F16) st.glu ? afr_launch<1, BE_F16>(c, groups, st, x, k) : afr_launch<0, BE_F16>(c, groups, st, x, k);
+    else st.glu ? afr_launch<1, BE_F32>(c, groups, st, x, k) : afr_launch<0, BE_F32>(c, groups, st, x, k);
+}
+
 /* the affine GEMV over the set's matrices (BITS 4 or 8; DP: one token's 4-bit rows in integers) */
 template <int BITS, int N, int GLU, int DP = 0>
 static void aff_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
@@ -583,6 +736,10 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     if (!groups || n <= 0) return;
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
+    if (BITS == 4 && n == 1 && c->aff_dp && afr_takes(c, st, count, k)) {   /* one token in integers, streamed */
+        afr_launch_sdt(c, groups, st, x, k);
+        return;
+    }
     if (BITS == 4 && n == 1 && c->aff_dp) {   /* one token in integers: xs, the pieces' sums, their digits */
         size_t smem = sizeof(float) * ((size_t)xs_row(k, 1) + (size_t)k / 32);   /* the digits take x's place */
         if (st.glu) aff_launch<4, 1, 1, 1>(c, grid, smem, st, x, k);
