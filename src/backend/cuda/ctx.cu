@@ -295,6 +295,10 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->aff_tc = knob_on("CINFER_CUDA_AFF_TC");
     c->aff_dp = knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */
     c->aff_ring = knob_on("CINFER_CUDA_AFF_RING");
+    const char *ad = getenv("CINFER_CUDA_AFR_D");
+    c->afr_d = ad ? atoi(ad) : 0;
+    const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
+    c->afr_blocks = ab ? atoi(ab) : 0;
     const char *sh = getenv("CINFER_CUDA_SCORE_HEAD");   /* 0: never; 1: every bf16 head; unset: hidden <= 256 */
     c->score_head_k = sh && !strcmp(sh, "0") ? 0 : sh && !strcmp(sh, "1") ? INT_MAX : 256;
     int bad = !c->recs;
