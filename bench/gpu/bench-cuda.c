@@ -440,11 +440,11 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
         if (!bad) bad = cuda_graph_replay_time(ctx->bc, 20, &tg[on][r / 2]);
         if (bad) { fprintf(stderr, "decode (%s=%d): %s\n", var, on, cinfer_ctx_error(ctx)); cinfer_ctx_free(ctx); return 1; }
         last[on] = tok;
-        printf("  %s=%d: %.4f ms/token, graph alone %.4f ms\n", var, on, t[on][r / 2] * 1e3, tg[on][r / 2] * 1e3);
+        printf("  %s=%s: %.4f ms/token, graph alone %.4f ms\n", var, on ? onv : "0", t[on][r / 2] * 1e3, tg[on][r / 2] * 1e3);
         cinfer_ctx_free(ctx);
     }
     for (int on = 0; on < 2; on++)
-        printf("A/B %s=%d: median %.4f ms/token (%.1f tok/s), graph alone %.4f ms (%.1f tok/s)\n", var, on, median(t[on], 4) * 1e3,
+        printf("A/B %s=%s: median %.4f ms/token (%.1f tok/s), graph alone %.4f ms (%.1f tok/s)\n", var, on ? onv : "0", median(t[on], 4) * 1e3,
                1 / median(t[on], 4), median(tg[on], 4) * 1e3, 1 / median(tg[on], 4));
     printf("A/B last tokens: %d vs %d (%s)\n", (int)last[0], (int)last[1], last[0] == last[1] ? "same" : "DIFFERENT");
     return last[0] != last[1];

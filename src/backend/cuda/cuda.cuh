@@ -119,7 +119,7 @@ struct be_ctx {
     int aff_tc;              /* one token's 4-bit rows through gemv-affine.cu's tensor-core form (CINFER_CUDA_AFF_TC=0: its CUDA-core kernel) */
     int aff_dp;              /* one token's 4-bit rows through gemv-affine.cu's integer form (default; CINFER_CUDA_AFF_DP=0 off) */
     int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
-    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=4, 6 or 8; 0: the deepest that keeps two blocks an SM) */
+    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 4 or 8; 0: 4, or fewer where two blocks an SM would not fit) */
     int afr_blocks;          /* its blocks an SM at most (CINFER_CUDA_AFR_BLOCKS; 0: as many as fit) */
 };
 

@@ -721,15 +721,16 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
 }
 
 /* the streamed integer kernel: its ring depth, shared memory, and where it takes a set (see k_gemv_aff_ring) */
-/* shared memory at ring depth d; the depth: the deepest of 8, 6, 4 stages a warp with which two blocks fit an SM
- * (CINFER_CUDA_AFR_D=4|6|8 forces one) */
+/* shared memory at ring depth d; the depth: 4 stages a warp (H200, 8B 4-bit step, A/B in one process: 2.605 ms
+ * against 2.676 at 8 stages, 2 blocks an SM either way; deeper rings hold more of the weights in flight than the
+ * DRAM needs), fewer where two blocks an SM would not fit (CINFER_CUDA_AFR_D=2|3|4|8 forces one) */
 #define AFR_SMEM_2 (113 * 1024)
 static size_t afr_smem(const gemv_set &st, int k, int d) {
     return afr_ring_at(k, st.norm != NULL) + (size_t)GEMV_WARPS * d * afr_stage(afr_nc(st.gshift, st.sdt == BE_F32 ? 4 : 2));
 }
 static int afr_depth(const be_ctx *c, const gemv_set &st, int k) {
-    if (c->afr_d == 4 || c->afr_d == 6 || c->afr_d == 8) return c->afr_d;
-    return afr_smem(st, k, 8) <= AFR_SMEM_2 ? 8 : afr_smem(st, k, 6) <= AFR_SMEM_2 ? 6 : 4;
+    if (c->afr_d == 2 || c->afr_d == 3 || c->afr_d == 4 || c->afr_d == 8) return c->afr_d;
+    return afr_smem(st, k, 4) <= AFR_SMEM_2 ? 4 : afr_smem(st, k, 3) <= AFR_SMEM_2 ? 3 : 2;
 }
 static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
     const size_t ssz = st.sdt == BE_F32 ? 4 : 2;
@@ -763,8 +764,9 @@ template <int D> static void afr_launch_sdt(be_ctx *c, unsigned groups, const ge
 static void afr_launch_any(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
     const int d = afr_depth(c, st, k);
     if (d == 8) afr_launch_sdt<8>(c, groups, st, x, k);
-    else if (d == 6) afr_launch_sdt<6>(c, groups, st, x, k);
-    else afr_launch_sdt<4>(c, groups, st, x, k);
+    else if (d == 4) afr_launch_sdt<4>(c, groups, st, x, k);
+    else if (d == 3) afr_launch_sdt<3>(c, groups, st, x, k);
+    else afr_launch_sdt<2>(c, groups, st, x, k);
 }
 
 /* the affine GEMV over the set's matrices (BITS 4 or 8; DP: one token's 4-bit rows in integers) */
