@@ -381,7 +381,10 @@ __device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu
 }
 
 template <int D, int GLU, int SDT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
+#ifndef AFR_MINB
+#define AFR_MINB GEMV_BLOCKS_PER_SM
+#endif
+__global__ void __launch_bounds__(GEMV_WARPS * 32, AFR_MINB) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
     constexpr int RW = GLU ? 1 : AFF_RW, SSZ = SDT == BE_F32 ? 4 : 2;
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [xs_row(k, 1)]: x, then its digits; [k / 32] the pieces' sums of x; the warps' rings */
