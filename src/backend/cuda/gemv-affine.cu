@@ -211,22 +211,25 @@ __device__ __forceinline__ void aff_dp_digits(const float *src, int pad, int nu,
     constexpr int DPP = AFF_XS_MAX / 8 / (GEMV_WARPS * 32);
     float v[DPP][8];
 #pragma unroll
-    for (int p = 0; p < DPP; p++) {
+    for (int p = 0; p < DPP; p++) {   /* every load issued before any is used (x may be in global memory) */
         const int t = threadIdx.x + p * GEMV_WARPS * 32, e = t >> 2, u = t & 3;
-        if (4 * nu <= p * GEMV_WARPS * 32) break;   /* (uniform across the block) */
-        float sum = 0.0f;
         if (e < nu) {
             const float4 *v4 = (const float4 *)(src + xs_index(e * 32 + 8 * u, pad));
             const float4 a = v4[0], b = v4[1];
             v[p][0] = a.x, v[p][1] = a.y, v[p][2] = a.z, v[p][3] = a.w, v[p][4] = b.x, v[p][5] = b.y, v[p][6] = b.z, v[p][7] = b.w;
-            sum = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) v[p][i] = 0.0f;
         }
+    }
+#pragma unroll
+    for (int p = 0; p < DPP; p++) {
+        if (4 * nu <= p * GEMV_WARPS * 32) break;   /* (uniform across the block) */
+        const int t = threadIdx.x + p * GEMV_WARPS * 32, e = t >> 2;
+        float sum = ((v[p][0] + v[p][1]) + (v[p][2] + v[p][3])) + ((v[p][4] + v[p][5]) + (v[p][6] + v[p][7]));
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (e < nu && u == 0) xp[e] = sum;
+        if (e < nu && (t & 3) == 0) xp[e] = sum;
     }
     __syncthreads();   /* every thread holds its values: the digits may go over x */
 #pragma unroll
