@@ -119,7 +119,8 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
  * different banks), written over x (36 floats a piece in xs_index's layout) once every thread has read
  * its pieces. The default for one token (CINFER_CUDA_AFF_DP=0: the f32 forms): measured on the H200 (8B
  * shape, A/B in one process against the tensor-core form, the same greedy tokens) 2.788 against 3.063 ms
- * a step, on an H100 3.042 against 3.222; test-backend-ops' affine cases on the device pass with it. */
+ * a step, on an H100 3.042 against 3.222; test-backend-ops' affine cases on the device pass with it.
+ * k_gemv_aff_ring (below) runs the same arithmetic with its weights streamed, where it takes the set. */
 #define AFF_DPW 28
 /* the digits of word u (values 8u .. 8u + 7) of a piece whose 4 words are 4 neighbouring lanes (lane & 3 = u);
  * the piece's max |x| and NaN / Inf found across them by shuffles (every lane of the warp calls it) */
