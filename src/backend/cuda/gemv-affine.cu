@@ -385,10 +385,7 @@ __device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu
 }
 
 template <int D, int GLU, int SDT>
-#ifndef AFR_MINB
-#define AFR_MINB GEMV_BLOCKS_PER_SM
-#endif
-__global__ void __launch_bounds__(GEMV_WARPS * 32, AFR_MINB) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
     constexpr int RW = GLU ? 1 : AFF_RW, SSZ = SDT == BE_F32 ? 4 : 2;
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [xs_row(k, 1)]: x, then its digits; [k / 32] the pieces' sums of x; the warps' rings */
@@ -701,17 +698,24 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
 template <int D> static size_t aff_tc_smem(int k, int group) {
     return sizeof(float) * ((size_t)k + 2 * (size_t)((k / group + 1) & ~1)) + (size_t)GEMV_WARPS * aft_ring<D>::WARP;
 }
+/* kern over the set with smem bytes of dynamic shared memory; with groups > 0 a persistent grid of as many blocks an
+ * SM as fit (at most cap when cap > 0), else grid (the affine GEMV kernels' one launch path) */
+static void aff_go(be_ctx *c, void (*kern)(gemv_set, const float *, int), unsigned groups, int cap, dim3 grid, size_t smem,
+                   const gemv_set &st, const float *x, int k) {
+    if (smem > 48 * 1024 && cu_check(c, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+        return;
+    if (groups) {
+        int per = 0;
+        if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, GEMV_WARPS * 32, smem), "gemv occupancy")) return;
+        if (cap > 0 && cap < per) per = cap;
+        const unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
+        grid = dim3(groups < most ? groups : most);
+    }
+    cu_launch(c, kern, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
+}
 template <int D, int GLU, int SDT>
 static void aff_tc_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    size_t smem = aff_tc_smem<D>(k, st.group);
-    if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aff_tc<D, GLU, SDT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
-        return;
-    int per = 0;   /* a persistent grid of as many blocks as fit */
-    if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_aff_tc<D, GLU, SDT>, GEMV_WARPS * 32, smem), "gemv occupancy"))
-        return;
-    unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
-    cu_launch(c, k_gemv_aff_tc<D, GLU, SDT>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
+    aff_go(c, k_gemv_aff_tc<D, GLU, SDT>, groups, 0, dim3(1), aff_tc_smem<D>(k, st.group), st, x, k);
 }
 template <int D, int GLU> static void aff_tc_launch_sdt(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
     if (st.sdt == BE_BF16) aff_tc_launch<D, GLU, BE_BF16>(c, groups, st, x, k);
@@ -748,16 +752,7 @@ static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
     return 1;
 }
 template <int D, int GLU, int SDT> static void afr_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    const size_t smem = afr_smem(st, k, D);
-    if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aff_ring<D, GLU, SDT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
-        return;
-    int per = 0;   /* a persistent grid of as many blocks as fit */
-    if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_aff_ring<D, GLU, SDT>, GEMV_WARPS * 32, smem), "gemv occupancy"))
-        return;
-    if (c->afr_blocks > 0 && c->afr_blocks < per) per = c->afr_blocks;   /* fewer: the next kernel's blocks can start beside them */
-    const unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
-    cu_launch(c, k_gemv_aff_ring<D, GLU, SDT>, dim3(groups < most ? groups : most), dim3(GEMV_WARPS * 32), smem, st, x, k);
+    aff_go(c, k_gemv_aff_ring<D, GLU, SDT>, groups, c->afr_blocks, dim3(1), afr_smem(st, k, D), st, x, k);
 }
 template <int D, int SDT> static void afr_launch_glu(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
     if (st.glu) afr_launch<D, 1, SDT>(c, groups, st, x, k);
@@ -779,10 +774,7 @@ static void afr_launch_any(be_ctx *c, unsigned groups, const gemv_set &st, const
 /* the affine GEMV over the set's matrices (BITS 4 or 8; DP: one token's 4-bit rows in integers) */
 template <int BITS, int N, int GLU, int DP = 0>
 static void aff_launch(be_ctx *c, dim3 grid, size_t smem, const gemv_set &st, const float *x, int k) {
-    if (smem > 48 * 1024 &&
-        cu_check(c, cudaFuncSetAttribute(k_gemv_aff<BITS, N, GLU, DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
-        return;
-    cu_launch(c, k_gemv_aff<BITS, N, GLU, DP>, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
+    aff_go(c, k_gemv_aff<BITS, N, GLU, DP>, 0, 0, grid, smem, st, x, k);
 }
 
 template <int BITS>
