@@ -667,6 +667,33 @@ static void test_argmax(void) {
     CHECK(ok, "argmax: ties pick the first, all -inf gives 0, random row matches (%d %d %d %d)", am[0], am[1], am[2], am[3]);
     gb_free(&gl);
     free(lg);
+    if (!be->step_begin) return;
+    /* inside decode-step brackets (a device backend issues it with the step's graph, its rows written at step_end):
+     * new rows every step, 4 rows (captured, then replayed) and 300 rows (more than one copy of keys brings back) */
+    const int RS[2] = {4, 300}, VS = 5000;
+    for (int t = 0; t < 2; t++) {
+        int n = RS[t], bad = 0;
+        float *h = malloc(sizeof(float) * (size_t)n * VS);
+        int32_t *got = malloc(sizeof(int32_t) * (size_t)n);
+        gbuf g = gb_new((size_t)n * VS);
+        for (int step = 0; step < 4; step++) {
+            for (size_t i = 0; i < (size_t)n * VS; i++) h[i] = 10.0f * frand();
+            gb_put(&g, h);
+            for (int i = 0; i < n; i++) got[i] = -1;
+            be->step_begin(bc);
+            be->argmax(bc, g.p, n, VS, got);
+            be->step_end(bc);
+            for (int i = 0; i < n; i++) {
+                int b = 0;
+                for (int j = 1; j < VS; j++) if (h[(size_t)i * VS + j] > h[(size_t)i * VS + b]) b = j;
+                bad += got[i] != b;
+            }
+        }
+        CHECK(!bad, "argmax in step brackets, %d rows x 4 steps: %d rows differ from the host's argmax", n, bad);
+        gb_free(&g);
+        free(h);
+        free(got);
+    }
 }
 
 /* ---------------------------------------------------------- score */

@@ -320,7 +320,8 @@ typedef struct be_ops {
     void (*step_end)(be_ctx *c);
     /* steps captured as graphs and steps replayed so far */
     void (*graph_stats)(const be_ctx *c, long *captures, long *replays);
-    /* out[i] = index of the largest of x[i][0..dim) (first on ties), host array */
+    /* out[i] = index of the largest of x[i][0..dim) (first on ties), host array; issued inside a step
+     * bracket, a backend may write out only at step_end */
     void (*argmax)(be_ctx *c, const float *x, int n, int dim, int32_t *out);
     /* matmul of one input by count (1..3) matrices of the same cols in one pass:
      * y[i] = x . w[i]^T (+ bias[i], which may be NULL) — q/k/v, gate/up */

@@ -327,11 +327,13 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, cfg->norm_add, cfg->eps, c->xo);
         if (!fold) be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
         if (!fold && cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
-        if (step) { be->step_end(c->bc); step = 0; }
+        if (step && !argmax) { be->step_end(c->bc); step = 0; }
         be_score_base sb;
         if (sr && sr->base) { sb = *sr->base; sb.idx += r0; }
-        if (argmax) be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
-        else if (smp) be->sample(c->bc, c->lo, nr, cfg->n_vocab, smp->p + r0, smp->edits, smp->n_edits, smp->out + r0);
+        if (argmax) {   /* in the step: a backend may issue it with the step's graph (its rows are written by step_end) */
+            be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
+            if (step) { be->step_end(c->bc); step = 0; }
+        } else if (smp) be->sample(c->bc, c->lo, nr, cfg->n_vocab, smp->p + r0, smp->edits, smp->n_edits, smp->out + r0);
         else if (fold) be->score_head(c->bc, c->xo, nr, &m->w.lm_head, sr->tgt + r0, sr->base ? &sb : NULL, sr->out + r0);
         else if (sr)
             be->score(c->bc, c->lo, nr, cfg->n_vocab, sr->tgt + r0, sr->base ? &sb : NULL,

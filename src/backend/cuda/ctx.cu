@@ -256,6 +256,7 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->samp_edits);
     cudaFree(c->arena_d);
     if (c->arena_h) cudaFreeHost(c->arena_h);
+    if (c->am_h) cudaFreeHost(c->am_h);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->recs);
     free(c);
@@ -295,6 +296,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->aff_tc = knob_on("CINFER_CUDA_AFF_TC");
     c->aff_dp = knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */
     c->aff_ring = knob_on("CINFER_CUDA_AFF_RING");
+    c->am_step = knob_on("CINFER_CUDA_ARGMAX_STEP");
     const char *ad = getenv("CINFER_CUDA_AFR_D");
     c->afr_d = ad ? atoi(ad) : 0;
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
@@ -311,6 +313,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     bad = bad || cu_check_blas(c, cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES), "cublasSetWorkspace");
     bad = bad || cu_check(c, cudaMallocHost((void **)&c->arena_h, CU_ARENA_BYTES), "pinned arena");
     bad = bad || cu_check(c, cudaMalloc((void **)&c->arena_d, CU_ARENA_BYTES), "device arena");
+    bad = bad || cu_check(c, cudaMallocHost((void **)&c->am_h, sizeof *c->am_h * CU_AM_MAX), "pinned argmax keys");
     if (bad) { cuda_ctx_free(c); return 1; }
     *out = c;
     return 0;
@@ -434,7 +437,7 @@ static void cuda_step_begin(be_ctx *c) {
     }
 }
 
-static void cuda_step_end(be_ctx *c) {
+void cu_step_launch(be_ctx *c) {
     if (!c->in_step) return;
     c->in_step = 0;
     if (c->mode == CU_CAPTURE) {
@@ -475,7 +478,7 @@ static void cuda_step_end(be_ctx *c) {
         if (g < 0) {   /* the step issued a prefix of every live graph: capture it as it is */
             recapture(c);
             c->in_step = 1;
-            cuda_step_end(c);
+            cu_step_launch(c);
             return;
         }
         c->mode = CU_EAGER;
@@ -485,6 +488,14 @@ static void cuda_step_end(be_ctx *c) {
         cu_check(c, cudaGraphLaunch(c->graphs[g].exec, c->stream), "graph replay");
     }
     c->mode = CU_EAGER;
+}
+
+/* the step's graph launched; an argmax issued in it (cu_op_argmax) waited for and its keys read */
+static void cuda_step_end(be_ctx *c) {
+    cu_step_launch(c);
+    if (!c->am_out) return;
+    if (!c->err && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h, c->am_n, c->am_out);
+    c->am_out = NULL;
 }
 
 extern "C" void cuda_graph_stats(const be_ctx *c, long *captures, long *replays) {

@@ -50,6 +50,7 @@ enum { CU_EAGER = 0, CU_CAPTURE = 1, CU_REPLAY = 2 };
 #define CU_ARENA_BYTES ((size_t)8 << 20)
 #define CU_STEP_STAGE ((size_t)128 << 10)   /* staged bytes a graph step may use */
 #define CU_MAX_RECS 8192
+#define CU_AM_MAX 256    /* rows of an argmax a copy brings back (pinned keys) */
 
 /* a captured decode step: its graph and the records it was captured from */
 #define CU_GRAPHS 8
@@ -119,7 +120,11 @@ struct be_ctx {
     int aff_tc;              /* one token's 4-bit rows through gemv-affine.cu's tensor-core form (CINFER_CUDA_AFF_TC=0: its CUDA-core kernel) */
     int aff_dp;              /* one token's 4-bit rows through gemv-affine.cu's integer form (default; CINFER_CUDA_AFF_DP=0 off) */
     int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
-    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 4 or 8; 0: 4, or fewer where two blocks an SM would not fit) */
+    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=4 or 8; else 6) */
+    int am_step;             /* a decode step's argmax issued with the step's graph (CINFER_CUDA_ARGMAX_STEP=0: after it, eagerly) */
+    unsigned long long *am_h;  /* [CU_AM_MAX] pinned: the argmax keys copied back */
+    int32_t *am_out;         /* an argmax issued in the open step: its host result, written by step_end (am_n rows) */
+    int am_n;
     int afr_blocks;          /* its blocks an SM at most (CINFER_CUDA_AFR_BLOCKS; 0: as many as fit) */
 };
 
@@ -146,6 +151,8 @@ int cu_span_bucket(int max_span);
 void cu_submit(be_ctx *c, const cu_rec *r);
 /* leaves capture/replay for the rest of the step (before an allocation, a sync) */
 void cu_go_eager(be_ctx *c);
+/* the open step (step_begin) ends here: its graph launched or replayed, or its records run eagerly */
+void cu_step_launch(be_ctx *c);
 /* grows a workspace (device bytes); 0 on failure */
 int cu_ensure(be_ctx *c, void **buf, size_t *have, size_t need);
 
@@ -209,6 +216,7 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
 void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
 void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+void cu_argmax_keys(const unsigned long long *keys, int n, int32_t *out);
 /* x[total / k][k] (rows idx[] of x when idx, device memory, is not NULL) rounded to dt (bf16 or f16) into
  * out, as the matmul feeds cuBLAS (gemm.cu); 1 on a launch failure */
 int cu_round16(be_ctx *c, const float *x, const int32_t *idx, int k, void *out, int dt, size_t total);

@@ -546,28 +546,53 @@ __global__ void k_argmax(const float *x, int dim, int chunk, unsigned long long 
     }
 }
 
+/* p: x, the rows' slots (staged zeros), the pinned keys the slots are copied to; i: rows, dim, chunk, blocks */
+static void argmax_launcher(be_ctx *c, const cu_rec *r) {
+    unsigned long long *slot = (unsigned long long *)r->p[1];
+    const int n = (int)r->i[0];
+    cu_launch(c, k_argmax, dim3((unsigned)r->i[3], (unsigned)n), dim3(256), 0, (const float *)r->p[0], (int)r->i[1], (int)r->i[2], slot);
+    if (!CU_LAUNCHED(c, "argmax"))
+        cu_check(c, cudaMemcpyAsync((void *)r->p[2], slot, sizeof *slot * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy");
+}
+
+void cu_argmax_keys(const unsigned long long *keys, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) out[i] = keys[i] ? (int32_t)~(unsigned)(keys[i] & 0xffffffffu) : 0;
+}
+
+/* In an open step (a decode step's graph) the rows' argmax is issued with the step, its keys copied back into
+ * pinned memory by the graph, and out written by step_end after the step's one wait; else (CINFER_CUDA_ARGMAX_STEP=0,
+ * more than CU_AM_MAX rows) after the step's graph, eagerly, CU_AM_MAX rows a copy and a wait */
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
     if (n <= 0 || dim <= 0) return;
-    cu_go_eager(c);
-    /* the slots live in the staging arena: staging zeros clears them */
-    unsigned long long zero[64], *keys = n <= 64 ? zero : (unsigned long long *)calloc((size_t)n, sizeof *keys);
-    if (!keys) {
-        cu_check(c, cudaErrorMemoryAllocation, "argmax");
-        return;
+    const int in_step = c->in_step && c->am_step && !c->am_out && n <= CU_AM_MAX;
+    if (!in_step) {
+        cu_step_launch(c);   /* an open step's graph first (nothing without one) */
+        cu_go_eager(c);
+        if (c->am_out && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync"))   /* the step's argmax: its keys first */
+            cu_argmax_keys(c->am_h, c->am_n, c->am_out);
+        c->am_out = NULL;
     }
-    memset(keys, 0, sizeof *keys * (size_t)n);
-    unsigned long long *slot = (unsigned long long *)cu_stage(c, keys, sizeof *keys * (size_t)n);
     int chunk = 4096, blocks = (dim + chunk - 1) / chunk;
     if (blocks > 2 * c->n_sm) {
         blocks = 2 * c->n_sm;
         chunk = (dim + blocks - 1) / blocks;
     }
-    cu_launch(c, k_argmax, dim3((unsigned)blocks, (unsigned)n), dim3(256), 0, x, dim, chunk, slot);
-    if (!CU_LAUNCHED(c, "argmax") &&
-        !cu_check(c, cudaMemcpyAsync(keys, slot, sizeof *keys * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy") &&
-        !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync"))
-        for (int i = 0; i < n; i++) out[i] = keys[i] ? (int32_t)~(unsigned)(keys[i] & 0xffffffffu) : 0;
-    if (keys != zero) free(keys);
+    static const unsigned long long zero[CU_AM_MAX] = {0};   /* the slots live in the staging arena: staging zeros clears them */
+    for (int r0 = 0; r0 < n && !c->err; r0 += CU_AM_MAX) {
+        const int nr = n - r0 < CU_AM_MAX ? n - r0 : CU_AM_MAX;
+        cu_rec r = {};
+        r.fn = argmax_launcher;
+        r.p[0] = x + (size_t)r0 * dim;
+        r.p[1] = cu_stage(c, zero, sizeof *zero * (size_t)nr);
+        r.p[2] = c->am_h;
+        r.i[0] = nr, r.i[1] = dim, r.i[2] = chunk, r.i[3] = blocks;
+        cu_submit(c, &r);
+        if (in_step) {
+            c->am_out = out, c->am_n = nr;
+            return;
+        }
+        if (!cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h, nr, out + r0);
+    }
 }
 
 /* ---------------------------------------------------------- random fill */

@@ -122,44 +122,38 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
  * a step, on an H100 3.042 against 3.222; test-backend-ops' affine cases on the device pass with it.
  * k_gemv_aff_ring (below) runs the same arithmetic with its weights streamed, where it takes the set. */
 #define AFF_DPW 28
-/* the digits of word u (values 8u .. 8u + 7) of a piece whose 4 words are 4 neighbouring lanes (lane & 3 = u);
- * the piece's max |x| and NaN / Inf found across them by shuffles (every lane of the warp calls it) */
-__device__ __forceinline__ void aff_dp_make(const float *v, int u, int live, uint32_t *o) {
+__device__ __forceinline__ void aff_dp_make(const float *v, uint32_t *o) {
     float m = 0.0f;
     bool bad = false;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 32; i++) {
         m = fmaxf(m, fabsf(v[i]));
         bad |= !isfinite(v[i]);
     }
-#pragma unroll
-    for (int s = 1; s <= 2; s <<= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
-        bad |= __shfl_xor_sync(0xffffffffu, (int)bad, s) != 0;
-    }
-    if (!live) return;
     int E;
     frexpf(m, &E);
     int e = ldexpf(m, 7 - E) <= 127.0f ? E - 7 : E - 6;
     e = e < -100 ? -100 : e;   /* (|x| below 2^-93: 2^(16 - e) stays finite; such values round to 0) */
     const float sc = bad || m == 0.0f ? 0.0f : ldexpf(1.0f, 16 - e);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        uint32_t w0 = 0, w1 = 0, w2 = 0;
+    for (int u = 0; u < 4; u++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int X = __float2int_rn(v[2 * i + h] * sc);
-            int d2 = (int)(signed char)(X & 0xff), X1 = (X - d2) >> 8;
-            int d1 = (int)(signed char)(X1 & 0xff), d0 = (X1 - d1) >> 8;
-            w0 |= (uint32_t)(d0 & 0xff) << (8 * i);
-            w1 |= (uint32_t)(d1 & 0xff) << (8 * i);
-            w2 |= (uint32_t)(d2 & 0xff) << (8 * i);
+        for (int h = 0; h < 2; h++) {
+            uint32_t w0 = 0, w1 = 0, w2 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int X = __float2int_rn(v[8 * u + 2 * i + h] * sc);
+                int d2 = (int)(signed char)(X & 0xff), X1 = (X - d2) >> 8;
+                int d1 = (int)(signed char)(X1 & 0xff), d0 = (X1 - d1) >> 8;
+                w0 |= (uint32_t)(d0 & 0xff) << (8 * i);
+                w1 |= (uint32_t)(d1 & 0xff) << (8 * i);
+                w2 |= (uint32_t)(d2 & 0xff) << (8 * i);
+            }
+            o[0 * 8 + 2 * u + h] = w0;
+            o[1 * 8 + 2 * u + h] = w1;
+            o[2 * 8 + 2 * u + h] = w2;
         }
-        o[0 * 8 + 2 * u + h] = w0;
-        o[1 * 8 + 2 * u + h] = w1;
-        o[2 * 8 + 2 * u + h] = w2;
-    }
-    if (u == 0) ((float *)o)[24] = bad ? __int_as_float(0x7fc00000) : m == 0.0f ? 0.0f : ldexpf(1.0f, e - 16);
+    ((float *)o)[24] = bad ? __int_as_float(0x7fc00000) : m == 0.0f ? 0.0f : ldexpf(1.0f, e - 16);
 }
 
 /* acc[s] += sc[s] * (d / 2^16) * sum c X + bi[s] * sum x over piece j (one token; dg: the pieces' digits) */
@@ -204,40 +198,30 @@ template <int N> __device__ __forceinline__ void aff_x_in(const gemv_set &st, co
     }
 }
 
-/* one token's x (src: xs_index's layout with pad, k = 32 nu) -> each piece's sum of x (xp) and its digits (dg,
- * AFF_DPW words a piece; may be src); the caller's barrier follows. Four lanes a piece (a word of 8 values each:
- * a 4,096-wide x is 512 tasks, two a thread, not 128 pieces on half the threads); k <= AFF_XS_MAX: at most DPP
- * tasks a thread */
-__device__ __forceinline__ void aff_dp_digits(const float *src, int pad, int nu, float *xp, uint32_t *dg) {
-    constexpr int DPP = AFF_XS_MAX / 8 / (GEMV_WARPS * 32);
-    float v[DPP][8];
+/* one token's x (xs, xs_index's layout, k = 32 nu) -> each piece's sum of x (xp) and its digits over x (AFF_DPW
+ * words a piece); the caller's barrier follows. k <= AFF_XS_MAX: at most DPP pieces a thread */
+__device__ __forceinline__ void aff_dp_digits(float *xs, int nu, float *xp) {
+    constexpr int DPP = AFF_XS_MAX / 32 / (GEMV_WARPS * 32);
+    float v[DPP][32];
 #pragma unroll
-    for (int p = 0; p < DPP; p++) {   /* every load issued before any is used (x may be in global memory) */
-        const int t = threadIdx.x + p * GEMV_WARPS * 32, e = t >> 2, u = t & 3;
-        if (e < nu) {
-            const float4 *v4 = (const float4 *)(src + xs_index(e * 32 + 8 * u, pad));
-            const float4 a = v4[0], b = v4[1];
-            v[p][0] = a.x, v[p][1] = a.y, v[p][2] = a.z, v[p][3] = a.w, v[p][4] = b.x, v[p][5] = b.y, v[p][6] = b.z, v[p][7] = b.w;
-        } else {
+    for (int p = 0; p < DPP; p++) {
+        const int e = threadIdx.x + p * GEMV_WARPS * 32;
+        if (e >= nu) break;
+        const float4 *v4 = (const float4 *)(xs + xs_index(e * 32, 1));
+        float sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) v[p][i] = 0.0f;
+        for (int i = 0; i < 8; i++) {
+            const float4 t = v4[i];
+            sum += (t.x + t.y) + (t.z + t.w);
+            v[p][4 * i] = t.x, v[p][4 * i + 1] = t.y, v[p][4 * i + 2] = t.z, v[p][4 * i + 3] = t.w;
         }
+        xp[e] = sum;
     }
+    __syncthreads();   /* every thread holds its pieces: the digits go over x */
 #pragma unroll
     for (int p = 0; p < DPP; p++) {
-        if (4 * nu <= p * GEMV_WARPS * 32) break;   /* (uniform across the block) */
-        const int t = threadIdx.x + p * GEMV_WARPS * 32, e = t >> 2;
-        float sum = ((v[p][0] + v[p][1]) + (v[p][2] + v[p][3])) + ((v[p][4] + v[p][5]) + (v[p][6] + v[p][7]));
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (e < nu && (t & 3) == 0) xp[e] = sum;
-    }
-    __syncthreads();   /* every thread holds its values: the digits may go over x */
-#pragma unroll
-    for (int p = 0; p < DPP; p++) {
-        const int t = threadIdx.x + p * GEMV_WARPS * 32, e = t >> 2;
-        if (4 * nu <= p * GEMV_WARPS * 32) break;
-        aff_dp_make(v[p], t & 3, e < nu, dg + (size_t)(e < nu ? e : 0) * AFF_DPW);
+        const int e = threadIdx.x + p * GEMV_WARPS * 32;
+        if (e < nu) aff_dp_make(v[p], (uint32_t *)xs + (size_t)e * AFF_DPW);
     }
 }
 
@@ -253,7 +237,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     float *xp = xs + (size_t)N * xrow;
     uint32_t *dg = (uint32_t *)xs;   /* DP: the pieces' digits, over x once every thread holds its pieces */
     if (DP) {
-        aff_dp_digits(xs, 1, nu, xp, dg);
+        aff_dp_digits(xs, nu, xp);
     } else {
         for (int e = threadIdx.x; e < N * nu; e += GEMV_WARPS * 32) {   /* each piece's sum of x, once for every row */
             const float4 *v4 = (const float4 *)(xs + (size_t)(e / nu) * xrow + xs_index(e % nu * V, 1));
@@ -324,17 +308,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
  * items (the next row pair's too) are in flight while it computes. An item is a round of the warp's two
  * streams: 32 pieces of each (lane L: piece 32 r + L of round r), codes [stream][lane] 16 bytes each
  * (conflict-free 16-byte reads), then the round's scales and biases, [stream][kind][chunk] 16 bytes each
- * (a stream's round has 1024 / group scales: NC = 1 to 8 chunks), chunk c of (stream, kind) fetched by lane
- * 16 stream + 8 kind + c: a stage is afr_stage(NC) bytes. Without a norm prologue the digits are made
- * from x in global memory (no copy of x: the 8B down projection, k 14336, keeps two blocks an SM).
- * Taken where a row's scales are whole 16-byte chunks (k / group * size % 16 == 0) and the pointers
- * 16-byte aligned (CINFER_CUDA_AFF_RING=0: never). */
-__host__ __device__ __forceinline__ int afr_nc(int gsh, int ssz) { return ((1024 >> gsh) * ssz) >> 4; }
-__host__ __device__ __forceinline__ int afr_stage(int nc) { return 1024 + 64 * nc; }
-/* shared memory: x (a norm prologue's output, xs_index's layout) or only the digits (AFF_DPW words a piece), then
- * the pieces' sums of x, then the warps' rings from a 16-byte boundary */
-__host__ __device__ __forceinline__ int afr_xwords(int k, int norm) { return norm ? xs_row(k, 1) : k / 32 * AFF_DPW; }
-__host__ __device__ __forceinline__ size_t afr_ring_at(int k, int norm) { return ((size_t)(afr_xwords(k, norm) + k / 32) * 4 + 15) & ~(size_t)15; }
+ * (a stream's round has 1024 / group scales: 16 to 128 bytes), chunk c of (stream, kind) fetched by lane
+ * 16 stream + 8 kind + c. Taken where a row's scales are whole 16-byte chunks (k / group * size % 16 == 0)
+ * and the pointers 16-byte aligned (CINFER_CUDA_AFF_RING=0: never). */
+#define AFR_STAGE 1536
 struct afr_src {
     int grp, r;              /* the item: the warp's row group of the persistent walk, the round */
     const char *pa, *pb;     /* the lane's codes of the round in streams 0 and 1 */
@@ -372,7 +349,7 @@ __device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu
             cp_async16(stage + lane * 16, q.pa);
             cp_async16(stage + 512 + lane * 16, q.pb);
         }
-        if ((lane & 7) < q.nch) cp_async16(stage + 1024 + (((lane >> 3) * afr_nc(gsh, SSZ) + (lane & 7)) << 4), q.ps);
+        if ((lane & 7) < q.nch) cp_async16(stage + 1024 + lane * 16, q.ps);
         q.pa += 512, q.pb += 512, q.ps += (size_t)(1024 >> gsh) * SSZ;
         if (32 * ++q.r >= nu) {
             q.r = 0, q.grp += gridDim.x;
@@ -390,21 +367,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [xs_row(k, 1)]: x, then its digits; [k / 32] the pieces' sums of x; the warps' rings */
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nu = k / 32, ng = k >> st.gshift, gsh = st.gshift;
-    const int nc = afr_nc(gsh, SSZ), stb = afr_stage(nc);
-    float *xp = xs + afr_xwords(k, st.norm != NULL);
-    char *ring = (char *)xs + afr_ring_at(k, st.norm != NULL) + (size_t)warp * D * stb;
+    float *xp = xs + xs_row(k, 1);
+    char *ring = (char *)xs + (((size_t)(xs_row(k, 1) + nu) * 4 + 15) & ~(size_t)15) + (size_t)warp * D * AFR_STAGE;
     afr_src src;
     src.grp = blockIdx.x, src.r = 0;
     afr_src_at<GLU, SSZ>(src, st, nu, ng, gsh);
     int qi = 0;   /* the stage of the next item to issue */
-    for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * stb);   /* weights: no wait on the kernel before */
+    for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);   /* weights: no wait on the kernel before */
     PDL_ENTRY();
-    if (st.norm) {
-        gemv_norm_prologue<1>(st, x, k, xs, red, 1);
-        aff_dp_digits(xs, 1, nu, xp, (uint32_t *)xs);
-    } else {
-        aff_dp_digits(x, 0, nu, xp, (uint32_t *)xs);
-    }
+    aff_x_in<1>(st, x, k, xs, red);
+    aff_dp_digits(xs, nu, xp);
     __syncthreads();
     const uint32_t *dg = (const uint32_t *)xs;
     const int gi = (lane << 5) >> gsh;   /* the lane's group in a round */
@@ -414,18 +386,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
         float acc[2][1] = {{0.0f}, {0.0f}};
         for (int r = 0; 32 * r < nu; r++) {
             __syncwarp();   /* every lane is done with the stage the issue refills (its scale chunks are shared) */
-            afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * stb);
+            afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);
             qi = qi + 1 == D ? 0 : qi + 1;
             cp_async_wait<D - 1>();
             __syncwarp();   /* the other lanes' chunks of this stage are visible */
-            const char *stage = ring + q * stb;
+            const char *stage = ring + q * AFR_STAGE;
             q = q + 1 == D ? 0 : q + 1;
             const int j = 32 * r + lane;
             if (j < nu) {
                 const uint4 qq[2] = {((const uint4 *)stage)[lane], ((const uint4 *)stage)[32 + lane]};
-                const char *sp = stage + 1024;   /* [stream][scale, bias][nc chunks] */
-                const float sc[2] = {cu_mat_get(sp, SDT, gi), cu_mat_get(sp + 32 * nc, SDT, gi)};
-                const float bi[2] = {cu_mat_get(sp + 16 * nc, SDT, gi), cu_mat_get(sp + 48 * nc, SDT, gi)};
+                const float sc[2] = {cu_mat_get(stage + 1024, SDT, gi), cu_mat_get(stage + 1024 + 256, SDT, gi)};
+                const float bi[2] = {cu_mat_get(stage + 1024 + 128, SDT, gi), cu_mat_get(stage + 1024 + 384, SDT, gi)};
                 aff_dp_piece<2>(qq, sc, bi, dg, xp, j, acc);
             }
         }
@@ -731,28 +702,21 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
     return c->aff_tc && n == 1 && k % AFT_STEP == 0 && st.group >= 32 && st.group <= 128 && aff_tc_smem<AFT_D>(k, st.group) <= AFT_SMEM_2;
 }
 
-/* the streamed integer kernel: its ring depth, shared memory, and where it takes a set (see k_gemv_aff_ring) */
-/* shared memory at ring depth d; the depth: 4 stages a warp (H200, 8B 4-bit step, A/B in one process: 2.605 ms
- * against 2.676 at 8 stages, 2 blocks an SM either way; deeper rings hold more of the weights in flight than the
- * DRAM needs), fewer where two blocks an SM would not fit (CINFER_CUDA_AFR_D=2|3|4|8 forces one) */
-#define AFR_SMEM_2 (113 * 1024)
-static size_t afr_smem(const gemv_set &st, int k, int d) {
-    return afr_ring_at(k, st.norm != NULL) + (size_t)GEMV_WARPS * d * afr_stage(afr_nc(st.gshift, st.sdt == BE_F32 ? 4 : 2));
-}
-static int afr_depth(const be_ctx *c, const gemv_set &st, int k) {
-    if (c->afr_d == 2 || c->afr_d == 3 || c->afr_d == 4 || c->afr_d == 8) return c->afr_d;
-    return afr_smem(st, k, 4) <= AFR_SMEM_2 ? 4 : afr_smem(st, k, 3) <= AFR_SMEM_2 ? 3 : 2;
-}
+/* the streamed integer kernel: its ring depth, shared memory, and where it takes a set (see k_gemv_aff_ring).
+ * Depth 6 (CINFER_CUDA_AFR_D=4|8 forces another): measured on an H100 in one process against the compact stages and
+ * 4-stage rings of a later form (commit 1a7588e), 8B step 2.517 against 2.882 ms, 1B 0.698 against 0.774 */
+#define AFR_D 6
+static size_t afr_smem(int k, int d) { return (((size_t)xs_row(k, 1) + (size_t)k / 32) * 4 + 15 & ~(size_t)15) + (size_t)GEMV_WARPS * d * AFR_STAGE; }
+static int afr_depth(const be_ctx *c) { return c->afr_d == 4 || c->afr_d == 8 ? c->afr_d : AFR_D; }
 static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
     const size_t ssz = st.sdt == BE_F32 ? 4 : 2;
-    if (!c->aff_ring || k > AFF_XS_MAX || k % 32 || (size_t)(k / st.group) * ssz % 16 || afr_smem(st, k, afr_depth(c, st, k)) > 227 * 1024)
-        return 0;
+    if (!c->aff_ring || k > AFF_XS_MAX || k % 32 || (size_t)(k / st.group) * ssz % 16 || afr_smem(k, afr_depth(c)) > 227 * 1024) return 0;
     for (int i = 0; i < (st.glu ? 2 : count); i++)
         if (((uintptr_t)st.w[i] | (uintptr_t)st.sc[i] | (uintptr_t)st.bi[i]) & 15) return 0;
     return 1;
 }
 template <int D, int GLU, int SDT> static void afr_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    aff_go(c, k_gemv_aff_ring<D, GLU, SDT>, groups, c->afr_blocks, dim3(1), afr_smem(st, k, D), st, x, k);
+    aff_go(c, k_gemv_aff_ring<D, GLU, SDT>, groups, c->afr_blocks, dim3(1), afr_smem(k, D), st, x, k);
 }
 template <int D, int SDT> static void afr_launch_glu(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
     if (st.glu) afr_launch<D, 1, SDT>(c, groups, st, x, k);
@@ -764,11 +728,10 @@ template <int D> static void afr_launch_sdt(be_ctx *c, unsigned groups, const ge
     else afr_launch_glu<D, BE_F32>(c, groups, st, x, k);
 }
 static void afr_launch_any(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    const int d = afr_depth(c, st, k);
-    if (d == 8) afr_launch_sdt<8>(c, groups, st, x, k);
-    else if (d == 4) afr_launch_sdt<4>(c, groups, st, x, k);
-    else if (d == 3) afr_launch_sdt<3>(c, groups, st, x, k);
-    else afr_launch_sdt<2>(c, groups, st, x, k);
+    const int d = afr_depth(c);
+    if (d == 4) afr_launch_sdt<4>(c, groups, st, x, k);
+    else if (d == 8) afr_launch_sdt<8>(c, groups, st, x, k);
+    else afr_launch_sdt<AFR_D>(c, groups, st, x, k);
 }
 
 /* the affine GEMV over the set's matrices (BITS 4 or 8; DP: one token's 4-bit rows in integers) */
