@@ -694,6 +694,43 @@ static void test_argmax(void) {
         free(h);
         free(got);
     }
+    if (!be->argmax_take || be->argmax_take(bc, NULL)) return;
+    /* chained steps: each step's argmax kept on the device, the next step's embedding reading it as its token,
+     * the results taken one step behind (steps issued without waiting; as a greedy decode runs them) */
+    const int VC = 300, S = 6;
+    be_mat tab = mk_mat(BE_F32, VC, 40, 1.0f);
+    float *hs = malloc(sizeof(float) * (size_t)S * VC), *emb = malloc(sizeof(float) * 40);
+    gbuf gs = gb_new((size_t)S * VC), ge = gb_new(40);
+    int32_t want[6], took[6], one = 0;
+    for (int st = 0; st < S; st++) {
+        want[st] = 0;
+        for (int j = 0; j < VC; j++) {
+            hs[(size_t)st * VC + j] = frand();
+            if (hs[(size_t)st * VC + j] > hs[(size_t)st * VC + want[st]]) want[st] = j;
+        }
+    }
+    gb_put(&gs, hs);
+    int nt = 0, emb_ok = 1;
+    for (int st = 0; st < S; st++) {
+        be->step_begin(bc);
+        be->embed(bc, &tab, st ? NULL : &one, 1, ge.p);   /* step 0: a host token; then the step before's */
+        be->argmax(bc, gs.p + (size_t)st * VC, 1, VC, NULL);
+        be->step_end(bc);
+        if (st && !be->argmax_take(bc, &took[nt])) nt++;   /* the step before's, while this one runs */
+        if (st == S - 1 && !be->argmax_take(bc, &took[nt])) nt++;
+        gb_get(&ge, emb);
+        for (int cc = 0; cc < 40; cc++) emb_ok &= emb[cc] == be_mat_get(&tab, st ? want[st - 1] : one, cc);
+    }
+    int same = nt == S, extra = be->argmax_take(bc, &one) != 0;
+    for (int i = 0; i < nt; i++) same &= took[i] == want[i];
+    char msg[256] = "";
+    int err = be->status(bc, msg, sizeof msg);
+    CHECK(same && emb_ok && extra && !err, "argmax kept on the device over %d chained steps: %d taken, %s; embeddings of the kept tokens %s; "
+          "nothing more to take %s (%s)", S, nt, same ? "each the step's argmax" : "DIFFERENT", emb_ok ? "exact" : "WRONG",
+          extra ? "yes" : "NO", err ? msg : "no error");
+    gb_free(&gs); gb_free(&ge);
+    free(hs); free(emb);
+    free_mat(&tab);
 }
 
 /* ---------------------------------------------------------- score */

@@ -11,8 +11,9 @@
  * device weight is overwritten with random values on the GPU
  * (cuda_fill_random): an 8B model would take minutes to write to disk.
  * Everything else is the library's own path: cinfer_eval for prefill;
- * decode through ctx_eval_greedy (what cinfer_generate does for greedy
- * sampling: graph replay, argmax on the device, one token copied back), and
+ * decode through ctx_greedy_run (what cinfer_generate does for greedy
+ * sampling: graph replay, argmax on the device feeding the next step, each
+ * token copied back while the next step runs), and
  * again with cinfer_eval copying each step's logits to the host.
  *
  * Two more modes (environment; both on the same loaded model, after the
@@ -417,6 +418,12 @@ static int knob_ctx(cinfer_model *m, const cinfer_ctx_opts *co, const char *var,
     return bad;
 }
 
+/* ctx_greedy_run's token callback: the last token, never a stop */
+static int keep_tok(void *user, int32_t tok) {
+    *(int32_t *)user = tok;
+    return 0;
+}
+
 static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int NP, int G) {
     double t[2][4], tg[2][4];
     int32_t last[2] = {-1, -1};
@@ -434,7 +441,7 @@ static int ab_compare(cinfer_model *m, const char *var, const int32_t *ids, int 
             cinfer_ctx_reset(ctx);
             bad = ctx_eval_greedy(ctx, ids, NP, &tok);
             double a = cf_now();
-            for (int i = 0; i < G && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+            if (!bad) bad = ctx_greedy_run(ctx, tok, G, keep_tok, &tok);
             t[on][r / 2] = (cf_now() - a) / G;
         }
         if (!bad) bad = cuda_graph_replay_time(ctx->bc, 20, &tg[on][r / 2]);
@@ -855,7 +862,7 @@ int main(int argc, char **argv) {
     double attn = 4.0 * c->n_head * (double)c->head_dim * keys;
     double flops = 2.0 * P * layer_params + 2.0 * V * c->hidden + attn;
     /* decode: 128-token prompt, then G greedy steps, timed as a whole; median of 3. First the
-     * library's greedy path (argmax on the device, as cinfer generate --temp 0 runs), then the
+     * library's greedy path (ctx_greedy_run: argmax on the device, steps chained, as cinfer generate --temp 0 runs), then the
      * logits path (every step copies the vocabulary row back; argmax on the host). */
     double td[3], tl[3], t_graph = 0;
     long caps = 0, reps = 0;
@@ -867,9 +874,10 @@ int main(int argc, char **argv) {
             if (pass == 0) bad = ctx_eval_greedy(ctx, ids, NP, &tok);
             else { bad = cinfer_eval(ctx, ids, NP, 0, lg); tok = argmax(lg, V); }
             double a = cf_now();
-            for (int i = 0; i < G && !bad; i++) {
-                if (pass == 0) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
-                else { bad = cinfer_eval(ctx, &tok, 1, 0, lg); tok = argmax(lg, V); }
+            if (pass == 0 && !bad) bad = ctx_greedy_run(ctx, tok, G, keep_tok, &tok);
+            for (int i = 0; pass == 1 && i < G && !bad; i++) {
+                bad = cinfer_eval(ctx, &tok, 1, 0, lg);
+                tok = argmax(lg, V);
             }
             double dt = cf_now() - a;
             int k = r - 1;

@@ -267,7 +267,7 @@ typedef struct be_ops {
     int (*mat_prepare)(be_ctx *c, be_mat *m);
     void (*mat_release)(be_ctx *c, be_mat *m);
 
-    /* out[n][cols] = tab[ids[i]] */
+    /* out[n][cols] = tab[ids[i]]; ids (host) NULL: the last kept argmax's rows (see argmax) */
     void (*embed)(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float *out);
     /* y[n][m] = x[n][k] . w[m][k]^T (+ bias[m]) */
     void (*matmul)(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y);
@@ -321,8 +321,13 @@ typedef struct be_ops {
     /* steps captured as graphs and steps replayed so far */
     void (*graph_stats)(const be_ctx *c, long *captures, long *replays);
     /* out[i] = index of the largest of x[i][0..dim) (first on ties), host array; issued inside a step
-     * bracket, a backend may write out only at step_end */
+     * bracket, a backend may write out only at step_end. Chained greedy steps (backends with argmax_take):
+     * out NULL inside a step keeps the result on the device, where the next step's embed with ids NULL reads
+     * it as its tokens, and step_end does not wait for it */
     void (*argmax)(be_ctx *c, const float *x, int n, int dim, int32_t *out);
+    /* optional: the oldest kept argmax result not taken yet (at most two), once its step is done, into out
+     * (its rows); out NULL asks whether this context keeps results (0: yes) */
+    int (*argmax_take)(be_ctx *c, int32_t *out);
     /* matmul of one input by count (1..3) matrices of the same cols in one pass:
      * y[i] = x . w[i]^T (+ bias[i], which may be NULL) — q/k/v, gate/up */
     void (*matmul_multi)(be_ctx *c, const float *x, int n, int count, const be_mat *const *w, const be_mat *const *bias,

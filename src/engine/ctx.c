@@ -263,6 +263,7 @@ typedef struct fwd_out {
     const ctx_score_req *sr;
     const sample_req *smp;
     int head;
+    int keep;   /* a chained greedy step: the argmax stays on the device (ids NULL: the last kept one is the input) */
 } fwd_out;
 
 /* one forward of B rows of L tokens, its outputs as o asks. Everything is validated and every page
@@ -277,7 +278,8 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     const model_config *cfg = &m->cfg;
     const be_ops *be = m->be;
     c->err[0] = 0;
-    if (B < 1 || L < 1 || !ids) return ctx_fail(c, CINFER_EINVAL, "forward: need B >= 1 and L >= 1 (got %d, %d)", B, L);
+    if (B < 1 || L < 1 || (!ids && !(o->keep && B == 1 && L == 1)))
+        return ctx_fail(c, CINFER_EINVAL, "forward: need B >= 1 and L >= 1 (got %d, %d) and token ids", B, L);
     if (mode == OUT_LIST && (n_out < 0 || (n_out > 0 && !out_rows)))
         return ctx_fail(c, CINFER_EINVAL, "forward: %d output positions requested", n_out);
     size_t T = (size_t)B * L;
@@ -298,7 +300,7 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
             return ctx_fail(c, CINFER_EINVAL, "forward: row %d starts at position %d but sequence %d holds %d tokens", b,
                             pos0[b], seq[b], have);
         for (int i = 0; i < L; i++) {
-            int32_t id = i < len[b] ? ids[(size_t)b * L + i] : 0;
+            int32_t id = ids && i < len[b] ? ids[(size_t)b * L + i] : 0;   /* (no ids: the device's) */
             if (id < 0 || id >= cfg->n_vocab)
                 return ctx_fail(c, CINFER_EINVAL, "forward: token id %d outside the vocabulary [0, %d)", (int)id, cfg->n_vocab);
             c->ids[(size_t)b * L + i] = id;
@@ -313,25 +315,25 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
      * device backend may replay them as a graph */
     int step = be->step_begin && (T <= 8 || L == 1);
     if (step) be->step_begin(c->bc);
-    be->embed(c->bc, &m->w.tok_embd, c->ids, (int)T, c->x);
+    be->embed(c->bc, &m->w.tok_embd, ids ? c->ids : NULL, (int)T, c->x);
     if (cfg->embed_scale > 0) be->scale(c->bc, c->x, T * (size_t)cfg->hidden, cfg->embed_scale);
     block_batch bb = {B, L, pos0, len, c->pos};
     arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
     /* a scoring forward without codes reduces its logits where the backend computes them, when it can */
     int fold = sr && !sr->codes && !sr->materialize && ctx_head_folds(c, sr->base);
     c->head_folded = fold;
-    for (int r0 = 0; r0 < total && (logits || argmax || sr || smp || o->head); r0 += oc) {
+    for (int r0 = 0; r0 < total && (logits || argmax || o->keep || sr || smp || o->head); r0 += oc) {
         int nr = total - r0 < oc ? total - r0 : oc;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, cfg->norm_add, cfg->eps, c->xo);
         if (!fold) be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
         if (!fold && cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
-        if (step && !argmax) { be->step_end(c->bc); step = 0; }
+        if (step && !argmax && !o->keep) { be->step_end(c->bc); step = 0; }
         be_score_base sb;
         if (sr && sr->base) { sb = *sr->base; sb.idx += r0; }
-        if (argmax) {   /* in the step: a backend may issue it with the step's graph (its rows are written by step_end) */
-            be->argmax(c->bc, c->lo, nr, cfg->n_vocab, argmax + r0);
+        if (argmax || o->keep) {   /* in the step: a backend may issue it with the step's graph (its rows are written by step_end) */
+            be->argmax(c->bc, c->lo, nr, cfg->n_vocab, o->keep ? NULL : argmax + r0);
             if (step) { be->step_end(c->bc); step = 0; }
         } else if (smp) be->sample(c->bc, c->lo, nr, cfg->n_vocab, smp->p + r0, smp->edits, smp->n_edits, smp->out + r0);
         else if (fold) be->score_head(c->bc, c->xo, nr, &m->w.lm_head, sr->tgt + r0, sr->base ? &sb : NULL, sr->out + r0);
@@ -409,6 +411,53 @@ cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const 
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok) {
     if (!c->m->be->argmax) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no argmax", c->m->be->name);
     return forward(c, ids, 1, n, NULL, NULL, NULL, OUT_LAST, NULL, 0, &(fwd_out){.argmax = tok});
+}
+
+/* chained greedy steps: the backend keeps results, and a step issued past the stop can be dropped (trimmed:
+ * no rotating window, no sliding layer, no quantization of the cache still to come) */
+static int can_chain(cinfer_ctx *c) {
+    const be_ops *be = c->m->be;
+    if (!be->argmax_take || be->argmax_take(c->bc, NULL) || c->max_kv > 0 || c->kvq_pending) return 0;
+    for (int l = 0; l < c->m->cfg.n_layer; l++)
+        if (arch_layer_window(c->m->arch, &c->m->cfg, l) > 0) return 0;
+    return 1;
+}
+
+cinfer_status ctx_greedy_run(cinfer_ctx *c, int32_t tok, long n, int (*on_token)(void *user, int32_t tok), void *user) {
+    const be_ops *be = c->m->be;
+    if (!can_chain(c)) {
+        for (long i = 0; i < n; i++) {
+            cinfer_status st = ctx_eval_greedy(c, &tok, 1, &tok);
+            if (st) return st;
+            if (on_token(user, tok)) break;
+        }
+        return CINFER_OK;
+    }
+    fwd_out keep = {.keep = 1};
+    long issued = 0, taken = 0;
+    int stop = 0;
+    cinfer_status st = n > 0 ? forward(c, &tok, 1, 1, NULL, NULL, NULL, OUT_LAST, NULL, 0, &keep) : CINFER_OK;
+    issued += n > 0 && !st;
+    while (!st && !stop && taken < issued) {
+        if (issued < n) {   /* the next step first, its token the device's: it runs while this one is read back */
+            st = forward(c, NULL, 1, 1, NULL, NULL, NULL, OUT_LAST, NULL, 0, &keep);
+            issued += !st;
+            if (st) break;
+        }
+        int32_t t;
+        if (be->argmax_take(c->bc, &t)) { st = backend_status(c); break; }
+        taken++;
+        stop = on_token(user, t);
+    }
+    /* a step issued past the stop (or before an error): waited for, its position dropped */
+    const long extra = issued - taken;
+    for (int32_t t; taken < issued && !be->argmax_take(c->bc, &t); taken++) {}
+    if (!st && taken < issued) st = backend_status(c);
+    if (extra > 0) {
+        cinfer_status tr = cinfer_seq_trim(c, 0, cinfer_seq_len(c, 0) - (int)extra);
+        if (!st) st = tr;
+    }
+    return st;
 }
 
 /* cinfer_decode_sampled: the rows' parameters checked and put in the backend's form, then one decode

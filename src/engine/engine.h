@@ -77,6 +77,11 @@ cinfer_status ctx_fail(cinfer_ctx *c, cinfer_status s, const char *fmt, ...) __a
  * device (backends with an argmax op): decode copies back a token, not a
  * vocabulary row. */
 cinfer_status ctx_eval_greedy(cinfer_ctx *c, const int32_t *ids, int n, int32_t *tok);
+/* greedy decoding of sequence 0 from tok: up to n steps, each step's token passed to on_token (non-zero
+ * stops). Where the backend keeps argmax results on the device (argmax_take) and the cache can drop a
+ * position, each step is issued before the token of the one before is read back (the device feeds it), so
+ * the host's work hides behind the device's; a step issued past the stop is dropped. */
+cinfer_status ctx_greedy_run(cinfer_ctx *c, int32_t tok, long n, int (*on_token)(void *user, int32_t tok), void *user);
 /* one decode step of B rows (one token each, extending sequences seqs[b] at their ends);
  * tok[b] = each row's greedy next token, computed on the backend (argmax op) */
 cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok);

@@ -16,6 +16,7 @@
  * context whose cache rotates (--max-kv-size) lifts the stop, as mlx-lm
  * does; gen_opts.max_context sets another limit (-1 = none).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,40 @@ static cinfer_status prefill(cinfer_ctx *c, const int32_t *prompt, int n, int de
         done += k;
     }
     return dev_greedy ? ctx_eval_greedy(c, prompt + n - 1, 1, next) : cinfer_eval(c, prompt + n - 1, 1, 0, logits);
+}
+
+/* one generated token's bookkeeping (cinfer_generate_ex): history, end of sequence, the callback with its
+ * text, the limits; non-zero ends the generation */
+typedef struct gen_run {
+    cinfer_ctx *c;
+    const cinfer_gen_opts *o;
+    cinfer_gen_stats *gs;
+    const float *logits;      /* the step's logits (log-probs), NULL: on the device */
+    int32_t *hist;
+    long *nh, hist_cap, max_tokens, room;
+    cinfer_detok_stream *ds;
+    cinfer_token_lp_cb cb;
+    void *user;
+} gen_run;
+
+static int gen_take(void *user, int32_t tok) {
+    gen_run *g = user;
+    const cinfer_gen_opts *o = g->o;
+    cinfer_gen_stats *gs = g->gs;
+    float lp = o->logprobs && g->logits ? log_prob(g->logits, g->c->m->cfg.n_vocab, tok) : NAN;   /* logits hold the penalised values */
+    if (*g->nh < g->hist_cap) g->hist[(*g->nh)++] = tok;
+    gs->gen_tokens++;
+    if (is_eos(g->c->m, o, tok)) {
+        gs->stopped_by_eos = 1;
+        gs->finish_reason = CINFER_FINISH_STOP;
+        if (g->cb && o->report_eos) g->cb(tok, "", lp, g->user);
+        return 1;
+    }
+    const char *text = g->ds ? cinfer_detok_stream_push(g->ds, tok) : NULL;
+    if (g->cb && g->cb(tok, text, lp, g->user)) { gs->finish_reason = CINFER_FINISH_STOP; return 1; }
+    if (gs->gen_tokens == g->max_tokens) return 1;
+    if (g->room >= 0 && gs->gen_tokens >= g->room) { gs->finish_reason = CINFER_FINISH_CONTEXT; return 1; }
+    return 0;
 }
 
 cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_prompt, const cinfer_sampler_params *sp,
@@ -117,23 +152,18 @@ cinfer_status cinfer_generate_ex(cinfer_ctx *c, const int32_t *prompt, int n_pro
     gs.prompt_tokens = n_prompt;
     gs.prompt_s = cf_now() - t0;
     double t1 = cf_now();
+    gen_run g = {c, o, &gs, dev_greedy ? NULL : logits, hist, &nh, hist_cap, max_tokens, room, ds, cb, user};
     while (!st && (max_tokens < 0 || gs.gen_tokens < max_tokens)) {
         if (room >= 0 && gs.gen_tokens >= room) { gs.finish_reason = CINFER_FINISH_CONTEXT; break; }
         int32_t tok = dev_greedy ? next : cinfer_sampler_sample(s, logits, hist, (int)nh);
-        float lp = o->logprobs ? log_prob(logits, V, tok) : NAN;   /* logits now hold the penalised values */
-        if (nh < hist_cap) hist[nh++] = tok;
-        gs.gen_tokens++;
-        if (is_eos(m, o, tok)) {
-            gs.stopped_by_eos = 1;
-            gs.finish_reason = CINFER_FINISH_STOP;
-            if (cb && o->report_eos) cb(tok, "", lp, user);
+        if (gen_take(&g, tok)) break;
+        if (dev_greedy) {   /* the rest on the device, each step's token read back behind the next step */
+            long n = max_tokens < 0 ? LONG_MAX : max_tokens - gs.gen_tokens;
+            if (room >= 0 && room - gs.gen_tokens < n) n = room - gs.gen_tokens;
+            st = ctx_greedy_run(c, tok, n, gen_take, &g);
             break;
         }
-        const char *text = ds ? cinfer_detok_stream_push(ds, tok) : NULL;
-        if (cb && cb(tok, text, lp, user)) { gs.finish_reason = CINFER_FINISH_STOP; break; }
-        if (gs.gen_tokens == max_tokens) break;
-        if (room >= 0 && gs.gen_tokens >= room) { gs.finish_reason = CINFER_FINISH_CONTEXT; break; }
-        st = dev_greedy ? ctx_eval_greedy(c, &tok, 1, &next) : cinfer_eval(c, &tok, 1, 0, logits);
+        st = cinfer_eval(c, &tok, 1, 0, logits);
     }
     if (!st && ds && cb && gs.finish_reason != CINFER_FINISH_STOP) {
         const char *rest = cinfer_detok_stream_flush(ds);

@@ -165,12 +165,12 @@ static void model_case(const char *name, const char *refdir, const char *dir) {
     cinfer_model_free(mc);
 }
 
-typedef struct toks { int32_t t[256]; int n; } toks;
+typedef struct toks { int32_t t[256]; int n, stop_at; } toks;
 static int collect(int32_t tok, const char *text, void *user) {
     (void)text;
     toks *k = user;
     if (tok >= 0 && k->n < 256) k->t[k->n++] = tok;
-    return 0;
+    return k->stop_at > 0 && k->n >= k->stop_at;   /* stop_at > 0: the callback ends the generation there */
 }
 
 static void stories(const char *models) {
@@ -213,6 +213,25 @@ static void stories(const char *models) {
     CHECK(same, "stories260k: greedy text on cuda identical to cpu (%d vs %d tokens)", tg.n, tc.n);
     if (s1) printf("# cuda: %s\n", s1);
     if (!same && s2) printf("# cpu:  %s\n", s2);
+    /* the cache after it (CUDA chains greedy steps and drops one issued past the end), then more on top of it:
+     * 12 tokens (ended by the count), the same positions and tokens as the CPU */
+    int pg = ok ? cinfer_ctx_pos(cg) : -1, pc = ok ? cinfer_ctx_pos(cc) : -2;
+    toks tg2 = {0}, tc2 = {0};
+    int ok2 = ok && !cinfer_generate(cg, prompt, np, &sp, 12, collect, &tg2, NULL) && !cinfer_generate(cc, prompt, np, &sp, 12, collect, &tc2, NULL);
+    int same2 = ok2 && tg2.n == tc2.n && !memcmp(tg2.t, tc2.t, sizeof(int32_t) * tg2.n) && cinfer_ctx_pos(cg) == cinfer_ctx_pos(cc);
+    CHECK(pg == pc && same2, "stories260k: positions after generating equal the CPU's (%d vs %d, %s), and 12 more tokens on top: %s (%d vs %d tokens)",
+          pg, pc, sg.stopped_by_eos ? "ended by EOS" : "ended by the count", same2 ? "same" : "DIFFERENT", tg2.n, tc2.n);
+    /* a callback that stops at the 7th token: CUDA has issued the step after it and must drop it */
+    toks tg3 = {0}, tc3 = {0};
+    tg3.stop_at = tc3.stop_at = 7;
+    int ok3 = ok2 && !cinfer_generate(cg, prompt, np, &sp, 50, collect, &tg3, NULL) && !cinfer_generate(cc, prompt, np, &sp, 50, collect, &tc3, NULL);
+    int pg3 = ok3 ? cinfer_ctx_pos(cg) : -1, pc3 = ok3 ? cinfer_ctx_pos(cc) : -2;
+    toks tg4 = {0}, tc4 = {0};
+    int ok4 = ok3 && !cinfer_generate(cg, prompt, np, &sp, 12, collect, &tg4, NULL) && !cinfer_generate(cc, prompt, np, &sp, 12, collect, &tc4, NULL);
+    int same4 = ok4 && tg3.n == 7 && tc3.n == 7 && !memcmp(tg3.t, tc3.t, sizeof(int32_t) * 7) && tg4.n == tc4.n &&
+                !memcmp(tg4.t, tc4.t, sizeof(int32_t) * tg4.n) && cinfer_ctx_pos(cg) == cinfer_ctx_pos(cc);
+    CHECK(pg3 == pc3 && same4, "stories260k: a generation stopped by its callback at 7 tokens leaves the CPU's positions (%d vs %d), "
+          "and 12 more on top: %s", pg3, pc3, same4 ? "same" : "DIFFERENT");
     long caps = 0, reps = 0;
     if (cg) cuda_graph_stats(cg->bc, &caps, &reps);
     printf("# stories260k decode: %d tokens, graph captured %ld, replayed %ld\n", tg.n, caps, reps);

@@ -151,12 +151,12 @@ __global__ void k_affine_dequant(const unsigned char *codes, const void *scales,
 
 /* out[t][0..k) = row ids[t] of the matrix, s*q + b in f32 */
 __global__ void k_affine_embed(const unsigned char *codes, const void *scales, const void *biases, int sdt, int bits, int group, int k,
-                               const int32_t *ids, int n, float *out) {
+                               const void *ids, int keys, int n, float *out) {
     PDL_ENTRY();
     int64_t nch = (int64_t)n * (k / 8);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < nch; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = e / (k / 8), ch = e % (k / 8);
-        aff_values8(codes, scales, biases, sdt, bits, group, k, ids[t], ch, out + t * k + ch * 8);
+        aff_values8(codes, scales, biases, sdt, bits, group, k, cu_id_at(ids, keys, t), ch, out + t * k + ch * 8);
     }
 }
 
@@ -193,7 +193,7 @@ static void l_affine_embed(be_ctx *c, const cu_rec *r) {
     int64_t nch = r->i[0] * (r->i[2] / 8);
     unsigned g = (unsigned)((nch + 255) / 256);
     cu_launch(c, k_affine_embed, dim3(g > 65535 ? 65535 : g), dim3(256), 0, (const unsigned char *)r->p[1], r->p[2], r->p[3],
-              (int)r->i[5], (int)r->i[3], (int)r->i[4], (int)r->i[2], (const int32_t *)r->p[0], (int)r->i[0], (float *)r->p[4]);
+              (int)r->i[5], (int)r->i[3], (int)r->i[4], (int)r->i[2], r->p[0], (int)r->i[8], (int)r->i[0], (float *)r->p[4]);
     CU_LAUNCHED(c, "embed (affine)");
 }
 
@@ -246,9 +246,11 @@ void cu_affine_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, fl
     cu_rec r;
     aff_rec(&r, tab, n);
     r.fn = l_affine_embed;
-    r.p[0] = cu_stage(c, ids, sizeof(int32_t) * (size_t)n);
+    int keys;
+    r.p[0] = cu_ids(c, ids, n, &keys);
     r.p[4] = out;
-    cu_submit(c, &r);
+    r.i[8] = keys;
+    if (r.p[0]) cu_submit(c, &r);
 }
 
 /* random affine weights for benchmarks (cuda-api.h): random code bits, scales and biases that give

@@ -95,8 +95,9 @@ static int take_prefix(be_ctx *c) {
 
 /* launches records [0, n) eagerly after copying the staged bytes they read */
 static void catch_up(be_ctx *c, int n) {
-    if (c->arena_off)
-        cu_check(c, cudaMemcpyAsync(c->arena_d, c->arena_h, c->arena_off, cudaMemcpyHostToDevice, c->stream), "staging copy");
+    if (c->arena_off > c->stage0)
+        cu_check(c, cudaMemcpyAsync(c->arena_d + c->stage0, c->arena_h + c->stage0, c->arena_off - c->stage0, cudaMemcpyHostToDevice,
+                                    c->stream), "staging copy");
     for (int i = 0; i < n && !c->err; i++) c->recs[i].fn(c, &c->recs[i]);
 }
 
@@ -124,14 +125,15 @@ static void recapture(be_ctx *c) {
     if (cu_check(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed), "begin capture")) return;
     c->mode = CU_CAPTURE;
     c->n_recs = n;
-    cu_check(c, cudaMemcpyAsync(c->arena_d, c->arena_h, CU_STEP_STAGE, cudaMemcpyHostToDevice, c->stream), "step staging copy");
+    cu_check(c, cudaMemcpyAsync(c->arena_d + c->stage0, c->arena_h + c->stage0, CU_STEP_STAGE, cudaMemcpyHostToDevice, c->stream),
+             "step staging copy");
     for (int i = 0; i < n && !c->err; i++) c->recs[i].fn(c, &c->recs[i]);
 }
 
 static void sync(be_ctx *c, const char *what) {
     cu_go_eager(c);
     cu_check(c, cudaStreamSynchronize(c->stream), what);
-    c->arena_off = 0;
+    c->arena_off = c->stage0 = 0;
 }
 
 /* stages n host arrays back to back with one copy; returns the device address of the first */
@@ -144,8 +146,11 @@ static const unsigned char *stage_parts(be_ctx *c, const void *const *host, cons
         return c->arena_d;
     }
     /* a graph step copies its first CU_STEP_STAGE bytes in one node at its start */
-    if (c->mode != CU_EAGER && c->arena_off + al > CU_STEP_STAGE) cu_go_eager(c);
-    if (c->arena_off + al > CU_ARENA_BYTES) sync(c, "staging arena wrap");
+    if (c->mode != CU_EAGER && c->arena_off + al > c->stage0 + CU_STEP_STAGE) cu_go_eager(c);
+    /* past the open step's half while a chained step may run: that step's staged bytes may not be copied yet */
+    if (c->arena_off + al > CU_ARENA_BYTES || (c->am_kn && (!c->in_step || c->arena_off + al > c->stage0 + CU_STEP_STAGE)))
+        sync(c, "staging arena wrap");
+    if (!c->in_step) c->staged_out = 1;
     size_t off = c->arena_off, at = off;
     c->arena_off += al;
     for (int i = 0; i < n; i++) {
@@ -257,6 +262,11 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->arena_d);
     if (c->arena_h) cudaFreeHost(c->arena_h);
     if (c->am_h) cudaFreeHost(c->am_h);
+    cudaFree(c->am_d);
+    cudaFree(c->am_part);
+    cudaFree(c->am_cnt);
+    for (int q = 0; q < 2; q++)
+        if (c->am_ev[q]) cudaEventDestroy(c->am_ev[q]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->recs);
     free(c);
@@ -297,6 +307,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->aff_dp = knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */
     c->aff_ring = knob_on("CINFER_CUDA_AFF_RING");
     c->am_step = knob_on("CINFER_CUDA_ARGMAX_STEP");
+    c->chain = knob_on("CINFER_CUDA_CHAIN");
+    c->am_last = c->am_pend = -1;
     const char *ad = getenv("CINFER_CUDA_AFR_D");
     c->afr_d = ad ? atoi(ad) : 0;
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
@@ -313,7 +325,13 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     bad = bad || cu_check_blas(c, cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES), "cublasSetWorkspace");
     bad = bad || cu_check(c, cudaMallocHost((void **)&c->arena_h, CU_ARENA_BYTES), "pinned arena");
     bad = bad || cu_check(c, cudaMalloc((void **)&c->arena_d, CU_ARENA_BYTES), "device arena");
-    bad = bad || cu_check(c, cudaMallocHost((void **)&c->am_h, sizeof *c->am_h * CU_AM_MAX), "pinned argmax keys");
+    bad = bad || cu_check(c, cudaMallocHost((void **)&c->am_h, sizeof *c->am_h * 3 * CU_AM_MAX), "pinned argmax keys");
+    bad = bad || cu_check(c, cudaMalloc((void **)&c->am_d, sizeof *c->am_d * 3 * CU_AM_MAX), "argmax keys");
+    bad = bad || cu_check(c, cudaMalloc((void **)&c->am_part, sizeof *c->am_part * CU_AM_MAX * 2 * (size_t)c->n_sm), "argmax partials");
+    bad = bad || cu_check(c, cudaMalloc((void **)&c->am_cnt, sizeof *c->am_cnt * CU_AM_MAX), "argmax counters");
+    bad = bad || cu_check(c, cudaMemset(c->am_cnt, 0, sizeof *c->am_cnt * CU_AM_MAX), "argmax counters");
+    for (int q = 0; q < 2; q++)
+        bad = bad || cu_check(c, cudaEventCreateWithFlags(&c->am_ev[q], cudaEventDisableTiming), "argmax event");
     if (bad) { cuda_ctx_free(c); return 1; }
     *out = c;
     return 0;
@@ -401,10 +419,12 @@ static int cuda_status(be_ctx *c, char *msg, size_t n) {
     c->msg[0] = 0;
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e == cudaSuccess && c->cnt_n) e = cudaMemsetAsync(c->cnt, 0, c->cnt_n, c->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(c->am_cnt, 0, sizeof *c->am_cnt * CU_AM_MAX, c->stream);
+    c->am_kn = 0, c->am_last = c->am_pend = -1, c->am_out = NULL;
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     cu_clear_expected(c, e, "recovery after an error");
     if (e != cudaSuccess) cu_check(c, e, "recovery after an error");   /* sticky: the next status reports it */
-    c->arena_off = 0;
+    c->arena_off = c->stage0 = 0;
     return err;
 }
 
@@ -419,7 +439,16 @@ static void cuda_batch_invariant(be_ctx *c, int on) { c->batch_inv = on != 0; }
 
 static void cuda_step_begin(be_ctx *c) {
     if (c->in_step) cu_go_eager(c);
-    sync(c, "step begin");
+    if (c->am_kn == 1 && !c->staged_out && !c->err) {
+        /* the step before kept its argmax on the device and nothing was staged since: this step is issued while
+         * that one runs, its host arrays in the other half of the arena (the step before that one is done: its
+         * result was taken) */
+        c->mode = CU_EAGER;
+        c->stage0 = c->stage0 ? 0 : CU_STEP_STAGE;
+        c->arena_off = c->stage0;
+    } else {
+        sync(c, "step begin");
+    }
     if (c->err) return;   /* no capture is opened while an error is pending */
     c->in_step = 1;
     c->step_ok = 1;
@@ -433,7 +462,8 @@ static void cuda_step_begin(be_ctx *c) {
         c->n_recs = 0;
         /* the graph's first node: every host array the step stages, in one copy (the pinned
          * arena is filled by the ops before the graph is launched or replayed) */
-        cu_check(c, cudaMemcpyAsync(c->arena_d, c->arena_h, CU_STEP_STAGE, cudaMemcpyHostToDevice, c->stream), "step staging copy");
+        cu_check(c, cudaMemcpyAsync(c->arena_d + c->stage0, c->arena_h + c->stage0, CU_STEP_STAGE, cudaMemcpyHostToDevice, c->stream),
+                 "step staging copy");
     }
 }
 
@@ -492,9 +522,19 @@ void cu_step_launch(be_ctx *c) {
 
 /* the step's graph launched; an argmax issued in it (cu_op_argmax) waited for and its keys read */
 static void cuda_step_end(be_ctx *c) {
+    const int was = c->in_step;
     cu_step_launch(c);
+    if (was) c->staged_out = 0;
+    if (c->am_pend >= 0) {   /* a kept result: queued behind an event, no wait */
+        const int q = c->am_pend;
+        c->am_pend = -1;
+        if (!c->err && !cu_check(c, cudaEventRecord(c->am_ev[q], c->stream), "argmax event")) {
+            c->am_fifo[c->am_kn++] = q;
+            c->am_last = q;
+        }
+    }
     if (!c->am_out) return;
-    if (!c->err && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h, c->am_n, c->am_out);
+    if (!c->err && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h + 2 * CU_AM_MAX, c->am_n, c->am_out);
     c->am_out = NULL;
 }
 
@@ -552,6 +592,7 @@ static be_ops make_ops(void) {
     o.step_begin = cuda_step_begin;
     o.step_end = cuda_step_end;
     o.argmax = cu_op_argmax;
+    o.argmax_take = cu_op_argmax_take;
     o.score = cu_op_score;
     o.score_head = cu_op_score_head;
     o.sample = cu_op_sample;

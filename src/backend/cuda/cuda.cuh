@@ -120,11 +120,27 @@ struct be_ctx {
     int aff_tc;              /* one token's 4-bit rows through gemv-affine.cu's tensor-core form (CINFER_CUDA_AFF_TC=0: its CUDA-core kernel) */
     int aff_dp;              /* one token's 4-bit rows through gemv-affine.cu's integer form (default; CINFER_CUDA_AFF_DP=0 off) */
     int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
-    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=4 or 8; else 6) */
+    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=6 or 8; else 4) */
+    /* argmax (elementwise.cu): three key slots of CU_AM_MAX rows on the device and their pinned copies; slots 0
+     * and 1 alternate for kept results (chained greedy steps: a step's argmax stays on the device as the next
+     * step's token and reaches the host through argmax_take), slot 2 serves the rest */
     int am_step;             /* a decode step's argmax issued with the step's graph (CINFER_CUDA_ARGMAX_STEP=0: after it, eagerly) */
-    unsigned long long *am_h;  /* [CU_AM_MAX] pinned: the argmax keys copied back */
+    int chain;               /* kept results allowed (CINFER_CUDA_CHAIN=0: argmax_take refuses, the engine reads every step back) */
+    unsigned long long *am_d;    /* [3][CU_AM_MAX] device */
+    unsigned long long *am_h;    /* [3][CU_AM_MAX] pinned */
+    unsigned long long *am_part; /* [CU_AM_MAX][2 n_sm] the blocks' partial keys */
+    unsigned *am_cnt;        /* [CU_AM_MAX] blocks done a row (a row's last block reduces and resets it) */
+    cudaEvent_t am_ev[2];    /* a kept result's copy done */
+    int am_rows[2];          /* rows of the kept result in slot 0 / 1 */
+    int am_fifo[2], am_kn;   /* kept results not taken yet, oldest first */
+    int am_next, am_last;    /* slot of the next kept result; of the last one (-1: none), which embed(ids NULL) reads */
+    int am_pend;             /* a kept result issued in the open step: its slot (-1: none), queued at step_end */
     int32_t *am_out;         /* an argmax issued in the open step: its host result, written by step_end (am_n rows) */
     int am_n;
+    /* chained steps: a step that follows a kept result's step without a wait stages in the other half of the
+     * arena's first 2 CU_STEP_STAGE bytes */
+    size_t stage0;           /* the open step's staging base */
+    int staged_out;          /* something was staged outside a step since the last step: the next step waits */
     int afr_blocks;          /* its blocks an SM at most (CINFER_CUDA_AFR_BLOCKS; 0: as many as fit) */
 };
 
@@ -217,6 +233,15 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
 void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
 void cu_argmax_keys(const unsigned long long *keys, int n, int32_t *out);
+int cu_op_argmax_take(be_ctx *c, int32_t *out);
+/* a token-id array for an embedding: the host ids staged (*keys = 0), or with ids NULL the last kept argmax's
+ * keys on the device (*keys = 1, n its rows; NULL and an error otherwise) */
+const void *cu_ids(be_ctx *c, const int32_t *ids, int n, int *keys);
+__device__ __forceinline__ int32_t cu_id_at(const void *ids, int keys, int64_t t) {
+    if (!keys) return ((const int32_t *)ids)[t];
+    const unsigned long long k = ((const unsigned long long *)ids)[t];
+    return k ? (int32_t)~(unsigned)(k & 0xffffffffu) : 0;
+}
 /* x[total / k][k] (rows idx[] of x when idx, device memory, is not NULL) rounded to dt (bf16 or f16) into
  * out, as the matmul feeds cuBLAS (gemm.cu); 1 on a launch failure */
 int cu_round16(be_ctx *c, const float *x, const int32_t *idx, int k, void *out, int dt, size_t total);

@@ -16,20 +16,20 @@
 
 /* ---------------------------------------------------------------- embed */
 
-__global__ void k_embed(const void *tab, int dt, const int32_t *ids, int n, int cols, float *out) {
+__global__ void k_embed(const void *tab, int dt, const void *ids, int keys, int n, int cols, float *out) {
     PDL_ENTRY();
     size_t total = (size_t)n * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / cols, col = i % cols;
-        out[i] = cu_mat_get(tab, dt, (size_t)ids[t] * cols + col);
+        out[i] = cu_mat_get(tab, dt, (size_t)cu_id_at(ids, keys, (int64_t)t) * cols + col);
     }
 }
 
 static void l_embed(be_ctx *c, const cu_rec *r) {
     size_t total = (size_t)r->i[0] * r->i[1];
     unsigned g = cu_blocks(total, 256);
-    cu_launch(c, k_embed, dim3(g > 65535 ? 65535 : g), dim3(256), 0, r->p[0], (int)r->i[2], (const int32_t *)r->p[1], (int)r->i[0],
-                                                          (int)r->i[1], (float *)r->p[2]);
+    cu_launch(c, k_embed, dim3(g > 65535 ? 65535 : g), dim3(256), 0, r->p[0], (int)r->i[2], r->p[1], (int)r->i[3], (int)r->i[0],
+              (int)r->i[1], (float *)r->p[2]);
     CU_LAUNCHED(c, "embed");
 }
 
@@ -42,11 +42,14 @@ void cu_op_embed(be_ctx *c, const be_mat *tab, const int32_t *ids, int n, float 
     memset(&r, 0, sizeof r);
     r.fn = l_embed;
     r.p[0] = tab->dev;
-    r.p[1] = cu_stage(c, ids, sizeof(int32_t) * (size_t)n);
+    int keys;
+    r.p[1] = cu_ids(c, ids, n, &keys);
     r.p[2] = out;
     r.i[0] = n;
     r.i[1] = tab->cols;
     r.i[2] = tab->dt;
+    r.i[3] = keys;
+    if (!r.p[1]) return;
     cu_submit(c, &r);
 }
 
@@ -512,19 +515,32 @@ void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const 
 
 /* --------------------------------------------------------------- argmax */
 
-/* A grid of blocks per row, each folding its chunk to one 64-bit key
- * (order-preserving bits of the value << 32 | ~index, so the larger value and
- * then the smaller index wins) and merging it into the row's slot with
- * atomicMax; NaN never wins; a row of NaN leaves the slot 0. */
+/* A grid of blocks per row, each folding its chunk to one 64-bit key (order-preserving bits of the value << 32 |
+ * ~index, so the larger value and then the smaller index wins); NaN never wins. Each block writes its key to
+ * part; the row's last block (an arrival count) reduces them into slot[row] and resets the count, so a slot
+ * needs no clearing (a row of NaN gives key 0: index 0). */
 __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
     unsigned u = __float_as_uint(v);
     u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
     return ((unsigned long long)u << 32) | (unsigned)~i;
 }
 
-__global__ void k_argmax(const float *x, int dim, int chunk, unsigned long long *slot) {
+__device__ __forceinline__ unsigned long long block_max_key(unsigned long long best, unsigned long long *wk) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        unsigned long long ok = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ok > best ? ok : best;
+    }
+    if (threadIdx.x % 32 == 0) wk[threadIdx.x / 32] = best;
+    __syncthreads();
+    for (int w = 0; w < (int)blockDim.x / 32; w++) best = wk[w] > best ? wk[w] : best;
+    return best;
+}
+
+__global__ void k_argmax(const float *x, int dim, int chunk, unsigned long long *part, unsigned *cnt, unsigned long long *slot) {
     PDL_ENTRY();
     __shared__ unsigned long long wk[32];
+    __shared__ int last;
     const float *a = x + (size_t)blockIdx.y * dim;
     int lo = blockIdx.x * chunk, hi = min(dim, lo + chunk);
     unsigned long long best = 0;
@@ -533,25 +549,36 @@ __global__ void k_argmax(const float *x, int dim, int chunk, unsigned long long 
         unsigned long long key = v == v ? argmax_key(v, i) : 0;
         best = key > best ? key : best;
     }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-        unsigned long long ok = __shfl_xor_sync(0xffffffffu, best, o);
-        best = ok > best ? ok : best;
-    }
-    if (threadIdx.x % 32 == 0) wk[threadIdx.x / 32] = best;
-    __syncthreads();
+    best = block_max_key(best, wk);
+    unsigned long long *pr = part + (size_t)blockIdx.y * gridDim.x;
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++) best = wk[w] > best ? wk[w] : best;
-        if (best) atomicMax(slot + blockIdx.y, best);
+        pr[blockIdx.x] = best;
+        __threadfence();
+        last = atomicAdd(cnt + blockIdx.y, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = 0;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) {
+        const unsigned long long v = __ldcg(pr + i);
+        best = v > best ? v : best;
+    }
+    __syncthreads();   /* wk is reused */
+    best = block_max_key(best, wk);
+    if (threadIdx.x == 0) {
+        slot[blockIdx.y] = best;
+        cnt[blockIdx.y] = 0;
     }
 }
 
-/* p: x, the rows' slots (staged zeros), the pinned keys the slots are copied to; i: rows, dim, chunk, blocks */
+/* p: x, the rows' slot, its pinned copy (NULL: none); i: rows, dim, chunk, blocks */
 static void argmax_launcher(be_ctx *c, const cu_rec *r) {
     unsigned long long *slot = (unsigned long long *)r->p[1];
     const int n = (int)r->i[0];
-    cu_launch(c, k_argmax, dim3((unsigned)r->i[3], (unsigned)n), dim3(256), 0, (const float *)r->p[0], (int)r->i[1], (int)r->i[2], slot);
-    if (!CU_LAUNCHED(c, "argmax"))
+    cu_launch(c, k_argmax, dim3((unsigned)r->i[3], (unsigned)n), dim3(256), 0, (const float *)r->p[0], (int)r->i[1], (int)r->i[2],
+              c->am_part, c->am_cnt, slot);
+    if (!CU_LAUNCHED(c, "argmax") && r->p[2])
         cu_check(c, cudaMemcpyAsync((void *)r->p[2], slot, sizeof *slot * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy");
 }
 
@@ -560,16 +587,23 @@ void cu_argmax_keys(const unsigned long long *keys, int n, int32_t *out) {
 }
 
 /* In an open step (a decode step's graph) the rows' argmax is issued with the step, its keys copied back into
- * pinned memory by the graph, and out written by step_end after the step's one wait; else (CINFER_CUDA_ARGMAX_STEP=0,
- * more than CU_AM_MAX rows) after the step's graph, eagerly, CU_AM_MAX rows a copy and a wait */
+ * pinned memory by the graph, and out written by step_end after the step's one wait; with out NULL the result is
+ * kept (the next step's embedding may read it, argmax_take brings it back; no wait at step_end). Else
+ * (CINFER_CUDA_ARGMAX_STEP=0, more than CU_AM_MAX rows) after the step's graph, eagerly, CU_AM_MAX rows a copy and
+ * a wait. */
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
     if (n <= 0 || dim <= 0) return;
-    const int in_step = c->in_step && c->am_step && !c->am_out && n <= CU_AM_MAX;
+    if (!out && (!c->in_step || !c->chain || n > CU_AM_MAX || c->am_kn + (c->am_pend >= 0) >= 2)) {
+        cu_check(c, cudaErrorInvalidValue, "argmax: a result kept on the device needs an open step, chaining on, at most 256 "
+                                           "rows and at most two kept results not taken");
+        return;
+    }
+    const int in_step = !out || (c->in_step && c->am_step && !c->am_out && n <= CU_AM_MAX);
     if (!in_step) {
         cu_step_launch(c);   /* an open step's graph first (nothing without one) */
         cu_go_eager(c);
         if (c->am_out && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync"))   /* the step's argmax: its keys first */
-            cu_argmax_keys(c->am_h, c->am_n, c->am_out);
+            cu_argmax_keys(c->am_h + 2 * CU_AM_MAX, c->am_n, c->am_out);
         c->am_out = NULL;
     }
     int chunk = 4096, blocks = (dim + chunk - 1) / chunk;
@@ -577,22 +611,48 @@ void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
         blocks = 2 * c->n_sm;
         chunk = (dim + blocks - 1) / blocks;
     }
-    static const unsigned long long zero[CU_AM_MAX] = {0};   /* the slots live in the staging arena: staging zeros clears them */
+    const int q = out ? 2 : c->am_next;   /* the slot */
     for (int r0 = 0; r0 < n && !c->err; r0 += CU_AM_MAX) {
         const int nr = n - r0 < CU_AM_MAX ? n - r0 : CU_AM_MAX;
         cu_rec r = {};
         r.fn = argmax_launcher;
         r.p[0] = x + (size_t)r0 * dim;
-        r.p[1] = cu_stage(c, zero, sizeof *zero * (size_t)nr);
-        r.p[2] = c->am_h;
+        r.p[1] = c->am_d + (size_t)q * CU_AM_MAX;
+        r.p[2] = c->am_h + (size_t)q * CU_AM_MAX;
         r.i[0] = nr, r.i[1] = dim, r.i[2] = chunk, r.i[3] = blocks;
         cu_submit(c, &r);
+        if (!out) {
+            c->am_pend = q, c->am_rows[q] = nr, c->am_next ^= 1;
+            return;
+        }
         if (in_step) {
             c->am_out = out, c->am_n = nr;
             return;
         }
-        if (!cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h, nr, out + r0);
+        if (!cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h + 2 * CU_AM_MAX, nr, out + r0);
     }
+}
+
+/* the oldest kept result not taken yet, after its step: out NULL asks whether results may be kept (0: yes) */
+int cu_op_argmax_take(be_ctx *c, int32_t *out) {
+    if (!out) return !c->chain;
+    if (!c->am_kn) return 1;   /* none kept (or dropped by an error's recovery) */
+    const int q = c->am_fifo[0];
+    c->am_fifo[0] = c->am_fifo[1];
+    c->am_kn--;
+    if (cu_check(c, cudaEventSynchronize(c->am_ev[q]), "argmax wait")) return 1;
+    cu_argmax_keys(c->am_h + (size_t)q * CU_AM_MAX, c->am_rows[q], out);
+    return 0;
+}
+
+const void *cu_ids(be_ctx *c, const int32_t *ids, int n, int *keys) {
+    *keys = !ids;
+    if (ids) return cu_stage(c, ids, sizeof(int32_t) * (size_t)n);
+    if (c->am_last < 0 || c->am_rows[c->am_last] != n) {
+        cu_check(c, cudaErrorInvalidValue, "embed: no kept argmax of that many rows to read the tokens from");
+        return NULL;
+    }
+    return c->am_d + (size_t)c->am_last * CU_AM_MAX;
 }
 
 /* ---------------------------------------------------------- random fill */
