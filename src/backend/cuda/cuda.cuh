@@ -120,7 +120,7 @@ struct be_ctx {
     int aff_tc;              /* one token's 4-bit rows through gemv-affine.cu's tensor-core form (CINFER_CUDA_AFF_TC=0: its CUDA-core kernel) */
     int aff_dp;              /* one token's 4-bit rows through gemv-affine.cu's integer form (default; CINFER_CUDA_AFF_DP=0 off) */
     int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
-    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=6 or 8; else 4) */
+    int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 6 or 8; else 4) */
     /* argmax (elementwise.cu): three key slots of CU_AM_MAX rows on the device and their pinned copies; slots 0
      * and 1 alternate for kept results (chained greedy steps: a step's argmax stays on the device as the next
      * step's token and reaches the host through argmax_take), slot 2 serves the rest */

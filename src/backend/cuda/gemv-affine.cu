@@ -705,11 +705,11 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
 /* the streamed integer kernel: its ring depth, shared memory, and where it takes a set (see k_gemv_aff_ring).
  * This form (6 stages of 1.5 kB, digits one thread a piece, x in shared memory) measured on an H100 in one process
  * against the compact stages and 4-stage rings of a later form (commit 1a7588e): 8B step 2.517 against 2.882 ms,
- * 1B 0.698 against 0.774. Depth 4 (CINFER_CUDA_AFR_D=6|8 forces another): same H100 call, A/B against 6 in one
+ * 1B 0.698 against 0.774. Depth 4 (CINFER_CUDA_AFR_D=2|3|6|8 forces another): same H100 call, A/B against 6 in one
  * process, 8B 2.442 against 2.500 ms, 1B 0.683 against 0.700. */
 #define AFR_D 4
 static size_t afr_smem(int k, int d) { return (((size_t)xs_row(k, 1) + (size_t)k / 32) * 4 + 15 & ~(size_t)15) + (size_t)GEMV_WARPS * d * AFR_STAGE; }
-static int afr_depth(const be_ctx *c) { return c->afr_d == 6 || c->afr_d == 8 ? c->afr_d : AFR_D; }
+static int afr_depth(const be_ctx *c) { return c->afr_d == 2 || c->afr_d == 3 || c->afr_d == 6 || c->afr_d == 8 ? c->afr_d : AFR_D; }
 static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
     const size_t ssz = st.sdt == BE_F32 ? 4 : 2;
     if (!c->aff_ring || k > AFF_XS_MAX || k % 32 || (size_t)(k / st.group) * ssz % 16 || afr_smem(k, afr_depth(c)) > 227 * 1024) return 0;
@@ -731,7 +731,9 @@ template <int D> static void afr_launch_sdt(be_ctx *c, unsigned groups, const ge
 }
 static void afr_launch_any(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
     const int d = afr_depth(c);
-    if (d == 6) afr_launch_sdt<6>(c, groups, st, x, k);
+    if (d == 2) afr_launch_sdt<2>(c, groups, st, x, k);
+    else if (d == 3) afr_launch_sdt<3>(c, groups, st, x, k);
+    else if (d == 6) afr_launch_sdt<6>(c, groups, st, x, k);
     else if (d == 8) afr_launch_sdt<8>(c, groups, st, x, k);
     else afr_launch_sdt<AFR_D>(c, groups, st, x, k);
 }
