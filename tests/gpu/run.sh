@@ -6,7 +6,8 @@
 # test-serve --device cuda --batch-invariant), Gemma 2/3 against transformers'
 # fixtures (test-gemma: logits, decode, batches, greedy, sliding-window KV),
 # whole models vs the CPU backend and transformers' fixtures, stories260k
-# greedy text vs the CPU, the CLI end to end with --device cuda (generate,
+# greedy text vs the CPU, the CLI end to end with --device cuda (generate: its greedy
+# chain ended by count, EOS, context and with a rotating cache;
 # logits, perplexity; and issue 18's scoring on the device: perplexity, every
 # KL statistic live and from a saved base, per-token values and response
 # log-probs against the CPU per statistic, tests/gpu/score-compare.py), then the
@@ -69,13 +70,24 @@ run $B/test-seq
 run $B/test-gemma
 run $B/test-sample   # be_ops.sample on CUDA against its definition; cinfer_decode_sampled end to end
 run $B/test-serve    # cinfer serve --device cuda --batch-invariant (needs $B/lib: libmicrohttpd and its dependencies)
-# CLI end to end: the same greedy text on both devices
-for d in cpu cuda; do
-  $B/cinfer generate -m "$MODELS/stories260k" -p "Once upon a time" -n 60 --temp 0 --device $d >$T/gen-$d.txt 2>$T/gen-$d.err
-  echo "== cinfer generate --device $d: rc=$? $(tr '\n' ' ' <$T/gen-$d.txt | head -c 300)" >>$O/tests.log
-done
-if cmp -s $T/gen-cpu.txt $T/gen-cuda.txt && [ -s $T/gen-cuda.txt ]; then echo "PASS cli generate: --device cuda text identical to cpu" >>$O/tests.log
-else echo "FAIL cli generate: --device cuda differs from cpu" >>$O/tests.log; cat $T/gen-cuda.err >>$O/tests.log; fails=$((fails + 1)); fi
+# CLI end to end: the same greedy text on both devices; CUDA chains greedy steps (a step issued past the end is
+# dropped), so also ended by an end-of-sequence token (426 = "."), by the context limit, with a rotating cache (no
+# chain), and with the chain off (CINFER_CUDA_CHAIN=0)
+gen_case() {   # tag, then generate's options
+  tag=$1; shift
+  for d in cpu cuda; do
+    $B/cinfer generate -m "$MODELS/stories260k" -p "Once upon a time" --temp 0 --device $d "$@" >$T/gen-$tag-$d.txt 2>$T/gen-$tag-$d.err
+    echo "== cinfer generate --device $d $*: rc=$? $(tr '\n' ' ' <$T/gen-$tag-$d.txt | head -c 300)" >>$O/tests.log
+  done
+  if cmp -s $T/gen-$tag-cpu.txt $T/gen-$tag-cuda.txt && [ -s $T/gen-$tag-cuda.txt ]; then echo "PASS cli generate $*: --device cuda text identical to cpu" >>$O/tests.log
+  else echo "FAIL cli generate $*: --device cuda differs from cpu" >>$O/tests.log; cat $T/gen-$tag-cuda.err >>$O/tests.log; fails=$((fails + 1)); fi
+}
+gen_case n60 -n 60
+gen_case eos -n 200 --extra-eos-token 426
+gen_case ctx -n -1
+gen_case rot -n 150 --max-kv-size 64
+export CINFER_CUDA_CHAIN=0; gen_case nochain -n 60; unset CINFER_CUDA_CHAIN
+cp $T/gen-n60-cpu.txt $T/gen-cpu.txt   # the text the scoring checks below read
 $B/cinfer logits -m "$MODELS/stories260k" -p "Once upon a time" --top 3 --device cuda >$T/logits-cuda.txt 2>&1 &&
   $B/cinfer logits -m "$MODELS/stories260k" -p "Once upon a time" --top 3 --device cpu >$T/logits-cpu.txt 2>&1
 echo "== cinfer logits --device cpu / cuda" >>$O/tests.log
