@@ -533,9 +533,7 @@ static void cuda_step_end(be_ctx *c) {
             c->am_last = q;
         }
     }
-    if (!c->am_out) return;
-    if (!c->err && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h + 2 * CU_AM_MAX, c->am_n, c->am_out);
-    c->am_out = NULL;
+    cu_argmax_settle(c);
 }
 
 extern "C" void cuda_graph_stats(const be_ctx *c, long *captures, long *replays) {

@@ -232,15 +232,16 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
 void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
 void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);
-void cu_argmax_keys(const unsigned long long *keys, int n, int32_t *out);
+/* an open step's argmax result (am_out), once the step's graph is launched: waited for and written */
+void cu_argmax_settle(be_ctx *c);
 int cu_op_argmax_take(be_ctx *c, int32_t *out);
+/* the token of an argmax key (k_argmax: value bits << 32 | ~index; 0, a row of NaN: token 0) */
+__host__ __device__ __forceinline__ int32_t cu_key_id(unsigned long long k) { return k ? (int32_t)~(unsigned)(k & 0xffffffffu) : 0; }
 /* a token-id array for an embedding: the host ids staged (*keys = 0), or with ids NULL the last kept argmax's
  * keys on the device (*keys = 1, n its rows; NULL and an error otherwise) */
 const void *cu_ids(be_ctx *c, const int32_t *ids, int n, int *keys);
 __device__ __forceinline__ int32_t cu_id_at(const void *ids, int keys, int64_t t) {
-    if (!keys) return ((const int32_t *)ids)[t];
-    const unsigned long long k = ((const unsigned long long *)ids)[t];
-    return k ? (int32_t)~(unsigned)(k & 0xffffffffu) : 0;
+    return keys ? cu_key_id(((const unsigned long long *)ids)[t]) : ((const int32_t *)ids)[t];
 }
 /* x[total / k][k] (rows idx[] of x when idx, device memory, is not NULL) rounded to dt (bf16 or f16) into
  * out, as the matmul feeds cuBLAS (gemm.cu); 1 on a launch failure */

@@ -582,8 +582,14 @@ static void argmax_launcher(be_ctx *c, const cu_rec *r) {
         cu_check(c, cudaMemcpyAsync((void *)r->p[2], slot, sizeof *slot * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "argmax copy");
 }
 
-void cu_argmax_keys(const unsigned long long *keys, int n, int32_t *out) {
-    for (int i = 0; i < n; i++) out[i] = keys[i] ? (int32_t)~(unsigned)(keys[i] & 0xffffffffu) : 0;
+static void argmax_keys(const unsigned long long *keys, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) out[i] = cu_key_id(keys[i]);
+}
+
+void cu_argmax_settle(be_ctx *c) {
+    if (c->am_out && !c->err && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync"))
+        argmax_keys(c->am_h + 2 * CU_AM_MAX, c->am_n, c->am_out);
+    c->am_out = NULL;
 }
 
 /* In an open step (a decode step's graph) the rows' argmax is issued with the step, its keys copied back into
@@ -599,12 +605,9 @@ void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
         return;
     }
     const int in_step = !out || (c->in_step && c->am_step && !c->am_out && n <= CU_AM_MAX);
-    if (!in_step) {
-        cu_step_launch(c);   /* an open step's graph first (nothing without one) */
-        cu_go_eager(c);
-        if (c->am_out && !cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync"))   /* the step's argmax: its keys first */
-            cu_argmax_keys(c->am_h + 2 * CU_AM_MAX, c->am_n, c->am_out);
-        c->am_out = NULL;
+    if (!in_step) {   /* an open step's graph first (nothing without one), then its argmax's keys */
+        cu_step_launch(c);
+        cu_argmax_settle(c);
     }
     int chunk = 4096, blocks = (dim + chunk - 1) / chunk;
     if (blocks > 2 * c->n_sm) {
@@ -629,7 +632,7 @@ void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out) {
             c->am_out = out, c->am_n = nr;
             return;
         }
-        if (!cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) cu_argmax_keys(c->am_h + 2 * CU_AM_MAX, nr, out + r0);
+        if (!cu_check(c, cudaStreamSynchronize(c->stream), "argmax sync")) argmax_keys(c->am_h + 2 * CU_AM_MAX, nr, out + r0);
     }
 }
 
@@ -641,7 +644,7 @@ int cu_op_argmax_take(be_ctx *c, int32_t *out) {
     c->am_fifo[0] = c->am_fifo[1];
     c->am_kn--;
     if (cu_check(c, cudaEventSynchronize(c->am_ev[q]), "argmax wait")) return 1;
-    cu_argmax_keys(c->am_h + (size_t)q * CU_AM_MAX, c->am_rows[q], out);
+    argmax_keys(c->am_h + (size_t)q * CU_AM_MAX, c->am_rows[q], out);
     return 0;
 }
 

@@ -312,6 +312,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
  * 16 stream + 8 kind + c. Taken where a row's scales are whole 16-byte chunks (k / group * size % 16 == 0)
  * and the pointers 16-byte aligned (CINFER_CUDA_AFF_RING=0: never). */
 #define AFR_STAGE 1536
+/* shared memory: x (xs_index's layout), the pieces' sums of x (nu = k / 32), then the warps' rings from a 16-byte boundary */
+__host__ __device__ __forceinline__ size_t afr_ring_at(int k, int nu) { return ((size_t)(xs_row(k, 1) + nu) * 4 + 15) & ~(size_t)15; }
 struct afr_src {
     int grp, r;              /* the item: the warp's row group of the persistent walk, the round */
     const char *pa, *pb;     /* the lane's codes of the round in streams 0 and 1 */
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     extern __shared__ float xs[];   /* [xs_row(k, 1)]: x, then its digits; [k / 32] the pieces' sums of x; the warps' rings */
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nu = k / 32, ng = k >> st.gshift, gsh = st.gshift;
     float *xp = xs + xs_row(k, 1);
-    char *ring = (char *)xs + (((size_t)(xs_row(k, 1) + nu) * 4 + 15) & ~(size_t)15) + (size_t)warp * D * AFR_STAGE;
+    char *ring = (char *)xs + afr_ring_at(k, nu) + (size_t)warp * D * AFR_STAGE;
     afr_src src;
     src.grp = blockIdx.x, src.r = 0;
     afr_src_at<GLU, SSZ>(src, st, nu, ng, gsh);
@@ -708,7 +710,7 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
  * 1B 0.698 against 0.774. Depth 4 (CINFER_CUDA_AFR_D=2|3|6|8 forces another): same H100 call, A/B against 6 in one
  * process, 8B 2.442 against 2.500 ms, 1B 0.683 against 0.700. */
 #define AFR_D 4
-static size_t afr_smem(int k, int d) { return (((size_t)xs_row(k, 1) + (size_t)k / 32) * 4 + 15 & ~(size_t)15) + (size_t)GEMV_WARPS * d * AFR_STAGE; }
+static size_t afr_smem(int k, int d) { return afr_ring_at(k, k / 32) + (size_t)GEMV_WARPS * d * AFR_STAGE; }
 static int afr_depth(const be_ctx *c) { return c->afr_d == 2 || c->afr_d == 3 || c->afr_d == 6 || c->afr_d == 8 ? c->afr_d : AFR_D; }
 static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
     const size_t ssz = st.sdt == BE_F32 ? 4 : 2;
