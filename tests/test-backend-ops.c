@@ -860,8 +860,8 @@ static float *head_logits(const float *x, int n, const be_mat *w) {
  * those of the products (1e-5 of |lse| for lse, lp, kld) and argmax may differ only where the
  * reference's top two logits are within 1e-5; a row against itself gives exactly 0. */
 static void test_score_head(void) {
-    static const int SH[][3] = {{9, 1001, 64}, {130, 32000, 256}, {300, 517, 128}};
-    for (int si = 0; si < 3; si++) {
+    static const int SH[][3] = {{9, 1001, 64}, {130, 32000, 256}, {300, 517, 128}, {600, 4099, 192}};
+    for (int si = 0; si < 4; si++) {
         int n = SH[si][0], V = SH[si][1], K = SH[si][2];
         be_mat w = mk_mat(BE_BF16, V, K, 0.5f), wb = mk_mat(BE_BF16, V, K, 0.5f);
         if (!be->score_head(bc, NULL, 0, &w, NULL, NULL, NULL)) {
@@ -877,6 +877,7 @@ static void test_score_head(void) {
         be_score_row *ref = malloc(sizeof *ref * n), *got = malloc(sizeof *got * n);
         unsigned char *rec = calloc((size_t)n, rb);
         float *lseb = malloc(sizeof(float) * n), *lse_self = malloc(sizeof(float) * n);
+        int32_t *am_self = malloc(sizeof(int32_t) * n);
         for (int i = 0; i < n; i++) {
             tgt[i] = irand(V);
             idx[i] = (int32_t)(((size_t)i * 7) % n);   /* base rows permuted (n is not a multiple of 7) */
@@ -913,10 +914,13 @@ static void test_score_head(void) {
                 }
             }
             if (kind == 0)
-                for (int i = 0; i < n; i++) lse_self[i] = got[i].lse;
+                for (int i = 0; i < n; i++) { lse_self[i] = got[i].lse; am_self[i] = got[i].argmax; }
+            int am_moved = 0;   /* against itself: the same logits, so the same top token as without a base */
+            for (int i = 0; kind == 3 && i < n; i++) am_moved += got[i].argmax != am_self[i];
             if (kind == 3)
-                CHECK(!bad && kl_self == 0.0 && e_lse <= 1e-5, "score_head n=%d V=%d K=%d itself: KL %.1e (exactly 0), lse %.1e %s", n, V,
-                      K, kl_self, e_lse, msg);
+                CHECK(!bad && kl_self == 0.0 && e_lse <= 1e-5 && !am_moved,
+                      "score_head n=%d V=%d K=%d itself: KL %.1e (exactly 0), lse %.1e, %d top tokens not those of the model alone %s",
+                      n, V, K, kl_self, e_lse, am_moved, msg);
             else
                 CHECK(!bad && !am_bad && e_lse <= 1e-5 && e_lp <= 1e-5 && e_kl <= 1e-5,
                       "score_head n=%d V=%d K=%d %s: lse %.1e, lp %.1e, kld %.1e (of |lse|), argmax %d differ beyond a near tie %s", n, V,
@@ -925,7 +929,7 @@ static void test_score_head(void) {
         gb_free(&gx); gb_free(&gxb); gb_free(&grec);
         free_mat(&w); free_mat(&wb);
         free(x); free(xb); free(z); free(zb); free(tgt); free(idx); free(id0); free(ref); free(got); free(rec);
-        free(lseb); free(lse_self);
+        free(lseb); free(lse_self); free(am_self);
     }
 }
 

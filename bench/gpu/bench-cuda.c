@@ -501,10 +501,12 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
             return 1;
         }
         /* BENCH_SCORE_AB=V: perplexity and kl also on contexts made under CINFER_CUDA_SCORE_HEAD=V
-         * (0: the LM head never folded into the score op; 1: every bf16 head folded), interleaved */
-        const char *ab = getenv("BENCH_SCORE_AB");
-        if (ab && (knob_ctx(m, &co, "CINFER_CUDA_SCORE_HEAD", ab, &ctx2, err, sizeof err) ||
-                   knob_ctx(m, &co, "CINFER_CUDA_SCORE_HEAD", ab, &cb2, err, sizeof err))) {
+         * (0: the LM head never folded into the score op), interleaved;
+         * BENCH_SCORE_AB=VAR=V: under another variable */
+        const char *ab = getenv("BENCH_SCORE_AB"), *eq = ab ? strchr(ab, '=') : NULL;
+        char abvar[64] = "CINFER_CUDA_SCORE_HEAD";
+        if (eq && (size_t)(eq - ab) < sizeof abvar) { memcpy(abvar, ab, (size_t)(eq - ab)); abvar[eq - ab] = 0; ab = eq + 1; }
+        if (ab && (knob_ctx(m, &co, abvar, ab, &ctx2, err, sizeof err) || knob_ctx(m, &co, abvar, ab, &cb2, err, sizeof err))) {
             fprintf(stderr, "ctx: %s\n", err);
             return 1;
         }
@@ -551,9 +553,9 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
                shape_name, L, n_rows, B, W, h, pp, kl, pp / h, 2 * kl / h);
         if (ctx2) {
             double pp2 = N / median(tp2, 2), kl2 = N / median(tk2, 2);
-            printf("score %s L=%d, CINFER_CUDA_SCORE_HEAD=%s: perplexity %.0f pos/s (%.1f%% of the forward; ppl %.2f, default %.2f); kl %.0f "
+            printf("score %s L=%d, %s=%s: perplexity %.0f pos/s (%.1f%% of the forward; ppl %.2f, default %.2f); kl %.0f "
                    "tok/s (%.1f%% of half; mean KLD %.2g, same top %.4f)\n",
-                   shape_name, L, ab, pp2, 100.0 * pp2 / h, r2.perplexity, r.perplexity, kl2, 200.0 * kl2 / h, ks2.mean_kld, ks2.same_top);
+                   shape_name, L, abvar, ab, pp2, 100.0 * pp2 / h, r2.perplexity, r.perplexity, kl2, 200.0 * kl2 / h, ks2.mean_kld, ks2.same_top);
             cinfer_ctx_free(cb2);
             cinfer_ctx_free(ctx2);
         }

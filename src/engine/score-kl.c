@@ -89,6 +89,24 @@ static int cmp_f(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
+/* v[n] ascending: an LSD radix sort of the floats' bits mapped to an unsigned order (negatives' bits
+ * flipped, positives' sign bit set), four passes of 8 bits through tmp[n]; without tmp, qsort. (qsort
+ * took 25-50 ms for each of kl's two arrays of 262k values, a fifth of a GPU kl run of that size.) */
+static void sort_floats(float *v, int64_t n, float *tmp) {
+    if (!tmp) { qsort(v, (size_t)n, sizeof(float), cmp_f); return; }
+    uint32_t *a = (uint32_t *)(void *)v, *b = (uint32_t *)(void *)tmp;
+    for (int64_t i = 0; i < n; i++) a[i] ^= a[i] >> 31 ? 0xffffffffu : 0x80000000u;
+    for (int sh = 0; sh < 32; sh += 8) {
+        int64_t cnt[257] = {0};
+        for (int64_t i = 0; i < n; i++) cnt[((a[i] >> sh) & 255) + 1]++;
+        for (int d = 0; d < 256; d++) cnt[d + 1] += cnt[d];
+        for (int64_t i = 0; i < n; i++) b[cnt[(a[i] >> sh) & 255]++] = a[i];
+        uint32_t *t = a; a = b; b = t;
+    }
+    /* four passes: the sorted keys are back in v */
+    for (int64_t i = 0; i < n; i++) a[i] ^= a[i] >> 31 ? 0x80000000u : 0xffffffffu;
+}
+
 static double percentile(const float *v, int64_t n, double f) {
     if (f <= 0) return v[0];
     if (f >= 1) return v[n - 1];
@@ -127,8 +145,10 @@ static void kl_finish(kl_acc *a, cinfer_kl_stats *o) {
     o->same_top_unc = n > 1 ? sqrt(o->same_top * (1 - o->same_top) / (n - 1)) : 0;
     static const double kf[11] = {1, .999, .99, .95, .90, .5, .10, .05, .01, .001, 0};
     static const double df[13] = {1, .999, .99, .95, .90, .75, .5, .25, .10, .05, .01, .001, 0};
-    qsort(a->kl_v, (size_t)n, sizeof(float), cmp_f);
-    qsort(a->dp_v, (size_t)n, sizeof(float), cmp_f);
+    float *tmp = malloc(sizeof(float) * (size_t)n);
+    sort_floats(a->kl_v, n, tmp);
+    sort_floats(a->dp_v, n, tmp);
+    free(tmp);
     for (int i = 0; i < 11; i++) o->kld_q[i] = percentile(a->kl_v, n, kf[i]);
     for (int i = 0; i < 13; i++) o->dp_q[i] = percentile(a->dp_v, n, df[i]);
 }

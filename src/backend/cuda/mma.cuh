@@ -104,4 +104,41 @@ __device__ __forceinline__ void mma_a_split(const float *v, uint32_t *a, uint32_
     al[3] = 0;
 }
 
+/* wgmma (sm_90a): a warpgroup (4 warps) computes a 64 x N tile asynchronously. A comes from registers:
+ * each warp's 16 rows as the m16n8k16 A fragment (a[0]: row g, k 2t..2t+1; a[1]: row g + 8; a[2], a[3]: k + 8;
+ * g = lane / 4, t = lane % 4); B (N rows of 16 k, k contiguous) through a shared-memory descriptor of the
+ * 128-byte swizzle: rows of 128 bytes (64 bf16), 16-byte chunk c of row r at chunk c ^ (r % 8), the
+ * 8-row atoms 1024 bytes apart, the atom 1024-byte aligned; a k step of 16 within the row advances the
+ * start by 32 bytes. The accumulator of n8 block j: d[4j], d[4j+1] row g cols 8j + 2t, +1; d[4j+2], d[4j+3]
+ * row g + 8 (the m16n8 layout, warp w's rows 16w..16w+15). PTX ISA, "Asynchronous Warpgroup Level Matrix
+ * Multiply-Accumulate". */
+__device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    return (uint64_t)((a & 0x3FFFFu) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+/* cp.async / st.shared writes made visible to the async proxy (wgmma's operand reads) */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+/* the compiler may not move reads or writes of v across this point (an accumulator of a wgmma in flight) */
+__device__ __forceinline__ void wg_reg_fence(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+
+/* d[N / 2] = a b (acc 0) or d + a b, m64nNk16, bf16 in, f32 accumulation (N = 32, 64) */
+template <int N> __device__ __forceinline__ void wgmma_bf16(float *d, const uint32_t *a, uint64_t bdesc, int acc);
+template <> __device__ __forceinline__ void wgmma_bf16<32>(float *d, const uint32_t *a, uint64_t bdesc, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                 "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(acc));
+}
+template <> __device__ __forceinline__ void wgmma_bf16<64>(float *d, const uint32_t *a, uint64_t bdesc, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(acc));
+}
+
 #endif

@@ -6,44 +6,42 @@
  * to keep: prose-13m (hidden 256, vocabulary 32,000) spends 2 x 256 FLOPs on
  * a logit that costs 4 bytes to write and 8-12 to read back (score.cu); at
  * the H200's 800 TFLOP/s and 4.3 TB/s that round trip is worth ~2,000 FLOPs.
- * Taken for bf16 heads with hidden <= 256 (CINFER_CUDA_SCORE_HEAD=0: never,
- * =1: every bf16 head whose hidden is a multiple of 64); larger heads keep
- * cuBLAS + score.cu. Measured on the H200 (bench-cuda BENCH_SCORE_AB, 2026-12-02):
- * prose-13m (hidden 256) perplexity 73.6% -> 85.6% of the forward's rate at 512
- * tokens a row; Llama-3.2-1B (hidden 2048) forced to fold 94.4% -> 83.9%,
- * cuBLAS's GEMM being ~3x this kernel's there. 512-1024: not measured.
+ * Taken for bf16 heads of hidden 64, 128, 192 or 256 (CINFER_CUDA_SCORE_HEAD=0:
+ * never); larger heads keep cuBLAS + score.cu. Measured on the H200 (bench-cuda
+ * BENCH_SCORE_AB, 2026-12-02, the mma.sync form of this kernel): prose-13m
+ * perplexity 73.6% -> 85.6% of the forward's rate at 512 tokens a row;
+ * Llama-3.2-1B (hidden 2048) forced to fold 94.4% -> 83.9%, cuBLAS's GEMM
+ * being ~3x that kernel's there. The wgmma form (2026-12-06, H100): SH_NONE
+ * 436 -> 375 us on 8,176 rows, perplexity 90-93% -> 94-95%.
  *
  * The products: x rounded to bf16 as the matmul rounds it for cuBLAS
- * (gemm.cu), mma.sync m16n8k16 bf16 with f32 accumulation. The work is the
- * (row tile of 128, vocabulary tile of 128) pairs in row-tile order, one
- * wave of blocks (two an SM) each taking an equal run of them; 8 warps of
- * 32 rows x 64 columns; k in stages of 64 through cp.async (XOR-swizzled
- * rows, ldmatrix without bank conflicts). For hidden <= 256 the row tile
- * stays in shared memory for the block's run and the stages carry only the
- * head's rows (hidden a template parameter: 64, 128, 256). A base head (live
- * KL) is computed beside the model's in the same tile: two accumulators,
- * one block an SM. After a tile's last stage each thread folds its
- * accumulators into per-row state; the next tile's first products start
- * from zero (no zeroing pass). Each block writes one partial per row it
- * touched; k_sh_combine merges a row's partials (and takes the target's
- * logit as a dot product of the rounded row with the head's row).
+ * (gemm.cu), wgmma (sm_90a) with f32 accumulation: the rows' A fragments
+ * in registers, the head's tiles in shared memory (k_score_wg below). The
+ * work is the (row tile of 128, vocabulary tile) pairs in row-tile order,
+ * one wave of blocks (one an SM) each taking an equal run of them. After a
+ * tile's products each thread folds its accumulators into per-row state;
+ * each block writes one partial per row it touched; k_sh_combine merges a
+ * row's partials (and takes the target's logit as a dot product of the
+ * rounded row with the head's row). Hidden sizes 64, 128, 192, 256.
  *
  * Against the definition (be_ref_score_row on the same logits): the max and
- * the first index of the max exactly; the exp sum online: a running max
- * shared by a row's 4 lanes, each tile's 16 terms ex2.approx((z - m) log2 e)
- * (relative error <= 2^-22) summed in f32 and then into a double,
- * rescaled when the max grows; partials merged by rescaling. lse moves by
- * ~1e-7 relative (test-backend-ops: <= 2e-7 of |lse| on V = 32,000).
+ * the first index of the max exactly; the exp sum online: a running max of
+ * each lane's columns, each tile's terms ex2.approx((z - m) log2 e)
+ * (relative error <= 2^-22) summed in f32 and then into a double, rescaled
+ * when the max grows; lanes and partials merged by rescaling. lse moves by
+ * ~1e-7 relative (test-backend-ops: <= 3e-7 of |lse| on V = 32,000).
  * KL without knowing the model's lse: with c a per-row constant (the base's
  * lse for a live base, 0 for a file base), lq'_i = z_i - c (f32) and
- *   kld = sum_{lb_i > -16} p_i (lb_i - lq'_i) + (lse - c) sum_{lb_i > -16} p_i,  p_i = exp(lb_i):
- * the reference's sum with lq_i rounded against c instead of lse. A live
- * base's terms are f32 a tile (its lb_i - lq'_i is exact or relative to
- * itself), a file base's double (lb_i - z_i is not). A model against itself
- * still gives exactly 0: every kind shares the tiles, the runs and each
- * thread's columns, so zb = z and the base's lse = the model's bit for bit,
- * lb_i = lq'_i, lse = c. code_scale and code_min are not computed (0): a
- * saved base's code rows go through the materialized path.
+ *   kld = sum_{lb_i > -16} p_i (lb_i - lq'_i) + (lse - c') sum_{lb_i > -16} p_i,  p_i = exp(lb_i):
+ * the reference's sum with lq_i rounded against c instead of lse; c' = c
+ * for a file base, and for a base head the base's lse as the kernel sums it
+ * (its own, by the same rule as the model's, both sums started against c:
+ * the two differ from c by the summation's rounding, ~1e-7). A live base's
+ * terms are f32 a tile (its lb_i - lq'_i is exact or relative to itself), a
+ * file base's double (lb_i - z_i is not). A model against itself gives
+ * exactly 0: zb = z, so lb_i = lq'_i and the base's lse = the model's bit
+ * for bit. code_scale and code_min are not computed (0): a saved base's code
+ * rows go through the materialized path.
  */
 #include <limits.h>
 #include <math.h>
@@ -51,43 +49,18 @@
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/mma.cuh"
 
-#define SH_BM 128   /* rows a block */
-#define SH_BK 64    /* k a stage */
-#define SH_T 256    /* 8 warps: 4 along the rows, 2 along the vocabulary */
-#define SH_RES_K 256   /* hidden sizes up to this keep the block's rows in shared memory for its whole split */
+#define SH_BK 64    /* hidden sizes: multiples of this up to 256 */
 
 enum { SH_NONE = 0, SH_REC = 1, SH_HEAD = 2 };
 
-/* a (row, split, warp column) partial: the running max m and the exp sum s against it, argmax (bv, bi),
- * the KL sums s0 = sum p, s1 = sum p (lb - lq') */
+/* a (row, block) partial: the running max m and the exp sum s against it, argmax (bv, bi), the KL sums
+ * s0 = sum p, s1 = sum p (lb - lq'), and with a base head the base's running max mb and exp sum sb */
 struct sh_part {
     float m, bv;
-    int bi, pad;
-    double s, s0, s1;
+    int bi;
+    float mb;
+    double s, s0, s1, sb;
 };
-
-/* Every kind has the same tiles, splits and per-thread columns, so a row's lse comes out bit for bit
- * the same whichever kind computes it (a model against itself: KL exactly 0); a base head doubles
- * the accumulators and runs one block an SM. RES: the block's rows (all of k) stay in shared
- * memory and the stages hold only the head's rows, so each 128 x 128 tile reads 64 kB from L2 instead of
- * 128 (hidden <= SH_RES_K). */
-#define SH_BN 128   /* vocabulary columns a tile */
-template <int KIND, int KCT> struct sh_cfg {
-    static constexpr bool RES = KCT > 0;
-    static constexpr int NG = KIND == SH_HEAD ? 2 : 1;   /* GEMMs a tile: the model's, the base's */
-    static constexpr int BN = SH_BN;
-    static constexpr int WN = BN / 2;                    /* a warp's columns */
-    static constexpr int NT = WN / 8;                    /* its n8 tiles */
-    static constexpr int STAGES = 3;
-    static constexpr int MINB = NG == 1 ? 2 : 1;         /* blocks an SM (registers, shared memory) */
-    static constexpr int STAGE = NG * ((RES ? 0 : SH_BM) + BN) * SH_BK;   /* bf16 elements a stage */
-    static constexpr int ARES = NG * SH_BM * KCT * SH_BK;                 /* resident rows */
-    static constexpr size_t SMEM = ((size_t)STAGES * STAGE + ARES) * 2;
-};
-
-/* element offset of (row r, 8-element chunk ch) in a tile of rows of rl elements, each 8 chunks
- * XOR-swizzled by r (ldmatrix and cp.async without bank conflicts) */
-__device__ __forceinline__ int sh_sw(int r, int ch, int rl) { return r * rl + (((ch & ~7) | ((ch ^ r) & 7)) << 3); }
 
 __device__ __forceinline__ void sh_pick(float &bv, int &bi, float ov, int oi) {
     if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
@@ -108,257 +81,290 @@ __host__ __device__ __forceinline__ int sh_first_block(int rt, int nvt, int G, l
 }
 __host__ __device__ __forceinline__ int sh_slots(int G, int R) { return (G + R - 1) / R + 1; }
 
-/* KCT > 0: hidden = KCT * 64 (<= SH_RES_K), the rows resident; 0: any multiple of 64, streamed */
+/* ------------------------------------------------------------------ the warpgroup kernel
+ * Block: two warpgroups, each 64 rows of a 128-row tile, sharing the head's tiles of BN columns (64 without
+ * a base head, 32 with one: the registers). A row tile's rows stay in registers (the wgmma A fragments: 4
+ * words a k step and head) for the block's items on it; the head's tiles come through a ring of ST
+ * shared-memory stages (cp.async, 128-byte swizzle) loaded ST - 1 items ahead. Item j's products are issued
+ * (asynchronously, into one of two accumulator sets) before item j - 1's logits are folded, so the tensor
+ * cores run while the epilogue does. Each lane keeps its own running max and sum for its 2 rows; a row's 4
+ * lanes are merged at the end of the block's run on its row tile, one partial a (row, block). */
+#define SW_BM 128
+#define SW_T 256
+template <int KIND, int KCT> struct sw_cfg {
+    static constexpr int NG = KIND == SH_HEAD ? 2 : 1;
+    static constexpr int BN = NG == 1 ? 64 : 32;          /* vocabulary columns an item */
+    static constexpr int NA = BN / 2;                      /* accumulators a thread and head */
+    static constexpr int ST = 5;             /* stages */
+    static constexpr int K = KCT * SH_BK;
+    static constexpr int KS = K / 16;                      /* k steps */
+    static constexpr int HB = BN * K * 2;                  /* bytes of a head's tile */
+    static constexpr int STAGE = NG * HB;
+    static constexpr size_t SMEM = (size_t)ST * STAGE + 1024;   /* + the 1024-byte alignment of the swizzle */
+};
+static int sw_bn(int kind) { return kind == SH_HEAD ? 32 : 64; }
+
 template <int KIND, int KCT>
-__global__ void __launch_bounds__(SH_T, (sh_cfg<KIND, KCT>::MINB))
-k_score_head(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *Ab, const __nv_bfloat16 *Wb, int n,
-             int V, int K, const float *cb, const unsigned char *rec, long long rec_bytes, const int32_t *idx, int nvt,
-             sh_part *part) {
-    using C = sh_cfg<KIND, KCT>;
-    constexpr int NG = C::NG, BN = C::BN, WN = C::WN, NT = C::NT, ST = C::STAGES;
-    constexpr bool RES = C::RES;
-    if (KCT) K = KCT * SH_BK;
+__global__ void __launch_bounds__(SW_T, 1)
+k_score_wg(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *Ab, const __nv_bfloat16 *Wb, int n, int V,
+           const float *cb, const unsigned char *rec, long long rec_bytes, const int32_t *idx, int nvt, sh_part *part) {
+    using C = sw_cfg<KIND, KCT>;
+    constexpr int NG = C::NG, BN = C::BN, NA = C::NA, ST = C::ST, K = C::K, KS = C::KS;
     constexpr float LOG2E = 1.4426950408889634f;
     PDL_ENTRY();
-    extern __shared__ __align__(16) __nv_bfloat16 sm[];
-    const int t = threadIdx.x, lane = t & 31, wid = t >> 5, wm = wid >> 1, wn = wid & 1;
-    /* the work: (row tile, vocabulary tile) pairs in row-tile order, an equal run a block */
-    const int G = gridDim.x, b = blockIdx.x, R = (n + SH_BM - 1) / SH_BM, PS = sh_slots(G, R);
+    extern __shared__ __align__(16) unsigned char sw_raw[];
+    unsigned char *sm = sw_raw + ((1024 - ((uint32_t)__cvta_generic_to_shared(sw_raw) & 1023)) & 1023);
+    const int t = threadIdx.x, lane = t & 31, tq = lane & 3;
+    const int rw = (t >> 7) * 64 + ((t >> 5) & 3) * 16 + (lane >> 2);   /* the thread's first row in the tile (+ 8: its second) */
+    const int G = gridDim.x, b = blockIdx.x, R = (n + SW_BM - 1) / SW_BM, PS = sh_slots(G, R);
     const long long NW = (long long)R * nvt;
-    const int w0 = (int)(b * NW / G), w1 = (int)((b + 1) * NW / G);
-    const int KC = KCT ? KCT : K / SH_BK, T = (w1 - w0) * KC;
+    const int w0 = (int)(b * NW / G), w1 = (int)((b + 1) * NW / G), cnt = w1 - w0;
     const __nv_bfloat16 *As[2] = {A, Ab}, *Ws[2] = {W, Wb};
-    __nv_bfloat16 *sres = sm + ST * C::STAGE;   /* RES: [NG][SH_BM][K] */
-    __shared__ float s_cb[SH_BM];               /* the row tile's base constants */
+    const uint64_t d0 = wg_desc_sw128(sm);   /* the stages' descriptors: d0 + byte offset / 16 */
 
-    /* rows past n read the last row, columns past V the last column (their results are never used) */
-    auto rows_in = [&](int rt) {   /* RES: row tile rt into sres (a commit group of its own); s_cb */
-        const int r0 = rt * SH_BM;
-        if (RES) {
+    /* a head tile (rows past V read the last row) into a stage: per head K / 64 slabs of BN rows x 128 bytes;
+     * thread t's chunks: row c = i / (K / 8), 16-byte chunk k8 = i % (K / 8) of i = t + j SW_T */
+    constexpr int NCH = BN * K / 8 / SW_T;
+    auto load_b = [&](int vt, unsigned char *st) {
+        const int v0 = vt * BN;
 #pragma unroll
-            for (int g = 0; g < NG; g++)
-                for (int i = t; i < SH_BM * (K / 8); i += SH_T) {
-                    int r = i / (K / 8), ch = i % (K / 8), gr = r0 + r < n ? r0 + r : n - 1;
-                    cp_async16(sres + g * SH_BM * K + sh_sw(r, ch, K), As[g] + (size_t)gr * K + ch * 8);
+        for (int j = 0; j < NCH; j++) {
+            const int i = t + j * SW_T, c = i / (K / 8), k8 = i % (K / 8), gc = v0 + c < V ? v0 + c : V - 1;
+            const int so = (k8 >> 3) * BN * 128 + c * 128 + (((k8 & 7) ^ (c & 7)) << 4);
+#pragma unroll
+            for (int gi = 0; gi < NG; gi++) cp_async16(st + gi * C::HB + so, Ws[gi] + (size_t)gc * K + k8 * 8);
+        }
+    };
+    /* row tile rt: the A fragments (rows past n read the last row), the rows' state, base constants, records */
+    uint32_t af[NG][KS][4];
+    float m[2], mb[2], bv[2], crow[2];
+    int bi[2];
+    double s[2], sb[2], s0[2], s1[2];
+    const unsigned char *rp[2];
+    auto rows_in = [&](int rt) {
+        const int r0 = rt * SW_BM + rw;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h < n ? r0 + 8 * h : n - 1;
+            bv[h] = -INFINITY;
+            bi[h] = INT_MAX;
+            s[h] = sb[h] = s0[h] = s1[h] = 0.0;
+            crow[h] = KIND == SH_HEAD ? cb[r] : 0.0f;
+            m[h] = mb[h] = KIND == SH_HEAD ? crow[h] : -INFINITY;   /* a base head: both sums start against c */
+            rp[h] = KIND == SH_REC ? rec + (size_t)idx[r] * rec_bytes : NULL;
+#pragma unroll
+            for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    const __nv_bfloat16 *p = As[gi] + (size_t)r * K + ks * 16 + 2 * tq;
+                    af[gi][ks][h] = *(const uint32_t *)p;
+                    af[gi][ks][2 + h] = *(const uint32_t *)(p + 8);
                 }
         }
-        cp_async_commit();
-        if (t < SH_BM) s_cb[t] = KIND == SH_HEAD ? cb[r0 + t < n ? r0 + t : n - 1] : 0.0f;
     };
-    /* the loads of the stage the cursor (row tile lrt, vocabulary tile lvt, k chunk lkc; stage lst)
-     * names, then the cursor moves on */
-    int lrt = w0 / nvt, lvt = w0 % nvt, lkc = 0, lst = 0;
-    auto load = [&]() {
-        __nv_bfloat16 *st = sm + lst * C::STAGE;
-        const int v0 = lvt * BN, k0 = lkc * SH_BK, r0 = lrt * SH_BM;
+    /* a running max and sum of a row's terms e = exp(z - m) (the one rule for the model's and a base's lse) */
+    auto run = [&](const float *z, float &mm, double &ss, float *e) {
+        float lm = z[0];
 #pragma unroll
-        for (int g = 0; g < NG; g++) {
-            __nv_bfloat16 *sa = st + g * ((RES ? 0 : SH_BM) + BN) * SH_BK, *sb = sa + (RES ? 0 : SH_BM * SH_BK);
-            if (!RES) {
-#pragma unroll
-                for (int j = 0; j < SH_BM * 8 / SH_T; j++) {
-                    int i = t + j * SH_T, r = i >> 3, ch = i & 7, gr = r0 + r < n ? r0 + r : n - 1;
-                    cp_async16(sa + sh_sw(r, ch, SH_BK), As[g] + (size_t)gr * K + k0 + ch * 8);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < BN * 8 / SH_T; j++) {
-                int i = t + j * SH_T, r = i >> 3, ch = i & 7, gc = v0 + r < V ? v0 + r : V - 1;
-                cp_async16(sb + sh_sw(r, ch, SH_BK), Ws[g] + (size_t)gc * K + k0 + ch * 8);
-            }
+        for (int i = 1; i < NA / 2; i++) lm = fmaxf(lm, z[i]);
+        if (lm > mm) {
+            if (mm != -INFINITY) ss *= (double)sh_ex2(__fmul_rn(__fsub_rn(mm, lm), LOG2E));
+            mm = lm;
         }
-        lst = lst == ST - 1 ? 0 : lst + 1;
-        if (++lkc == KC) {
-            lkc = 0;
-            if (++lvt == nvt) { lvt = 0; lrt++; }
+        if (mm != -INFINITY) {   /* the tile's terms in f32 (four partial sums), then into the double sum */
+            const float off = -mm * LOG2E;
+            float ts[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < NA / 2; i++) {
+                e[i] = sh_ex2(fmaf(z[i], LOG2E, off));
+                ts[i & 3] += e[i];
+            }
+            ss += (double)((ts[0] + ts[1]) + (ts[2] + ts[3]));
         }
+        return lm;
     };
-
-    float acc[NG][2][NT][4];
-    /* per-row state of the thread's 4 rows (ri = mt * 2 + h: block row wm*32 + mt*16 + lane/4 + 8h);
-     * m is shared by the row's 4 lanes, bv / bi are the lane's own */
-    float m[4], bv[4];
-    int bi[4];
-    double s[4], s0[4], s1[4];
-#define SH_ROW(ri) (wm * 32 + ((ri) >> 1) * 16 + (lane >> 2) + ((ri) & 1) * 8)
-    auto reset = [&]() {
+    /* item (vt)'s logits (a[0] the model's, a[1] a base head's) into the rows' state */
+    auto fold = [&](const float (&a)[NG][NA], int vt) {
+        const int c0 = vt * BN + 2 * tq;
+        const bool tail = (vt + 1) * BN > V;   /* the last tile (uniform): columns past V */
 #pragma unroll
-        for (int ri = 0; ri < 4; ri++) {
-            m[ri] = bv[ri] = -INFINITY;
-            bi[ri] = INT_MAX;
-            s[ri] = s0[ri] = s1[ri] = 0.0;
-        }
-    };
-    /* the 4 lanes of a row share m: their sums add; one lane writes the row's partial (slot: this
-     * block among those that share row tile rt) */
-    auto flush = [&](int rt) {
-        const int slot = b - sh_first_block(rt, nvt, G, NW);
+        for (int h = 0; h < 2; h++) {
+            float z[NG][NA / 2];   /* row h's values; columns past V: -inf (the accumulators are not written outside wgmma) */
+            if (tail) {
 #pragma unroll
-        for (int ri = 0; ri < 4; ri++) {
+                for (int gi = 0; gi < NG; gi++)
 #pragma unroll
-            for (int o = 1; o <= 2; o <<= 1) {
-                s[ri] += __shfl_xor_sync(0xffffffffu, s[ri], o);
-                s0[ri] += __shfl_xor_sync(0xffffffffu, s0[ri], o);
-                s1[ri] += __shfl_xor_sync(0xffffffffu, s1[ri], o);
-                float ov = __shfl_xor_sync(0xffffffffu, bv[ri], o);
-                int oi = __shfl_xor_sync(0xffffffffu, bi[ri], o);
-                sh_pick(bv[ri], bi[ri], ov, oi);
+                    for (int i = 0; i < NA / 2; i++)
+                        z[gi][i] = c0 + (i >> 1) * 8 + (i & 1) >= V ? -INFINITY : a[gi][4 * (i >> 1) + 2 * h + (i & 1)];
+            } else {
+#pragma unroll
+                for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+                    for (int i = 0; i < NA / 2; i++) z[gi][i] = a[gi][4 * (i >> 1) + 2 * h + (i & 1)];
             }
-            const int gr = rt * SH_BM + SH_ROW(ri);
-            if ((lane & 3) == 0 && gr < n) {
-                sh_part q;
-                q.m = m[ri]; q.bv = bv[ri];
-                q.bi = bi[ri]; q.pad = 0;
-                q.s = s[ri]; q.s0 = s0[ri]; q.s1 = s1[ri];
-                part[((size_t)gr * PS + slot) * 2 + wn] = q;
+            float e[NA / 2];
+            const float lm = run(z[0], m[h], s[h], e);
+            if (lm > bv[h]) {   /* a new best for this lane: its first column in the tile */
+                bv[h] = lm;
+#pragma unroll
+                for (int i = NA / 2 - 1; i >= 0; i--)
+                    if (z[0][i] == lm) bi[h] = c0 + (i >> 1) * 8 + (i & 1);
             }
-        }
-    };
-    reset();
-    /* acc = v at the columns >= lim of the tile whose first column (for this lane) is c0 */
-    auto fill = [&](float v, int c0, int lim) {
-#pragma unroll
-        for (int g = 0; g < NG; g++)
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (c0 + nt * 8 + (e & 1) >= lim) acc[g][mt][nt][e] = v;
-    };
-
-    int crt = w0 / nvt;   /* the row tile in shared memory */
-    rows_in(crt);
-#pragma unroll
-    for (int p = 0; p < ST - 1; p++) {
-        if (p < T) load();
-        cp_async_commit();
-    }
-    int it = 0, rst = 0, rt = crt, vt = w0 % nvt - 1;   /* iterations done; the stage read next; the item */
-    for (int w = w0; w < w1; w++) {
-        if (++vt == nvt) { vt = 0; rt++; }
-        if (rt != crt) {   /* the next row tile: flush, then its rows in (the stages in flight drain) */
-            flush(crt);
-            reset();
-            __syncthreads();
-            crt = rt;
-            rows_in(crt);
-            cp_async_wait<0>();
-        }
-#pragma unroll
-        for (int kc = 0; kc < KC; kc++, it++) {
-            cp_async_wait<ST - 2>();
-            __syncthreads();
-            if (it + ST - 1 < T) load();
-            cp_async_commit();
-            const __nv_bfloat16 *st = sm + rst * C::STAGE;
-            rst = rst == ST - 1 ? 0 : rst + 1;
-#pragma unroll
-            for (int ks = 0; ks < SH_BK / 16; ks++) {
-#pragma unroll
-                for (int g = 0; g < NG; g++) {
-                    const __nv_bfloat16 *sa = st + g * ((RES ? 0 : SH_BM) + BN) * SH_BK, *sb = sa + (RES ? 0 : SH_BM * SH_BK);
-                    uint32_t af[2][4];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        int r = wm * 32 + mt * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
-                        ldsm_x4(af[mt], RES ? sres + g * SH_BM * K + sh_sw(r, kc * 8 + ch, K) : sa + sh_sw(r, ch, SH_BK));
-                    }
-#pragma unroll
-                    for (int p = 0; p < NT / 2; p++) {   /* n8 tiles 2p and 2p + 1 */
-                        int r = wn * WN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
-                        uint32_t q[4];
-                        ldsm_x4(q, sb + sh_sw(r, ks * 2 + ((lane >> 3) & 1), SH_BK));
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            if (kc == 0 && ks == 0) {   /* the tile's first products */
-                                mma16816_bf16_z(acc[g][mt][2 * p], af[mt], q[0], q[1]);
-                                mma16816_bf16_z(acc[g][mt][2 * p + 1], af[mt], q[2], q[3]);
-                            } else {
-                                mma16816_bf16(acc[g][mt][2 * p], af[mt], q[0], q[1]);
-                                mma16816_bf16(acc[g][mt][2 * p + 1], af[mt], q[2], q[3]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        /* the tile's logits are complete: fold them into the rows' state (columns past V: -inf) */
-        const int cb0 = vt * BN + wn * WN + 2 * (lane & 3);
-        if ((vt + 1) * BN > V) fill(-INFINITY, cb0, V);
-#pragma unroll
-        for (int ri = 0; ri < 4; ri++) {
-            const int mt = ri >> 1, h = ri & 1, lr = SH_ROW(ri);
-            float lm = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) lm = fmaxf(lm, fmaxf(acc[0][mt][nt][2 * h], acc[0][mt][nt][2 * h + 1]));
-            if (lm > bv[ri]) {   /* a new best for this lane: its first column (rare after the first tiles) */
-                bv[ri] = lm;
-#pragma unroll
-                for (int nt = NT - 1; nt >= 0; nt--)
-#pragma unroll
-                    for (int e = 1; e >= 0; e--)
-                        if (acc[0][mt][nt][2 * h + e] == lm) bi[ri] = cb0 + nt * 8 + e;
-            }
-            lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 1));
-            lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 2));
-            const float mw = fmaxf(m[ri], lm);
-            if (mw > m[ri]) {
-                s[ri] *= (double)sh_ex2(__fmul_rn(__fsub_rn(m[ri], mw), LOG2E));
-                m[ri] = mw;
-            }
-            if (mw != -INFINITY) {   /* the tile's (at most 16) terms in f32, then into the double sum */
-                const float off = -mw * LOG2E;
-                float ts = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) ts += sh_ex2(fmaf(acc[0][mt][nt][2 * h + e], LOG2E, off));
-                s[ri] += (double)ts;
-            }
-            if (KIND == SH_HEAD) {   /* lb, lq' against the base's lse: f32 terms a tile, as above */
-                const float crow = s_cb[lr];
+            if (KIND == SH_HEAD) {   /* the base's own lse (the same rule), and lb, lq' against its given lse c:
+                                      * p = exp(lb) = e f, f = exp(mb - c) (mb = c but where zb passed c) */
+                run(z[NG - 1], mb[h], sb[h], e);
+                const float f = sh_ex2(__fmul_rn(__fsub_rn(mb[h], crow[h]), LOG2E));
                 float t0 = 0.0f, t1 = 0.0f;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float lb = __fsub_rn(acc[1][mt][nt][2 * h + e], crow), lq = __fsub_rn(acc[0][mt][nt][2 * h + e], crow);
-                        if (lb > -16.0f) {   /* (columns past V are -inf on both sides: outside) */
-                            float p = sh_ex2(lb * LOG2E);
-                            t0 += p;
-                            t1 = fmaf(p, __fsub_rn(lb, lq), t1);
-                        }
+                for (int i = 0; i < NA / 2; i++) {
+                    const float lb = __fsub_rn(z[NG - 1][i], crow[h]), lq = __fsub_rn(z[0][i], crow[h]);
+                    if (lb > -16.0f) {   /* (columns past V are -inf on both sides: outside) */
+                        const float p = e[i] * f;
+                        t0 += p;
+                        t1 = fmaf(p, __fsub_rn(lb, lq), t1);
                     }
-                s0[ri] += (double)t0;
-                s1[ri] += (double)t1;
+                }
+                s0[h] += (double)t0;
+                s1[h] += (double)t1;
             }
-            if (KIND == SH_REC && rt * SH_BM + lr < n) {   /* lb from the record, lq' = z (c = 0): in double */
-                const unsigned char *rp = rec + (size_t)idx[rt * SH_BM + lr] * rec_bytes;
-                const float bsc = *(const float *)rp, bmin = *(const float *)(rp + 4);
+            if (KIND == SH_REC) {   /* lb from the record, lq' = z (c = 0): in double */
+                const float bsc = *(const float *)rp[h], bmin = *(const float *)(rp[h] + 4);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int col = cb0 + nt * 8;
+                for (int i = 0; i < NA / 2; i += 2) {
+                    const int col = c0 + (i >> 1) * 8;
                     if (col >= V) continue;
-                    uint32_t qq = *(const uint32_t *)(rp + 16 + 2 * (size_t)col);   /* col even: 2 codes */
+                    const uint32_t qq = *(const uint32_t *)(rp[h] + 16 + 2 * (size_t)col);   /* col even: 2 codes */
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         if (col + e >= V) continue;
-                        float lb = __fadd_rn(__fmul_rn(bsc, (float)((qq >> (16 * e)) & 0xffffu)), bmin);
+                        const float lb = __fadd_rn(__fmul_rn(bsc, (float)((qq >> (16 * e)) & 0xffffu)), bmin);
                         if (lb > -16.0f) {
-                            double p = exp((double)lb);
-                            s0[ri] += p;
-                            s1[ri] += p * ((double)lb - (double)acc[0][mt][nt][2 * h + e]);
+                            const double p = exp((double)lb);
+                            s0[h] += p;
+                            s1[h] += p * ((double)lb - (double)z[0][i + e]);
                         }
                     }
                 }
             }
         }
+    };
+    /* the row tile's partials: a row's 4 lanes merged (their maxima, sums rescaled to the largest) */
+    auto merge = [&](float mm, double ss, float &M) {
+        M = mm;
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        double sc = mm == -INFINITY ? 0.0 : ss * (double)sh_ex2(__fmul_rn(__fsub_rn(mm, M), LOG2E));
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+        return sc;
+    };
+    auto flush = [&](int rt) {
+        const int slot = b - sh_first_block(rt, nvt, G, NW);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sh_part q;
+            q.s = merge(m[h], s[h], q.m);
+            q.sb = KIND == SH_HEAD ? merge(mb[h], sb[h], q.mb) : 0.0;
+            if (KIND != SH_HEAD) q.mb = -INFINITY;
+            float bw = bv[h];
+            int bx = bi[h];
+            double a0 = s0[h], a1 = s1[h];
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1) {
+                a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+                a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+                float ov = __shfl_xor_sync(0xffffffffu, bw, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bx, o);
+                sh_pick(bw, bx, ov, oi);
+            }
+            const int gr = rt * SW_BM + rw + 8 * h;
+            if (tq == 0 && gr < n) {
+                q.bv = bw;
+                q.bi = bx;
+                q.s0 = a0;
+                q.s1 = a1;
+                part[(size_t)gr * PS + slot] = q;
+            }
+        }
+    };
+    /* an item's products into acc from a stage (acc = the first k step's product: no zeroing pass) */
+    auto mma = [&](float (&acc)[NG][NA], const unsigned char *st) {
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+            for (int i = 0; i < NA; i++) wg_reg_fence(acc[gi][i]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int gi = 0; gi < NG; gi++)   /* the heads' chains interleaved */
+                wgmma_bf16<BN>(acc[gi], af[gi][ks], d0 + (((st - sm) + gi * C::HB + (ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4), ks > 0);
+        wg_commit();
+    };
+    auto settle = [&](float (&acc)[NG][NA]) {
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+            for (int i = 0; i < NA; i++) wg_reg_fence(acc[gi][i]);
+    };
+
+    /* Items go in pairs (one where the row tile changes or the run ends): both issued, the second's products
+     * running while the first is folded; nothing in flight between pairs. (ptxas serializes every wgmma of a
+     * kernel where an accumulator is read on a path it cannot prove retired, which a product carried across
+     * iterations is: hence pairs, not a rolling pipeline.) Stage of item i: i % ST; ST items loaded ahead,
+     * one cp.async group an item (empty past the run). */
+    int crt = w0 / nvt, vt = w0 % nvt, lvt = vt, lj = 0, stj = 0, stl = 0;
+    auto load_next = [&]() {
+        if (lj < cnt) {
+            load_b(lvt, sm + stl * C::STAGE);
+            if (++lvt == nvt) lvt = 0;
+        }
+        lj++;
+        stl = stl == ST - 1 ? 0 : stl + 1;
+        cp_async_commit();
+    };
+    rows_in(crt);
+#pragma unroll
+    for (int p = 0; p < ST; p++) load_next();
+    float acc0[NG][NA], acc1[NG][NA];
+    for (int j = 0; j < cnt;) {
+        const int rt = (w0 + j) / nvt, vt1 = vt + 1 < nvt ? vt + 1 : 0;
+        if (rt != crt) {
+            flush(crt);
+            crt = rt;
+            rows_in(crt);
+        }
+        const bool two = j + 1 < cnt && vt1 != 0;   /* the next item on the same row tile */
+        if (two) cp_async_wait<ST - 2>();
+        else cp_async_wait<ST - 1>();
+        fence_proxy_async();
+        __syncthreads();
+        const int st1 = stj == ST - 1 ? 0 : stj + 1;
+        if (two) {
+            mma(acc0, sm + stj * C::STAGE);
+            mma(acc1, sm + st1 * C::STAGE);
+            wg_wait<1>();
+            settle(acc0);
+            fold(acc0, vt);
+            wg_wait<0>();
+            settle(acc1);
+        } else {
+            mma(acc0, sm + stj * C::STAGE);
+            wg_wait<0>();
+            settle(acc0);
+        }
+        __syncthreads();   /* every thread's products done: the pair's stages refill */
+        load_next();
+        if (two) load_next();
+        if (two) fold(acc1, vt1);
+        else fold(acc0, vt);
+        const int k = two ? 2 : 1;
+        j += k;
+        stj = two ? (st1 == ST - 1 ? 0 : st1 + 1) : st1;
+        vt = two ? (vt1 + 1 < nvt ? vt1 + 1 : 0) : vt1;
     }
-    cp_async_wait<0>();
     flush(crt);
-#undef SH_ROW
+    cp_async_wait<0>();
 }
 
 /* a warp a row: the row's P partials into its be_score_row (as be_ref_score_row finishes); the
@@ -369,11 +375,11 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     PDL_ENTRY();
     const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= n) return;
-    const int R = (n + SH_BM - 1) / SH_BM, rt = r / SH_BM;
+    const int R = (n + SW_BM - 1) / SW_BM, rt = r / SW_BM;
     const long long NW = (long long)R * nvt;
     /* the slots of the blocks that took this row tile, two warp columns each */
-    const int P = 2 * (sh_block_of((long long)(rt + 1) * nvt - 1, G, NW) - sh_first_block(rt, nvt, G, NW) + 1);
-    const sh_part *pp = part + (size_t)r * sh_slots(G, R) * 2;
+    const int P = sh_block_of((long long)(rt + 1) * nvt - 1, G, NW) - sh_first_block(rt, nvt, G, NW) + 1;
+    const sh_part *pp = part + (size_t)r * sh_slots(G, R);
     float M = -INFINITY, bv = -INFINITY, tz = 0.0f;
     int bi = INT_MAX;
     const __nv_bfloat16 *a = A + (size_t)r * K, *w = W + (size_t)tgt[r] * K;
@@ -381,21 +387,28 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
         float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(a + k)), y = __bfloat1622float2(*(const __nv_bfloat162 *)(w + k));
         tz = fmaf(x.y, y.y, fmaf(x.x, y.x, tz));
     }
-    for (int i = lane; i < P; i += 32) M = fmaxf(M, pp[i].m);
+    float MB = -INFINITY;
+    for (int i = lane; i < P; i += 32) {
+        M = fmaxf(M, pp[i].m);
+        MB = fmaxf(MB, pp[i].mb);
+    }
     for (int o = 16; o; o >>= 1) {
         M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        MB = fmaxf(MB, __shfl_xor_sync(0xffffffffu, MB, o));
         tz += __shfl_xor_sync(0xffffffffu, tz, o);
     }
-    double s = 0, s0 = 0, s1 = 0;
+    double s = 0, s0 = 0, s1 = 0, sb = 0;
     for (int i = lane; i < P; i += 32) {
         sh_part q = pp[i];
         if (q.m != -INFINITY) s += q.s * (double)expf(__fsub_rn(q.m, M));
+        if (q.mb != -INFINITY) sb += q.sb * (double)expf(__fsub_rn(q.mb, MB));
         s0 += q.s0;
         s1 += q.s1;
         sh_pick(bv, bi, q.bv, q.bi);
     }
     for (int o = 16; o; o >>= 1) {
         s += __shfl_xor_sync(0xffffffffu, s, o);
+        sb += __shfl_xor_sync(0xffffffffu, sb, o);
         s0 += __shfl_xor_sync(0xffffffffu, s0, o);
         s1 += __shfl_xor_sync(0xffffffffu, s1, o);
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -409,35 +422,35 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     o.lp = __fsub_rn(tz, o.lse);
     o.argmax = bi == INT_MAX ? 0 : bi;
     o.code_min = o.code_scale = 0.0f;   /* no codes through this op */
-    o.kld = kind == SH_NONE ? 0.0 : s1 + ((double)o.lse - (double)(kind == SH_HEAD ? cb[r] : 0.0f)) * s0;
+    /* a base head's lse: its own (the same rule as the model's: a model against itself gives exactly 0) where
+     * the kernel made it, else the given one */
+    const float lb = kind != SH_HEAD ? 0.0f : MB != -INFINITY ? __fadd_rn(MB, (float)log(sb)) : cb[r];
+    o.kld = kind == SH_NONE ? 0.0 : s1 + ((double)o.lse - (double)lb) * s0;
     cu_store_score_row(out + r, o);
 }
 
 static int sh_takes(const be_ctx *c, const be_mat *w) {
-    return w && w->dt == BE_BF16 && w->cols % SH_BK == 0 && w->cols <= c->score_head_k && w->rows >= 1;
+    return w && w->dt == BE_BF16 && w->cols % SH_BK == 0 && w->cols <= 4 * SH_BK && w->cols <= c->score_head_k && w->rows >= 1;
 }
 
 template <int KIND, int KCT>
-static void sh_launch_k(be_ctx *c, dim3 grid, const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *Ab,
-                        const __nv_bfloat16 *Wb, int n, int V, int K, const float *cb, const unsigned char *rec,
-                        long long rec_bytes, const int32_t *idx, int nvt, sh_part *part) {
-    size_t smem = sh_cfg<KIND, KCT>::SMEM;
-    if (cu_check(c, cudaFuncSetAttribute(k_score_head<KIND, KCT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+static void sw_launch_k(be_ctx *c, dim3 grid, const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *Ab,
+                        const __nv_bfloat16 *Wb, int n, int V, const float *cb, const unsigned char *rec, long long rec_bytes,
+                        const int32_t *idx, int nvt, sh_part *part) {
+    size_t smem = sw_cfg<KIND, KCT>::SMEM;
+    if (cu_check(c, cudaFuncSetAttribute(k_score_wg<KIND, KCT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "score head smem"))
         return;
-    cu_launch(c, k_score_head<KIND, KCT>, grid, dim3(SH_T), smem, A, W, Ab, Wb, n, V, K, cb, rec, rec_bytes, idx, nvt, part);
+    cu_launch(c, k_score_wg<KIND, KCT>, grid, dim3(SW_T), smem, A, W, Ab, Wb, n, V, cb, rec, rec_bytes, idx, nvt, part);
 }
-
 template <int KIND>
-static void sh_launch(be_ctx *c, dim3 grid, const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *Ab,
-                      const __nv_bfloat16 *Wb, int n, int V, int K, const float *cb, const unsigned char *rec,
-                      long long rec_bytes, const int32_t *idx, int nvt, sh_part *part) {
-    switch (K) {   /* hidden 64, 128, 256: resident rows, the loop unrolled */
-    case 64: sh_launch_k<KIND, 1>(c, grid, A, W, Ab, Wb, n, V, K, cb, rec, rec_bytes, idx, nvt, part); break;
-    case 128: sh_launch_k<KIND, 2>(c, grid, A, W, Ab, Wb, n, V, K, cb, rec, rec_bytes, idx, nvt, part); break;
-    case 256: sh_launch_k<KIND, 4>(c, grid, A, W, Ab, Wb, n, V, K, cb, rec, rec_bytes, idx, nvt, part); break;
-    default: sh_launch_k<KIND, 0>(c, grid, A, W, Ab, Wb, n, V, K, cb, rec, rec_bytes, idx, nvt, part);
-    }
+static void sw_launch(be_ctx *c, dim3 grid, const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *Ab,
+                      const __nv_bfloat16 *Wb, int n, int V, int K, const float *cb, const unsigned char *rec, long long rec_bytes,
+                      const int32_t *idx, int nvt, sh_part *part) {
+    if (K == 64) sw_launch_k<KIND, 1>(c, grid, A, W, Ab, Wb, n, V, cb, rec, rec_bytes, idx, nvt, part);
+    else if (K == 128) sw_launch_k<KIND, 2>(c, grid, A, W, Ab, Wb, n, V, cb, rec, rec_bytes, idx, nvt, part);
+    else if (K == 192) sw_launch_k<KIND, 3>(c, grid, A, W, Ab, Wb, n, V, cb, rec, rec_bytes, idx, nvt, part);
+    else sw_launch_k<KIND, 4>(c, grid, A, W, Ab, Wb, n, V, cb, rec, rec_bytes, idx, nvt, part);
 }
 
 int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
@@ -449,11 +462,10 @@ int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const in
     if (n <= 0) return 1;
     cu_go_eager(c);
     const int K = (int)w->cols, V = (int)w->rows;
-    const int R = (n + SH_BM - 1) / SH_BM, nvt = (V + SH_BN - 1) / SH_BN;
-    /* one wave of two blocks an SM (every kind: the same runs, so the same sums), each an equal run
-     * of the (row tile, vocabulary tile) pairs */
+    const int R = (n + SW_BM - 1) / SW_BM, bn = sw_bn(kind), nvt = (V + bn - 1) / bn;
+    /* one wave of blocks (one an SM), each an equal run of the (row tile, vocabulary tile) pairs */
     const long long NW = (long long)R * nvt;
-    const int G = (long long)c->n_sm * 2 < NW ? c->n_sm * 2 : (int)NW, P = sh_slots(G, R) * 2;
+    const int G = (long long)c->n_sm < NW ? c->n_sm : (int)NW, P = sh_slots(G, R);
     size_t a_bytes = (size_t)n * K * 2, off_ab = (a_bytes + 255) & ~(size_t)255,
            off_part = off_ab + (kind == SH_HEAD ? (a_bytes + 255) & ~(size_t)255 : 0),
            total = off_part + sizeof(sh_part) * (size_t)n * P;
@@ -475,11 +487,12 @@ int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const in
         return 1;
     const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->dev;
     dim3 grid((unsigned)G);
-    if (kind == SH_NONE) sh_launch<SH_NONE>(c, grid, A, W, NULL, NULL, n, V, K, NULL, NULL, 0, NULL, nvt, part);
-    else if (kind == SH_REC)
-        sh_launch<SH_REC>(c, grid, A, W, NULL, NULL, n, V, K, NULL, base->rec, (long long)base->rec_bytes, d_idx, nvt, part);
-    else
-        sh_launch<SH_HEAD>(c, grid, A, W, Ab, (const __nv_bfloat16 *)base->w->dev, n, V, K, d_cb, NULL, 0, NULL, nvt, part);
+    const __nv_bfloat16 *Wb = kind == SH_HEAD ? (const __nv_bfloat16 *)base->w->dev : NULL;
+    const unsigned char *rec = kind == SH_REC ? base->rec : NULL;
+    const long long rb = kind == SH_REC ? (long long)base->rec_bytes : 0;
+    if (kind == SH_NONE) sw_launch<SH_NONE>(c, grid, A, W, NULL, NULL, n, V, K, NULL, NULL, 0, NULL, nvt, part);
+    else if (kind == SH_REC) sw_launch<SH_REC>(c, grid, A, W, NULL, NULL, n, V, K, NULL, rec, rb, d_idx, nvt, part);
+    else sw_launch<SH_HEAD>(c, grid, A, W, Ab, Wb, n, V, K, d_cb, NULL, 0, NULL, nvt, part);
     be_score_row *d_out = (be_score_row *)c->score_out;
     cu_launch(c, k_sh_combine, dim3(cu_blocks((size_t)n, 8)), dim3(256), 0, (const sh_part *)part, G, nvt, n, kind, d_cb,
               (const __nv_bfloat16 *)A, W, K, d_tgt, d_out);
