@@ -321,12 +321,16 @@ static cinfer_status forward(cinfer_ctx *c, const int32_t *ids, int B, int L, co
     arch_forward(m->arch, be, c->bc, cfg, &m->w, c->layer_group, c->layer_cache, &bb, c->x, c->scratch);
     /* a scoring forward without codes reduces its logits where the backend computes them, when it can */
     int fold = sr && !sr->codes && !sr->materialize && ctx_head_folds(c, sr->base);
+    if (sr && sr->rows_only && (!fold || total > oc))
+        return ctx_fail(c, CINFER_EINVAL, "forward: %d rows only, but the head %s", total,
+                        fold ? "needs more than one pass of the logits buffers" : "does not fold into the score op");
     c->head_folded = fold;
     for (int r0 = 0; r0 < total && (logits || argmax || o->keep || sr || smp || o->head); r0 += oc) {
         int nr = total - r0 < oc ? total - r0 : oc;
         for (int i = 0; i < nr; i++) out_row(c, mode, r0 + i, B, L, len, out_rows, &rows[i]);
         be->gather(c->bc, c->x, cfg->hidden, rows, nr, c->xo);
         be->rmsnorm(c->bc, c->xo, nr, cfg->hidden, &m->w.out_norm, cfg->norm_add, cfg->eps, c->xo);
+        if (sr && sr->rows_only) break;
         if (!fold) be->matmul(c->bc, c->xo, nr, &m->w.lm_head, NULL, c->lo);
         if (!fold && cfg->final_softcap > 0) be->softcap(c->bc, c->lo, (size_t)nr * cfg->n_vocab, cfg->final_softcap);
         if (step && !argmax && !o->keep) { be->step_end(c->bc); step = 0; }
@@ -377,17 +381,22 @@ cinfer_status cinfer_eval(cinfer_ctx *c, const int32_t *ids, int n, int all, flo
     return finite_logits(c, st, logits, all ? (size_t)n : 1);
 }
 
+/* NaN/Inf logits make a non-finite lse: as finite_logits */
+static cinfer_status finite_scores(cinfer_ctx *c, const ctx_score_req *sr, int n_out) {
+    for (int i = 0; i < n_out; i++)
+        if (!isfinite(sr->out[i].lse))
+            return ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %d hold %s (their log-sum-exp is %g): "
+                            "the model's weights or activations are not finite", i, isnan(sr->out[i].lse) ? "NaN" : "Inf",
+                            (double)sr->out[i].lse);
+    return CINFER_OK;
+}
+
 cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L, const int *lens, const int *pos0,
                                 const int *out_rows, int n_out, const ctx_score_req *sr) {
     if (!c->m->be->score) return ctx_fail(c, CINFER_EUNSUPPORTED, "forward: the %s backend has no score op", c->m->be->name);
     if (!out_rows && n_out) return ctx_fail(c, CINFER_EINVAL, "forward: %d output positions without a list", n_out);
     cinfer_status st = forward(c, ids, B, L, NULL, lens, pos0, OUT_LIST, out_rows, n_out, &(fwd_out){.sr = sr, .head = 1});
-    for (int i = 0; !st && sr && i < n_out; i++)   /* NaN/Inf logits make a non-finite lse: as finite_logits */
-        if (!isfinite(sr->out[i].lse))
-            st = ctx_fail(c, CINFER_EFORMAT, "forward: the logits of output row %d hold %s (their log-sum-exp is %g): "
-                          "the model's weights or activations are not finite", i, isnan(sr->out[i].lse) ? "NaN" : "Inf",
-                          (double)sr->out[i].lse);
-    return st;
+    return st || !sr || sr->rows_only ? st : finite_scores(c, sr, n_out);
 }
 
 int ctx_head_folds(const cinfer_ctx *c, const be_score_base *base) {
@@ -400,7 +409,8 @@ cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr)
     if ((size_t)n_out > c->cap_out || !c->lo) return ctx_fail(c, CINFER_EINVAL, "score: %d rows, the logits buffer holds %zu", n_out, c->cap_out);
     if (c->head_folded) be->score_head(c->bc, c->xo, n_out, &c->m->w.lm_head, sr->tgt, sr->base, sr->out);
     else be->score(c->bc, c->lo, n_out, c->m->cfg.n_vocab, sr->tgt, sr->base, sr->codes, sr->code_stride, sr->out);
-    return backend_status(c);
+    cinfer_status st = backend_status(c);
+    return st ? st : finite_scores(c, sr, n_out);
 }
 
 cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok) {

@@ -95,6 +95,10 @@ typedef struct ctx_score_req {
     size_t code_stride;
     be_score_row *out;           /* [n_out] host results */
     int materialize;             /* 1: the logits go to c->lo and be_ops.score, never be_ops.score_head */
+    int rows_only;               /* 1: the forward stops at the output rows' normed hidden states in c->xo and
+                                  * nothing is scored or waited for (a folding head, n_out within the logits
+                                  * buffers): ctx_score_again scores them, after another context's forward
+                                  * has run beside this one */
 } ctx_score_req;
 
 /* whether c's scoring forwards fold its LM head into the score op (be_ops.score_head) for a

@@ -258,6 +258,10 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         probe.w = &r->base->m->w.lm_head;
         materialize = !(ctx_head_folds(r->base, NULL) && ctx_head_folds(r->model, &probe));
     }
+    /* two contexts, both heads folded: the model's forward is issued before the base's, and the two
+     * run together on the device (small models' forwards leave most of it idle); CINFER_KL_DEFER=0: not */
+    const char *de = getenv("CINFER_KL_DEFER");
+    int defer = r->base && r->model && r->base != r->model && !materialize && !(de && !strcmp(de, "0"));
     /* backend records: the batch's (file) or the chunk's (saving) */
     size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
     unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
@@ -281,7 +285,12 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         p.materialize = materialize;
         while (!st && score_plan_next(&p)) {
             for (int i = 0; i < p.n_out; i++) idx[i] = r->file ? p.out_b[i] * (L - 1) + p.out_p[i] : i;
-            if (r->base) {
+            if (defer) {   /* the model's forward first, left running beside the base's; scored after it */
+                p.rows_only = 1;
+                st = score_plan_forward(r->model, &p, NULL, NULL, 0, resm, err, en);
+                p.rows_only = 0;
+            }
+            if (!st && r->base) {
                 uint16_t *codes = r->fd >= 0 ? (uint16_t *)(void *)(drec + 16) : NULL;
                 st = score_plan_forward(r->base, &p, NULL, codes, rb / 2, resb, err, en);
                 for (int i = 0; !st && i < p.n_out; i++) lseb[i] = resb[i].lse;
@@ -312,9 +321,9 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 else if (r->base) { sb.z = r->base->lo; sb.lse = lseb; }
                 else { sb.rec = drec; sb.rec_bytes = rb; }
                 sb.idx = idx;
-                if (r->model != r->base) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
-                else {   /* a context against itself: its logits (or rows) are still in its buffers */
-                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm, 0};
+                if (r->model != r->base && !defer) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
+                else {   /* its rows (deferred), or against itself its logits or rows, are still in its buffers */
+                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm, 0, 0};
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
                 for (int i = 0; !st && i < p.n_out; i++) {

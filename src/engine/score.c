@@ -116,7 +116,7 @@ cinfer_status score_plan_forward(cinfer_ctx *c, const score_plan *p, const be_sc
         return cf_err(err, en, CINFER_EINVAL, "a row feeds %d positions but the model's context holds %d "
                       "(max_position_embeddings): use shorter rows (--sequence-length <= %d)", p->max_n, ctx_len, ctx_len + 1);
     if (p->s == 0 && !p->start) cinfer_ctx_reset(c);
-    ctx_score_req sr = {p->tgt, base, codes, code_stride, out, p->materialize};
+    ctx_score_req sr = {p->tgt, base, codes, code_stride, out, p->materialize, p->rows_only};
     cinfer_status st = ctx_forward_score(c, p->ids_c, p->B, p->w, p->lens_c, p->pos0, p->pairs, p->n_out, &sr);
     if (st) return cf_err(err, en, st, "%s", cinfer_ctx_error(c));
     return CINFER_OK;

@@ -35,6 +35,7 @@ typedef struct score_plan {
     int32_t *tgt;         /* [B*W] the token each output is scored against (the next one) */
     int n_out;
     int materialize;      /* the chunks' logits go through c->lo (ctx_score_req.materialize) */
+    int rows_only;        /* the forward stops at the rows (ctx_score_req.rows_only) */
 } score_plan;
 
 /* W for B rows from the backend's free memory, given the backend bytes each scored position

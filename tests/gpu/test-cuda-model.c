@@ -244,6 +244,45 @@ out:
     cinfer_model_free(mc);
 }
 
+/* KL of one tiny bf16 model against another (both LM heads folded into the score op on CUDA): the
+ * model's forward issued before the base's (two streams, the default) gives the very statistics of
+ * CINFER_KL_DEFER=0's one-after-the-other, and both are the CPU's within the bf16 activations' bars */
+static int kl_run(const char *dev, const char *mdir, const char *bdir, const int32_t *rows, int n_rows, int L,
+                  cinfer_kl_stats *o) {
+    cinfer_model *mm = golden_load(mdir, dev, 0), *mb = golden_load(bdir, dev, 0);
+    cinfer_ctx *cm = NULL, *cb = NULL;
+    char err[256] = "";
+    int ok = mm && mb && !cinfer_ctx_new(mm, NULL, &cm, err, sizeof err) && !cinfer_ctx_new(mb, NULL, &cb, err, sizeof err) &&
+             !cinfer_kl(cm, cb, NULL, rows, n_rows, L, 3, NULL, NULL, NULL, o, err, sizeof err);
+    if (!ok) printf("# kl on %s: %s\n", dev, err);
+    cinfer_ctx_free(cm); cinfer_ctx_free(cb);
+    cinfer_model_free(mm); cinfer_model_free(mb);
+    return ok;
+}
+
+static void kl_case(void) {
+    const char *md = "tests/fixtures/models/qwen2-bf16", *bd = "tests/fixtures/models/llama-tied-bf16";
+    enum { NR = 7, L = 48 };
+    int32_t rows[NR * L];
+    uint32_t x = 12345;
+    for (int i = 0; i < NR * L; i++) { x = x * 1664525u + 1013904223u; rows[i] = (int32_t)((x >> 8) % 256); }
+    cinfer_kl_stats d, s, c;
+    int ok = kl_run("cuda", md, bd, rows, NR, L, &d);
+    setenv("CINFER_KL_DEFER", "0", 1);
+    ok = ok && kl_run("cuda", md, bd, rows, NR, L, &s);
+    unsetenv("CINFER_KL_DEFER");
+    ok = ok && kl_run("cpu", md, bd, rows, NR, L, &c);
+    CHECK(ok && d.tokens == s.tokens && d.mean_kld == s.mean_kld && d.ppl_model == s.ppl_model && d.ppl_base == s.ppl_base &&
+          d.same_top == s.same_top && d.kld_q[0] == s.kld_q[0],
+          "kl qwen2-bf16 vs llama-tied-bf16 on cuda: the model's forward beside the base's gives the statistics of one after the "
+          "other (mean KLD %.9g vs %.9g, PPL(Q) %.9g vs %.9g)", d.mean_kld, s.mean_kld, d.ppl_model, s.ppl_model);
+    CHECK(ok && d.tokens == c.tokens && fabs(d.mean_kld - c.mean_kld) <= 1e-2 * c.mean_kld &&
+          fabs(d.ppl_model - c.ppl_model) <= 1e-3 * c.ppl_model && fabs(d.ppl_base - c.ppl_base) <= 1e-3 * c.ppl_base &&
+          fabs(d.same_top - c.same_top) <= 0.02,
+          "kl qwen2-bf16 vs llama-tied-bf16: cuda vs cpu: mean KLD %.6g vs %.6g, PPL(Q) %.6g vs %.6g, PPL(base) %.6g vs %.6g, "
+          "same top %.4f vs %.4f", d.mean_kld, c.mean_kld, d.ppl_model, c.ppl_model, d.ppl_base, c.ppl_base, d.same_top, c.same_top);
+}
+
 int main(int argc, char **argv) {
     const char *tiny[] = {"llama-f32", "llama-tied-bf16", "llama-f16", "llama3-rope-f32", "llama-linear-f32",
                           "llama-sharded-f32", "mistral-f32", "qwen2-f32", "qwen2-bf16", "qwen3-f32", "qwen3-bf16",
@@ -257,5 +296,6 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/prose-13m", models);   /* real bf16 weights in two shards */
     model_case("prose-13m", "tests/fixtures/models/prose13m-ref", dir);
     stories(models);
+    kl_case();
     return CHECK_DONE();
 }
