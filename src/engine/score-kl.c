@@ -72,6 +72,18 @@ static void kl_position(kl_acc *a, const be_score_row *r, float nll_base, int ar
     if (pt) { pt->kld = (float)kld; pt->nll_model = nll; pt->nll_base = nll_base; pt->dp = dp; pt->same_top = same; }
 }
 
+/* a live base's chunk of *pend positions: the model's rows, the base's (its exact nll and argmax) */
+static cinfer_status take_pending(kl_acc *a, const be_score_row *resm, const be_score_row *resb, const int64_t *at, int *pend,
+                                  cinfer_kl_token *pt, int64_t *done, int64_t N, cinfer_progress_cb cb, void *user, char *err,
+                                  size_t en) {
+    int n = *pend;
+    *pend = 0;
+    if (!n) return CINFER_OK;
+    for (int i = 0; i < n; i++) kl_position(a, &resm[i], -resb[i].lp, resb[i].argmax, pt ? pt + at[i] : NULL);
+    *done += n;
+    return cb && cb(*done, N, user) ? cf_err(err, en, CINFER_EINVAL, "stopped") : CINFER_OK;
+}
+
 /* ---------------------------------------------------------- statistics */
 
 static void mean_unc(double sum, double sum2, int64_t n, double *mean, double *unc) {
@@ -269,8 +281,9 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
     be_score_row *resb = malloc(sizeof *resb * (size_t)B0 * W), *resm = malloc(sizeof *resm * (size_t)B0 * W);
     float *lseb = malloc(sizeof(float) * (size_t)B0 * W);
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)B0 * W);
-    int *n_in = malloc(sizeof(int) * 2 * (size_t)B0);
-    if ((n_rec && !drec) || (r->fd >= 0 && !hrec) || !resb || !resm || !lseb || !idx || !n_in)
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)B0 * W);   /* each output's index among all positions */
+    int *n_in = malloc(sizeof(int) * 2 * (size_t)B0), pend = 0;
+    if ((n_rec && !drec) || (r->fd >= 0 && !hrec) || !resb || !resm || !lseb || !idx || !at || !n_in)
         st = cf_err(err, en, CINFER_ENOMEM, "out of memory for KL buffers");
     int64_t N = (int64_t)n_rows * (L - 1), done = 0;
     for (int r0 = 0; !st && r0 < n_rows; r0 += B0) {
@@ -289,6 +302,8 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 p.rows_only = 1;
                 st = score_plan_forward(r->model, &p, NULL, NULL, 0, resm, err, en);
                 p.rows_only = 0;
+                /* the last chunk's positions, taken while this one's forward runs */
+                if (!st) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
             }
             if (!st && r->base) {
                 uint16_t *codes = r->fd >= 0 ? (uint16_t *)(void *)(drec + 16) : NULL;
@@ -326,16 +341,18 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                     ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm, 0, 0};
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
-                for (int i = 0; !st && i < p.n_out; i++) {
-                    int64_t at = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
+                for (int i = 0; i < p.n_out; i++) at[i] = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
+                for (int i = 0; !st && !r->base && i < p.n_out; i++) {   /* nll and argmax exact in the record's header */
                     float nllb;
                     int32_t amb;
-                    if (r->base) { nllb = -resb[i].lp; amb = resb[i].argmax; }
-                    else {   /* exact in the record's header */
-                        memcpy(&nllb, frec + (size_t)idx[i] * rb + 8, 4);
-                        memcpy(&amb, frec + (size_t)idx[i] * rb + 12, 4);
-                    }
-                    kl_position(acc, &resm[i], nllb, amb, per_token ? per_token + at : NULL);
+                    memcpy(&nllb, frec + (size_t)idx[i] * rb + 8, 4);
+                    memcpy(&amb, frec + (size_t)idx[i] * rb + 12, 4);
+                    kl_position(acc, &resm[i], nllb, amb, per_token ? per_token + at[i] : NULL);
+                }
+                if (!st && r->base) {   /* a live base: taken now, or (deferred) beside the next chunk's forward */
+                    pend = p.n_out;
+                    if (!defer) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+                    continue;
                 }
             }
             done += p.n_out;
@@ -343,12 +360,14 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         }
         score_plan_free(&p);
     }
+    if (!st) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
     be->free(any->bc, drec);
     free(hrec);
     free(resb);
     free(resm);
     free(lseb);
     free(idx);
+    free(at);
     free(n_in);
     return st;
 }
