@@ -355,9 +355,12 @@ typedef struct be_ops {
      * order, and may reassociate the exp sum and the KL sum (its source states how); code_scale and
      * code_min (only a code row needs them) are left 0. x NULL: only
      * asks whether this head (and a base's head) is taken, 1 or 0; a head not taken goes through
-     * matmul and score. */
+     * matmul and score. out NULL (backends with score_take): the results stay with the backend, the
+     * op returns without waiting for them, and score_take(c, out, n) waits and writes them (the inputs
+     * may change in between; the base's rows may be overwritten only after the take). */
     int (*score_head)(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
                       be_score_row *out);
+    int (*score_take)(be_ctx *c, be_score_row *out, int n);   /* optional; nonzero on failure (status says) */
 
     /* sampling as defined above: rows of z[n][V] (backend memory; the edits are written into it),
      * params p[n], edits (host), out[n] (host) */

@@ -407,10 +407,21 @@ int ctx_head_folds(const cinfer_ctx *c, const be_score_base *base) {
 cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr) {
     const be_ops *be = c->m->be;
     if ((size_t)n_out > c->cap_out || !c->lo) return ctx_fail(c, CINFER_EINVAL, "score: %d rows, the logits buffer holds %zu", n_out, c->cap_out);
+    if (!sr->out && !(c->head_folded && be->score_take))
+        return ctx_fail(c, CINFER_EINVAL, "score: results left with the backend need a folded head and a backend that keeps them");
     if (c->head_folded) be->score_head(c->bc, c->xo, n_out, &c->m->w.lm_head, sr->tgt, sr->base, sr->out);
     else be->score(c->bc, c->lo, n_out, c->m->cfg.n_vocab, sr->tgt, sr->base, sr->codes, sr->code_stride, sr->out);
     cinfer_status st = backend_status(c);
-    return st ? st : finite_scores(c, sr, n_out);
+    return st || !sr->out ? st : finite_scores(c, sr, n_out);
+}
+
+cinfer_status ctx_score_take(cinfer_ctx *c, int n_out, be_score_row *out) {
+    if (c->m->be->score_take(c->bc, out, n_out)) {
+        cinfer_status st = backend_status(c);
+        return st ? st : ctx_fail(c, CINFER_EBACKEND, "score: no results to take");
+    }
+    ctx_score_req sr = {.out = out};
+    return finite_scores(c, &sr, n_out);
 }
 
 cinfer_status ctx_decode_greedy(cinfer_ctx *c, const int32_t *ids, int B, const int *seqs, int32_t *tok) {

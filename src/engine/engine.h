@@ -116,5 +116,8 @@ cinfer_status ctx_forward_score(cinfer_ctx *c, const int32_t *ids, int B, int L,
  * be_ops.score_head over its rows in c->xo when it folded the head (n_out rows; KL of a
  * context against itself reads them as the base too) */
 cinfer_status ctx_score_again(cinfer_ctx *c, int n_out, const ctx_score_req *sr);
+/* sr->out NULL above (a folded head, a backend with score_take): the op is issued and its results
+ * stay with the backend; this waits for them and writes out[n_out] */
+cinfer_status ctx_score_take(cinfer_ctx *c, int n_out, be_score_row *out);
 
 #endif

@@ -274,6 +274,9 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
      * run together on the device (small models' forwards leave most of it idle); CINFER_KL_DEFER=0: not */
     const char *de = getenv("CINFER_KL_DEFER");
     int defer = r->base && r->model && r->base != r->model && !materialize && !(de && !strcmp(de, "0"));
+    /* and the model's score is not waited for before the next chunk's forward is issued (its results kept
+     * by the backend until then) */
+    int later = defer && r->model->m->be->score_take;
     /* backend records: the batch's (file) or the chunk's (saving) */
     size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
     unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
@@ -302,7 +305,10 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 p.rows_only = 1;
                 st = score_plan_forward(r->model, &p, NULL, NULL, 0, resm, err, en);
                 p.rows_only = 0;
-                /* the last chunk's positions, taken while this one's forward runs */
+                /* the last chunk's positions, taken while this one's forward runs (its results waited for
+                 * first, when the backend kept them: the model's score ran before this forward) */
+                if (!st && pend && later && (st = ctx_score_take(r->model, pend, resm)))
+                    st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 if (!st) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
             }
             if (!st && r->base) {
@@ -338,7 +344,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 sb.idx = idx;
                 if (r->model != r->base && !defer) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
                 else {   /* its rows (deferred), or against itself its logits or rows, are still in its buffers */
-                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, resm, 0, 0};
+                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, later ? NULL : resm, 0, 0};
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
                 for (int i = 0; i < p.n_out; i++) at[i] = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
@@ -360,6 +366,8 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         }
         score_plan_free(&p);
     }
+    if (!st && pend && later && (st = ctx_score_take(r->model, pend, resm)))
+        st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
     if (!st) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
     be->free(any->bc, drec);
     free(hrec);

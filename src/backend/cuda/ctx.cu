@@ -257,6 +257,8 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->cnt);
     cudaFree(c->score_out);
     cudaFree(c->sh_ws);
+    if (c->sh_out_h) cudaFreeHost(c->sh_out_h);
+    if (c->sh_ev) cudaEventDestroy(c->sh_ev);
     cudaFree(c->samp_mass);
     cudaFree(c->samp_edits);
     cudaFree(c->arena_d);
@@ -593,6 +595,7 @@ static be_ops make_ops(void) {
     o.argmax_take = cu_op_argmax_take;
     o.score = cu_op_score;
     o.score_head = cu_op_score_head;
+    o.score_take = cu_op_score_take;
     o.sample = cu_op_sample;
     o.graph_stats = cuda_graph_stats;
     o.matmul_multi = cu_op_matmul_multi;

@@ -88,6 +88,9 @@ struct be_ctx {
     void *score_out;         /* [score_out_n] bytes: the score and sample ops' per-row results */
     size_t score_out_n;
     void *sh_ws;             /* [sh_ws_n] bytes: score_head's rounded rows and partials */
+    be_score_row *sh_out_h;  /* [sh_out_n] pinned: score_head's results left for score_take, ready at sh_ev */
+    int sh_out_n;
+    cudaEvent_t sh_ev;
     size_t sh_ws_n;
     int score_head_k;        /* score_head takes bf16 heads of hidden <= this (CINFER_CUDA_SCORE_HEAD) */
     void *samp_mass;         /* [samp_mass_n] bytes: the sample op's fixed-point masses [n][V] */
@@ -248,6 +251,7 @@ __device__ __forceinline__ int32_t cu_id_at(const void *ids, int keys, int64_t t
 int cu_round16(be_ctx *c, const float *x, const int32_t *idx, int k, void *out, int dt, size_t total);
 /* each of n scored rows' base lse (base->lse[base->idx[i]]) staged to the device; NULL (error recorded) on failure */
 const float *cu_stage_base_lse(be_ctx *c, const be_score_base *base, int n);
+int cu_op_score_take(be_ctx *c, be_score_row *out, int n);
 int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
                      be_score_row *out);
 void cu_op_score(be_ctx *c, const float *z, int n, int V, const int32_t *tgt, const be_score_base *base, uint16_t *codes,

@@ -46,6 +46,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/mma.cuh"
 
@@ -429,6 +430,14 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     cu_store_score_row(out + r, o);
 }
 
+int cu_op_score_take(be_ctx *c, be_score_row *out, int n) {
+    if (c->err) return 1;
+    if (!c->sh_ev || n > c->sh_out_n) return cu_check(c, cudaErrorInvalidValue, "score take: no results left by score_head");
+    if (cu_check(c, cudaEventSynchronize(c->sh_ev), "score take")) return 1;
+    memcpy(out, c->sh_out_h, sizeof *out * (size_t)n);
+    return 0;
+}
+
 static int sh_takes(const be_ctx *c, const be_mat *w) {
     return w && w->dt == BE_BF16 && w->cols % SH_BK == 0 && w->cols <= 4 * SH_BK && w->cols <= c->score_head_k && w->rows >= 1;
 }
@@ -496,6 +505,20 @@ int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const in
     be_score_row *d_out = (be_score_row *)c->score_out;
     cu_launch(c, k_sh_combine, dim3(cu_blocks((size_t)n, 8)), dim3(256), 0, (const sh_part *)part, G, nvt, n, kind, d_cb,
               (const __nv_bfloat16 *)A, W, K, d_tgt, d_out);
+    if (!out) {   /* left for score_take: copied to pinned memory, an event after it; no wait */
+        if (c->sh_out_n < n) {
+            if (c->sh_out_h) cudaFreeHost(c->sh_out_h);
+            c->sh_out_h = NULL;
+            c->sh_out_n = 0;
+            if (cu_check(c, cudaMallocHost((void **)&c->sh_out_h, sizeof *out * (size_t)n), "score results (pinned)")) return 1;
+            c->sh_out_n = n;
+        }
+        if (!c->sh_ev && cu_check(c, cudaEventCreateWithFlags(&c->sh_ev, cudaEventDisableTiming), "score event")) return 1;
+        if (!CU_LAUNCHED(c, "score head"))
+            cu_check(c, cudaMemcpyAsync(c->sh_out_h, d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "score head copy");
+        cu_check(c, cudaEventRecord(c->sh_ev, c->stream), "score event");
+        return 1;
+    }
     if (!CU_LAUNCHED(c, "score head") &&
         !cu_check(c, cudaMemcpyAsync(out, d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, c->stream), "score head copy") &&
         !cu_check(c, cudaStreamSynchronize(c->stream), "score head sync"))
