@@ -86,17 +86,18 @@ __host__ __device__ __forceinline__ int sh_slots(int G, int R) { return (G + R -
  * Block: two warpgroups, each 64 rows of a 128-row tile, sharing the head's tiles of BN columns (64 without
  * a base head, 32 with one: the registers). A row tile's rows stay in registers (the wgmma A fragments: 4
  * words a k step and head) for the block's items on it; the head's tiles come through a ring of ST
- * shared-memory stages (cp.async, 128-byte swizzle) loaded ST - 1 items ahead. Item j's products are issued
- * (asynchronously, into one of two accumulator sets) before item j - 1's logits are folded, so the tensor
- * cores run while the epilogue does. Each lane keeps its own running max and sum for its 2 rows; a row's 4
- * lanes are merged at the end of the block's run on its row tile, one partial a (row, block). */
+ * shared-memory stages (cp.async, 128-byte swizzle), ST items loaded ahead. Items go in pairs: both
+ * products issued (asynchronously, into two accumulator sets), the second's running on the tensor cores
+ * while the first's logits are folded (the main loop says why not a rolling pipeline). Each lane keeps its
+ * own running max and sum for its 2 rows; a row's 4 lanes are merged at the end of the block's run on its
+ * row tile, one partial a (row, block). */
 #define SW_BM 128
 #define SW_T 256
 template <int KIND, int KCT> struct sw_cfg {
     static constexpr int NG = KIND == SH_HEAD ? 2 : 1;
     static constexpr int BN = NG == 1 ? 64 : 32;          /* vocabulary columns an item */
     static constexpr int NA = BN / 2;                      /* accumulators a thread and head */
-    static constexpr int ST = 5;             /* stages */
+    static constexpr int ST = 5;                           /* stages */
     static constexpr int K = KCT * SH_BK;
     static constexpr int KS = K / 16;                      /* k steps */
     static constexpr int HB = BN * K * 2;                  /* bytes of a head's tile */
