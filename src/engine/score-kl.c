@@ -72,13 +72,16 @@ static void kl_position(kl_acc *a, const be_score_row *r, float nll_base, int ar
     if (pt) { pt->kld = (float)kld; pt->nll_model = nll; pt->nll_base = nll_base; pt->dp = dp; pt->same_top = same; }
 }
 
-/* a live base's chunk of *pend positions: the model's rows, the base's (its exact nll and argmax) */
-static cinfer_status take_pending(kl_acc *a, const be_score_row *resm, const be_score_row *resb, const int64_t *at, int *pend,
-                                  cinfer_kl_token *pt, int64_t *done, int64_t N, cinfer_progress_cb cb, void *user, char *err,
-                                  size_t en) {
+/* a live base's chunk of *pend positions: the model's rows (first taken from kept's backend, which kept
+ * them: ctx_score_take), the base's (its exact nll and argmax) */
+static cinfer_status take_pending(kl_acc *a, cinfer_ctx *kept, be_score_row *resm, const be_score_row *resb, const int64_t *at,
+                                  int *pend, cinfer_kl_token *pt, int64_t *done, int64_t N, cinfer_progress_cb cb, void *user,
+                                  char *err, size_t en) {
     int n = *pend;
     *pend = 0;
     if (!n) return CINFER_OK;
+    cinfer_status st = kept ? ctx_score_take(kept, n, resm) : CINFER_OK;
+    if (st) return cf_err(err, en, st, "%s", cinfer_ctx_error(kept));
     for (int i = 0; i < n; i++) kl_position(a, &resm[i], -resb[i].lp, resb[i].argmax, pt ? pt + at[i] : NULL);
     *done += n;
     return cb && cb(*done, N, user) ? cf_err(err, en, CINFER_EINVAL, "stopped") : CINFER_OK;
@@ -276,7 +279,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
     int defer = r->base && r->model && r->base != r->model && !materialize && !(de && !strcmp(de, "0"));
     /* and the model's score is not waited for before the next chunk's forward is issued (its results kept
      * by the backend until then) */
-    int later = defer && r->model->m->be->score_take;
+    cinfer_ctx *kept = defer && r->model->m->be->score_take ? r->model : NULL;
     /* backend records: the batch's (file) or the chunk's (saving) */
     size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
     unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
@@ -307,9 +310,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 p.rows_only = 0;
                 /* the last chunk's positions, taken while this one's forward runs (its results waited for
                  * first, when the backend kept them: the model's score ran before this forward) */
-                if (!st && pend && later && (st = ctx_score_take(r->model, pend, resm)))
-                    st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
-                if (!st) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+                if (!st) st = take_pending(acc, kept, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
             }
             if (!st && r->base) {
                 uint16_t *codes = r->fd >= 0 ? (uint16_t *)(void *)(drec + 16) : NULL;
@@ -344,7 +345,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 sb.idx = idx;
                 if (r->model != r->base && !defer) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
                 else {   /* its rows (deferred), or against itself its logits or rows, are still in its buffers */
-                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, later ? NULL : resm, 0, 0};
+                    ctx_score_req sr = {p.tgt, &sb, NULL, 0, kept ? NULL : resm, 0, 0};
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
                 for (int i = 0; i < p.n_out; i++) at[i] = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
@@ -357,7 +358,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 }
                 if (!st && r->base) {   /* a live base: taken now, or (deferred) beside the next chunk's forward */
                     pend = p.n_out;
-                    if (!defer) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+                    if (!defer) st = take_pending(acc, NULL, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
                     continue;
                 }
             }
@@ -366,9 +367,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         }
         score_plan_free(&p);
     }
-    if (!st && pend && later && (st = ctx_score_take(r->model, pend, resm)))
-        st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
-    if (!st) st = take_pending(acc, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+    if (!st) st = take_pending(acc, kept, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
     be->free(any->bc, drec);
     free(hrec);
     free(resb);

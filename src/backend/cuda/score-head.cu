@@ -289,12 +289,16 @@ k_score_wg(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *
             }
         }
     };
-    /* an item's products into acc from a stage (acc = the first k step's product: no zeroing pass) */
-    auto mma = [&](float (&acc)[NG][NA], const unsigned char *st) {
+    /* acc's registers pinned in place around a wgmma (not moved across the issue or the wait) */
+    auto settle = [&](float (&acc)[NG][NA]) {
 #pragma unroll
         for (int gi = 0; gi < NG; gi++)
 #pragma unroll
             for (int i = 0; i < NA; i++) wg_reg_fence(acc[gi][i]);
+    };
+    /* an item's products into acc from a stage (acc = the first k step's product: no zeroing pass) */
+    auto mma = [&](float (&acc)[NG][NA], const unsigned char *st) {
+        settle(acc);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
@@ -302,12 +306,6 @@ k_score_wg(const __nv_bfloat16 *A, const __nv_bfloat16 *W, const __nv_bfloat16 *
             for (int gi = 0; gi < NG; gi++)   /* the heads' chains interleaved */
                 wgmma_bf16<BN>(acc[gi], af[gi][ks], d0 + (((st - sm) + gi * C::HB + (ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4), ks > 0);
         wg_commit();
-    };
-    auto settle = [&](float (&acc)[NG][NA]) {
-#pragma unroll
-        for (int gi = 0; gi < NG; gi++)
-#pragma unroll
-            for (int i = 0; i < NA; i++) wg_reg_fence(acc[gi][i]);
     };
 
     /* Items go in pairs (one where the row tile changes or the run ends): both issued, the second's products
@@ -424,8 +422,8 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     o.lp = __fsub_rn(tz, o.lse);
     o.argmax = bi == INT_MAX ? 0 : bi;
     o.code_min = o.code_scale = 0.0f;   /* no codes through this op */
-    /* a base head's lse: its own (the same rule as the model's: a model against itself gives exactly 0) where
-     * the kernel made it, else the given one */
+    /* a base head's lse: its own (the same rule as the model's: a model against itself gives exactly 0); the
+     * given one where no partial has a finite max (the given one -inf: every sum empty) */
     const float lb = kind != SH_HEAD ? 0.0f : MB != -INFINITY ? __fadd_rn(MB, (float)log(sb)) : cb[r];
     o.kld = kind == SH_NONE ? 0.0 : s1 + ((double)o.lse - (double)lb) * s0;
     cu_store_score_row(out + r, o);
