@@ -72,8 +72,8 @@ static void kl_position(kl_acc *a, const be_score_row *r, float nll_base, int ar
     if (pt) { pt->kld = (float)kld; pt->nll_model = nll; pt->nll_base = nll_base; pt->dp = dp; pt->same_top = same; }
 }
 
-/* a live base's chunk of *pend positions: the model's rows (first taken from kept's backend, which kept
- * them: ctx_score_take), the base's (its exact nll and argmax) */
+/* a chunk's *pend positions: the model's rows (first taken from kept's backend, which kept them:
+ * ctx_score_take), the base's exact nll and argmax (its forward's, or a file's record headers) */
 static cinfer_status take_pending(kl_acc *a, cinfer_ctx *kept, be_score_row *resm, const be_score_row *resb, const int64_t *at,
                                   int *pend, cinfer_kl_token *pt, int64_t *done, int64_t N, cinfer_progress_cb cb, void *user,
                                   char *err, size_t en) {
@@ -349,20 +349,18 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
                 for (int i = 0; i < p.n_out; i++) at[i] = (int64_t)(r0 + p.out_b[i]) * (L - 1) + p.out_p[i];
-                for (int i = 0; !st && !r->base && i < p.n_out; i++) {   /* nll and argmax exact in the record's header */
+                for (int i = 0; !r->base && i < p.n_out; i++) {   /* a file's nll and argmax: exact in the record's header */
                     float nllb;
-                    int32_t amb;
                     memcpy(&nllb, frec + (size_t)idx[i] * rb + 8, 4);
-                    memcpy(&amb, frec + (size_t)idx[i] * rb + 12, 4);
-                    kl_position(acc, &resm[i], nllb, amb, per_token ? per_token + at[i] : NULL);
+                    memcpy(&resb[i].argmax, frec + (size_t)idx[i] * rb + 12, 4);
+                    resb[i].lp = -nllb;
                 }
-                if (!st && r->base) {   /* a live base: taken now, or (deferred) beside the next chunk's forward */
-                    pend = p.n_out;
-                    if (!defer) st = take_pending(acc, NULL, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
-                    continue;
-                }
+                /* the chunk's positions: taken now, or (a live base, deferred) beside the next chunk's forward */
+                pend = st ? 0 : p.n_out;
+                if (!st && !defer) st = take_pending(acc, NULL, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+                continue;
             }
-            done += p.n_out;
+            done += p.n_out;   /* saving: no positions to take */
             if (!st && cb && cb(done, N, user)) st = cf_err(err, en, CINFER_EINVAL, "stopped");
         }
         score_plan_free(&p);
