@@ -8,7 +8,7 @@
  * of any large file, as model weights are: 4 KiB page-cache pages, no THP).
  *
  * usage: bench-matmul [-t THREADS] [--dtype bf16|f16|f32|q4|q8] [-m 2048] [-k 2048]
- *                     [--mb 1024] [-n 1] [-r 5] [--file PATH] [--tinyllama]
+ *                     [--mb 1024] [-n 1] [-r 5] [--file PATH] [--tinyllama | --attn DEPTH]
  *   q4, q8: MLX affine codes of 4 / 8 bits, group 64, bf16 scales and biases (random
  *     codes; GB/s counts codes, scales and biases as stored: what a decode step reads)
  *   -n 1..8: GEMV over ~--mb MiB of [m][k] matrices, reports GB/s
@@ -16,8 +16,8 @@
  *   --tinyllama: instead, one decode step's matmuls of the TinyLlama-1.1B shape
  *     in order (22 x q,k,v,o,gate,up,down, then the LM head; -n tokens), the
  *     model's decode minus everything that is not a matmul: GB/s and tok/s.
- *   --kvq-attn DEPTH (with --dtype q4 | q8): instead, one decode step's attention of
- *     that shape over DEPTH keys of a quantized KV cache (kvq_attention, 22 layers).
+ *   --attn DEPTH: instead, one decode step's attention of that shape over DEPTH keys
+ *     of a KV cache of --dtype (f32/f16/bf16 pages, or q4/q8: quantized KV), 22 layers.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -71,26 +71,28 @@ static int tinyllama_stack(int threads, int n, int reps, be_dtype dt) {
     return 0;
 }
 
-/* --kvq-attn DEPTH: one decode step's attention of the TinyLlama-1.1B shape (22 layers, 32 query heads on 4 kv heads,
- * head_dim 64) over DEPTH keys of quantized K and V (--dtype q4 | q8, group 64, f32 scales and biases as on cinfer's
- * CPU path, pages of 128): ms a step, keys a second, GB/s of codes, scales and biases read */
-static int kvq_attn_stack(int threads, int reps, int bits, int depth) {
+/* --attn DEPTH: one decode step's attention of the TinyLlama-1.1B shape (22 layers, 32 query heads on 4 kv heads,
+ * head_dim 64) over DEPTH keys in pages of 128: dense K and V pools (--dtype f32 | f16 | bf16: be_ops.attention) or
+ * quantized ones (q4 | q8: kvq_attention, group 64, f32 scales and biases as on cinfer's CPU path); ms a step, keys a
+ * second, GB/s of the pools read */
+static int attn_stack(int threads, int reps, be_dtype dt, int depth) {
     enum { LAYERS = 22, NH = 32, NKV = 4, HD = 64, G = 64, PAGE = 128 };
-    int pages = (depth + PAGE - 1) / PAGE;
-    size_t slots = (size_t)pages * NKV * PAGE, cb = slots * HD * bits / 8, sb = slots * (HD / G) * sizeof(float);
-    size_t per = 2 * (cb + 2 * sb);   /* K and V of one layer */
+    int pages = (depth + PAGE - 1) / PAGE, bits = dt == BE_Q4 ? 4 : dt == BE_Q8 ? 8 : 0;
+    size_t slots = (size_t)pages * NKV * PAGE, sb = bits ? slots * (HD / G) * sizeof(float) : 0;
+    size_t cb = bits ? slots * HD * bits / 8 : slots * HD * be_dtype_size(dt), per = 2 * (cb + 2 * sb);   /* K, V of a layer */
     uint8_t *b = aligned_alloc(4096, per * LAYERS);
     int32_t *pt = malloc(sizeof(int32_t) * pages);
     float *q = malloc(sizeof(float) * NH * HD), *out = malloc(sizeof(float) * NH * HD);
     if (!b || !pt || !q || !out) return 1;
     uint64_t rs = 12345;
-    for (size_t i = 0; i < per * LAYERS; i++) { rs = rs * 6364136223846793005ull + 1442695040888963407ull; b[i] = (uint8_t)(rs >> 56); }
+    for (size_t i = 0; bits && i < per * LAYERS; i++) { rs = rs * 6364136223846793005ull + 1442695040888963407ull; b[i] = (uint8_t)(rs >> 56); }
+    for (size_t i = 0; !bits && i < per * LAYERS / be_dtype_size(dt); i++) be_kv_put(b, dt, i, 0.01f * (float)(i % 97) - 0.5f);
     be_kvq kv[LAYERS][2];
     for (int l = 0; l < LAYERS; l++)
         for (int t = 0; t < 2; t++) {
             uint8_t *base = b + per * l + (cb + 2 * sb) * t;
             float *sc = (float *)(void *)(base + cb), *bi = (float *)(void *)(base + cb + sb);
-            for (size_t i = 0; i < slots * (HD / G); i++) { sc[i] = 0.01f + 1e-5f * (float)(i % 89); bi[i] = -0.05f * (float)(i % 3); }
+            for (size_t i = 0; bits && i < slots * (HD / G); i++) { sc[i] = 0.01f + 1e-5f * (float)(i % 89); bi[i] = -0.05f * (float)(i % 3); }
             kv[l][t] = (be_kvq){base, sc, bi, bits, G, BE_F32};
         }
     for (int i = 0; i < pages; i++) pt[i] = i;
@@ -104,13 +106,16 @@ static int kvq_attn_stack(int threads, int reps, int bits, int depth) {
     double best = 1e30;
     for (int r = 0; r <= reps; r++) {   /* r = 0: warm-up */
         double t0 = now_s();
-        for (int l = 0; l < LAYERS; l++) ops->kvq_attention(c, &a, q, &kv[l][0], &kv[l][1], BE_KVQ_UNFUSED, out);
+        for (int l = 0; l < LAYERS; l++)
+            if (bits) ops->kvq_attention(c, &a, q, &kv[l][0], &kv[l][1], BE_KVQ_UNFUSED, out);
+            else ops->attention(c, &a, q, kv[l][0].codes, kv[l][1].codes, dt, out);
         double t = now_s() - t0;
         if (r && t < best) best = t;
     }
-    double bytes = (double)LAYERS * 2 * NKV * depth * (HD * bits / 8 + 2 * (HD / G) * sizeof(float));
-    printf("tinyllama decode attention KV%d g64 depth %d t=%d: %.2f ms a step, %.1f M keys/s (a kv head), %.1f GB/s\n", bits, depth,
-           threads, best * 1e3, LAYERS * NKV * (double)depth / best / 1e6, bytes / best / 1e9);
+    double bytes = (double)LAYERS * 2 * NKV * depth * (bits ? HD * bits / 8 + 2 * (HD / G) * sizeof(float) : HD * be_dtype_size(dt));
+    printf("tinyllama decode attention %s%s depth %d t=%d: %.2f ms a step, %.1f M keys/s (a kv head), %.1f GB/s\n",
+           bits ? "KV" : "", bits ? (bits == 4 ? "4 g64" : "8 g64") : be_dtype_name(dt), depth, threads, best * 1e3,
+           LAYERS * NKV * (double)depth / best / 1e6, bytes / best / 1e9);
     ops->ctx_free(c);
     free(b); free(pt); free(q); free(out);
     return 0;
@@ -139,7 +144,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-k")) k = atoll(v);
         else if (!strcmp(a, "--mb")) mb = (size_t)atoll(v);
         else if (!strcmp(a, "--file")) file = v;
-        else if (!strcmp(a, "--kvq-attn")) depth = atoi(v);
+        else if (!strcmp(a, "--attn")) depth = atoi(v);
         else if (!strcmp(a, "--dtype"))
             dt = !strcmp(v, "f32") ? BE_F32 : !strcmp(v, "f16") ? BE_F16 : !strcmp(v, "q4") ? BE_Q4 : !strcmp(v, "q8") ? BE_Q8 : BE_BF16;
         else { fprintf(stderr, "bench-matmul: unknown option %s\n", a); return 2; }
@@ -147,10 +152,7 @@ int main(int argc, char **argv) {
     const int bits = dt == BE_Q4 ? 4 : dt == BE_Q8 ? 8 : 0, G = 64;   /* affine: codes, then bf16 scales, then biases */
     if (tiny && bits) { fprintf(stderr, "bench-matmul: --tinyllama takes bf16, f16 or f32\n"); return 2; }
     if (tiny) return tinyllama_stack(threads, n, reps, dt);
-    if (depth > 0) {
-        if (!bits) { fprintf(stderr, "bench-matmul: --kvq-attn takes --dtype q4 or q8\n"); return 2; }
-        return kvq_attn_stack(threads, reps, bits, depth);
-    }
+    if (depth > 0) return attn_stack(threads, reps, dt, depth);
     if (bits && (k % G || file)) { fprintf(stderr, "bench-matmul: q4/q8 need k %% 64 == 0 and no --file\n"); return 2; }
     size_t code_bytes = (size_t)(m * k) * (size_t)(bits ? bits : 8) / 8, sb_bytes = bits ? (size_t)(m * (k / G)) * 2 : 0;
     size_t mat_bytes = bits ? code_bytes + 2 * sb_bytes : (size_t)(m * k) * be_dtype_size(dt);

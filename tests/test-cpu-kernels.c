@@ -359,7 +359,7 @@ static void test_bf16_matmul(void) {
     ops->ctx_free(c);
 }
 
-/* attention (many queries: AVX-512 blocks where the CPU has them, else sgemm; one query: sgemm) vs
+/* attention (AVX-512 where the CPU has it: blocks of 4 queries, one query with its heads as rows; else sgemm) vs
  * be_ref_attention over random paged layouts: GQA, padding, windows with and without sink tokens,
  * f32/f16/bf16 pools; again with CINFER_ISA=avx2 (sgemm throughout) */
 static void test_attention_isa(int threads);

@@ -1,6 +1,8 @@
 /*
- * attention-avx512.c — the two products of attention-gemm.c's many-query
- * items on AVX-512 f32 FMAs, for blocks of 4 queries:
+ * attention-avx512.c — the two products of attention-gemm.c's items on
+ * AVX-512 f32 FMAs, for blocks of 4 queries (or, decoding, 4 query heads of
+ * one kv head), with the keys' transposition and the widening of f16/bf16
+ * pages that feed them:
  *     S[r][c] = scale * sum_d Q[r][d] KT[d][c]        (keys transposed once per item)
  *     O[r][d] = sum_c S[r][c] V[c][d]
  * f32 throughout (the same definition as the sgemm calls they replace, another
@@ -91,6 +93,48 @@ void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, 
     rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds, 0);
 }
 
+/* dst[i] = the f16 or bf16 src[i] widened, i < n: 16 at a time */
+TGT void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) {
+    const uint16_t *h = src;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(h + i));
+        _mm512_storeu_ps(dst + i, bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)) : _mm512_cvtph_ps(x));
+    }
+    for (; i < n; i++) dst[i] = bf16 ? be_bf16_to_f32(h[i]) : be_f16_to_f32(h[i]);
+}
+
+/* dst[d][t] = src[t][d] for t < n, d < hd (dst's rows n apart): 16 x 16 blocks in registers, the edges one by one */
+TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst) {
+    int n16 = n / 16 * 16, h16 = hd / 16 * 16;
+    for (int t0 = 0; t0 < n16; t0 += 16)
+        for (int d0 = 0; d0 < h16; d0 += 16) {
+            __m512 r[16], u[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)(t0 + i) * hd + d0);
+            for (int i = 0; i < 16; i += 2) {   /* pairs of rows interleaved by element, */
+                u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+                u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 16; i += 4) {   /* then by element pair: 4 rows' column in each 128-bit lane, */
+                r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
+                r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
+                r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
+                r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
+            }
+            for (int i = 0; i < 4; i++) {   /* then the 128-bit lanes of the four groups of 4 rows gathered */
+                __m512 a0 = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), a1 = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+                __m512 b0 = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88), b1 = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+                u[i] = _mm512_shuffle_f32x4(a0, b0, 0x88);
+                u[8 + i] = _mm512_shuffle_f32x4(a0, b0, 0xdd);
+                u[4 + i] = _mm512_shuffle_f32x4(a1, b1, 0x88);
+                u[12 + i] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
+            }
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)(d0 + i) * n + t0, u[i]);   /* u[i]: column i */
+        }
+    for (int t = 0; t < n; t++)
+        for (int d = t < n16 ? h16 : 0; d < hd; d++) dst[(size_t)d * n + t] = src[(size_t)t * hd + d];
+}
+
 void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
     rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo, add);
 }
@@ -106,4 +150,6 @@ void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, 
 void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
     (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add;
 }
+void att_transpose_avx512(const float *src, int n, int hd, float *dst) { (void)src; (void)n; (void)hd; (void)dst; }
+void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) { (void)src; (void)bf16; (void)n; (void)dst; }
 #endif

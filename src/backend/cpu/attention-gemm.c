@@ -18,9 +18,11 @@
  * over exact scalar loops by far. f16/bf16 pages are widened to f32 into
  * the thread's workspace first, segment by segment.
  *
- * Many queries (prefill) on a CPU with AVX-512 take attention-avx512.c's
- * products instead of sgemm, in blocks of 4 queries that stop at their own
- * last visible key (many_queries).
+ * On a CPU with AVX-512, attention-avx512.c's products replace sgemm:
+ * many queries (prefill) in blocks of 4 queries that stop at their own last
+ * visible key (many_queries), one query (decode) with the group's heads as
+ * the rows, a page's keys transposed at a time (one_query; OpenBLAS falls
+ * back to SSE3 on a CPU model it does not know, see attention-avx512.c).
  *
  * Workspace: the context's attention buffer (c->att), grown on first use to
  * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list,
@@ -47,6 +49,7 @@ typedef struct ag_job {
     size_t ws_per;
     int tmax;                /* most keys of any item */
     int nqb;                 /* query blocks per row */
+    int vec;                 /* attention-avx512.c's kernels (att_avx512_available) */
 } ag_job;
 
 /* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere;
@@ -91,9 +94,14 @@ static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4]
             size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, kh, t, el) / el;
             seg s = {col, n, (const float *)j->k + off, (const float *)j->v + off};
             if (j->dt != BE_F32) {
-                for (size_t e = 0; e < (size_t)n * hd; e++) {
-                    kf[(size_t)col * hd + e] = be_kv_get(j->k, j->dt, off + e);
-                    vf[(size_t)col * hd + e] = be_kv_get(j->v, j->dt, off + e);
+                if (j->vec) {
+                    att_widen_avx512((const uint16_t *)j->k + off, j->dt == BE_BF16, (size_t)n * hd, kf + (size_t)col * hd);
+                    att_widen_avx512((const uint16_t *)j->v + off, j->dt == BE_BF16, (size_t)n * hd, vf + (size_t)col * hd);
+                } else {
+                    for (size_t e = 0; e < (size_t)n * hd; e++) {
+                        kf[(size_t)col * hd + e] = be_kv_get(j->k, j->dt, off + e);
+                        vf[(size_t)col * hd + e] = be_kv_get(j->v, j->dt, off + e);
+                    }
                 }
                 s.k = kf + (size_t)col * hd;
                 s.v = vf + (size_t)col * hd;
@@ -154,6 +162,34 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     }
 }
 
+/* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
+ * segment's keys transposed into kt[hd][n] (in cache: a segment lies in one page), then the same products as
+ * many_queries, 4 heads at a time */
+static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], int n1, int T, const seg *sg, int ns,
+                      float *S, float *kt) {
+    const be_attn *a = j->a;
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, p = a->pos0[b] + i0, sp[3];
+    size_t at = ((size_t)b * a->L + i0) * a->n_head * hd + (size_t)kh * grp * hd;
+    const float *Q = j->q + at;
+    float *O = j->out + at;
+    for (int e = 0; e < ns; e++) {
+        int n = sg[e].n;
+        att_transpose_avx512(sg[e].k, n, hd, kt);
+        for (int r0 = 0; r0 < grp; r0 += 4)
+            att_qk_avx512(Q + (size_t)r0 * hd, hd, grp - r0 < 4 ? grp - r0 : 4, kt, n, n, hd, a->scale,
+                          S + (size_t)r0 * T + sg[e].col, T);
+    }
+    be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
+    int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
+    if (c1 < c0) c1 = c0;
+    for (int r = 0; r < grp; r++)
+        masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap, 1);
+    for (int e = 0; e < ns; e++)
+        for (int r0 = 0; r0 < grp; r0 += 4)
+            att_pv_avx512(S + (size_t)r0 * T + sg[e].col, T, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, sg[e].v, hd,
+                          O + (size_t)r0 * hd, hd, e > 0);
+}
+
 static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     const be_attn *a = j->a;
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head, nh = a->n_head;
@@ -174,9 +210,13 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     seg *sg = (seg *)(vf + 2 * (size_t)j->tmax * hd);   /* (after vf: kt, many_queries' transposed keys) */
     const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
     int ns = segments(j, pt, kh, rng, kf, vf, sg);
-    int M = live - i0, vec = att_avx512_available();
+    int M = live - i0, vec = j->vec;
     if (M > 1 && vec) {
         many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf);
+        return;
+    }
+    if (vec) {
+        one_query(j, b, kh, i0, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd);
         return;
     }
     /* one query per row: the group's heads are adjacent rows of q with one mask */
@@ -227,7 +267,7 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
         c->att = p;
         c->att_n = per * nth;
     }
-    ag_job j = { a, q, k, v, kv_dt, out, c->att, per, tmax, (a->L + ATT_QB - 1) / ATT_QB };
+    ag_job j = { a, q, k, v, kv_dt, out, c->att, per, tmax, (a->L + ATT_QB - 1) / ATT_QB, att_avx512_available() };
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     cpu_pool_run(c->pool, ag_task, &j);
     return 0;
