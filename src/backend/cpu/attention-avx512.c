@@ -104,8 +104,8 @@ TGT void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) {
     for (; i < n; i++) dst[i] = bf16 ? be_bf16_to_f32(h[i]) : be_f16_to_f32(h[i]);
 }
 
-/* dst[d][t] = src[t][d] for t < n, d < hd (dst's rows n apart): 16 x 16 blocks in registers, the edges one by one */
-TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst) {
+/* dst[d][t] = src[t][d] for t < n, d < hd (dst's rows ldd apart): 16 x 16 blocks in registers, the edges one by one */
+TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd) {
     int n16 = n / 16 * 16, h16 = hd / 16 * 16;
     for (int t0 = 0; t0 < n16; t0 += 16)
         for (int d0 = 0; d0 < h16; d0 += 16) {
@@ -129,10 +129,10 @@ TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst) {
                 u[4 + i] = _mm512_shuffle_f32x4(a1, b1, 0x88);
                 u[12 + i] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
             }
-            for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)(d0 + i) * n + t0, u[i]);   /* u[i]: column i */
+            for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)(d0 + i) * ldd + t0, u[i]);   /* u[i]: column i */
         }
     for (int t = 0; t < n; t++)
-        for (int d = t < n16 ? h16 : 0; d < hd; d++) dst[(size_t)d * n + t] = src[(size_t)t * hd + d];
+        for (int d = t < n16 ? h16 : 0; d < hd; d++) dst[(size_t)d * ldd + t] = src[(size_t)t * hd + d];
 }
 
 void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
@@ -150,6 +150,8 @@ void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, 
 void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
     (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add;
 }
-void att_transpose_avx512(const float *src, int n, int hd, float *dst) { (void)src; (void)n; (void)hd; (void)dst; }
+void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd) {
+    (void)src; (void)n; (void)hd; (void)dst; (void)ldd;
+}
 void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) { (void)src; (void)bf16; (void)n; (void)dst; }
 #endif

@@ -129,8 +129,7 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
     size_t ld = (size_t)a->n_head * hd;
     for (int e = 0; e < ns; e++) {
-        for (int t = 0; t < sg[e].n; t++)
-            for (int d = 0; d < hd; d++) kt[(size_t)d * T + sg[e].col + t] = sg[e].k[(size_t)t * hd + d];
+        att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T);
         if (sg[e].v != vf + (size_t)sg[e].col * hd)
             memcpy(vf + (size_t)sg[e].col * hd, sg[e].v, sizeof(float) * (size_t)sg[e].n * hd);
     }
@@ -174,7 +173,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     float *O = j->out + at;
     for (int e = 0; e < ns; e++) {
         int n = sg[e].n;
-        att_transpose_avx512(sg[e].k, n, hd, kt);
+        att_transpose_avx512(sg[e].k, n, hd, kt, (size_t)n);
         for (int r0 = 0; r0 < grp; r0 += 4)
             att_qk_avx512(Q + (size_t)r0 * hd, hd, grp - r0 < 4 ? grp - r0 : 4, kt, n, n, hd, a->scale,
                           S + (size_t)r0 * T + sg[e].col, T);

@@ -108,8 +108,8 @@ void att_scale_avx512(float *s, int n, float f);
 void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds);
 void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add);
-/* dst[d][t] = src[t][d] for t < n, d < hd (keys [n][hd] into kt[hd][n]) */
-void att_transpose_avx512(const float *src, int n, int hd, float *dst);
+/* dst[d][t] = src[t][d] for t < n, d < hd, dst's rows ldd apart (keys [n][hd] into kt[hd][ldd]) */
+void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd);
 /* dst[i] = src[i] for i < n, src f16 (bf16 = 0) or bf16 (1) */
 void att_widen_avx512(const void *src, int bf16, size_t n, float *dst);
 
