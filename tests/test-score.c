@@ -17,6 +17,7 @@
 #include "check.h"
 #include "cinfer.h"
 #include "golden.h"
+#include "engine/score.h"
 
 #define REF "tests/fixtures/score/reference.json"
 #define CLI_REF "tests/fixtures/score/cli-reference.json"
@@ -542,7 +543,49 @@ static void test_bad_input(void) {
     cinfer_model_free(m);
 }
 
+/* kl's percentiles (a histogram finds the ranks' buckets, only those are sorted) against qsort and
+ * llama.cpp's rule, on values that fill one bucket, repeat, straddle zero and include -0 */
+static int cmp_d(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+static void test_percentiles(void) {
+    static const double f[13] = {1, .999, .99, .95, .90, .75, .5, .25, .10, .05, .01, .001, 0};
+    const int64_t sizes[] = {1, 2, 3, 7, 1000, 262144};
+    uint64_t x = 88172645463325252ull;
+    for (int kind = 0; kind < 5; kind++)
+        for (int si = 0; si < 6; si++) {
+            int64_t n = sizes[si];
+            float *v = malloc(sizeof *v * (size_t)n);
+            double *d = malloc(sizeof *d * (size_t)n), got[13], want[13];
+            for (int64_t i = 0; i < n; i++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                double u = (double)(x >> 11) / 9007199254740992.0;
+                v[i] = kind == 0 ? (float)(-log(u + 1e-300) * 1e-3)              /* kld-like: exponential */
+                     : kind == 1 ? (float)(u - 0.5)                              /* straddles zero */
+                     : kind == 2 ? 1.0f + (float)(x % 100) * 1e-6f               /* one bucket, repeats */
+                     : kind == 3 ? 0.25f                                         /* all equal */
+                     : (x & 1 ? -0.0f : 0.0f) + (x % 3 == 0 ? (float)u : 0.0f); /* zeros of both signs */
+                d[i] = v[i];
+            }
+            qsort(d, (size_t)n, sizeof *d, cmp_d);
+            for (int i = 0; i < 13; i++) {
+                double p = f[i] * (double)(n - 1);
+                int64_t ip = (int64_t)p, iq = ip + 1 < n ? ip + 1 : n - 1;
+                want[i] = f[i] <= 0 ? d[0] : f[i] >= 1 ? d[n - 1] : (1 - (p - ip)) * d[ip] + (p - ip) * d[iq];
+            }
+            kl_percentiles(v, n, f, 13, got);
+            int bad = 0;
+            for (int i = 0; i < 13; i++) bad += got[i] != want[i];
+            CHECK(!bad, "percentiles, values of kind %d, n %lld: equal to a sort's (median %.9g vs %.9g)", kind, (long long)n,
+                  got[6], want[6]);
+            free(v);
+            free(d);
+        }
+}
+
 int main(void) {
+    test_percentiles();
     json_error_t je;
     json_t *ref = json_load_file(REF, 0, &je);
     CHECK(ref != NULL, "load %s (%s)", REF, ref ? "ok" : je.text);

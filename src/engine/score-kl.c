@@ -104,13 +104,18 @@ static int cmp_f(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-/* v[n] ascending: an LSD radix sort of the floats' bits mapped to an unsigned order (negatives' bits
- * flipped, positives' sign bit set), four passes of 8 bits through tmp[n]; without tmp, qsort. (qsort
- * took 25-50 ms for each of kl's two arrays of 262k values, a fifth of a GPU kl run of that size.) */
-static void sort_floats(float *v, int64_t n, float *tmp) {
-    if (!tmp) { qsort(v, (size_t)n, sizeof(float), cmp_f); return; }
-    uint32_t *a = (uint32_t *)(void *)v, *b = (uint32_t *)(void *)tmp;
-    for (int64_t i = 0; i < n; i++) a[i] ^= a[i] >> 31 ? 0xffffffffu : 0x80000000u;
+/* a float's bits as an unsigned key in the floats' order (negatives' bits flipped, positives' sign bit set), and back */
+static uint32_t f_key(uint32_t u) { return u ^ (u >> 31 ? 0xffffffffu : 0x80000000u); }
+static float f_unkey(uint32_t k) {
+    k ^= k >> 31 ? 0x80000000u : 0xffffffffu;
+    float f;
+    memcpy(&f, &k, sizeof f);
+    return f;
+}
+
+/* a[n] keys ascending: an LSD radix sort, four passes of 8 bits through tmp[n] (the keys end in a) */
+static void sort_keys(uint32_t *a, int64_t n, uint32_t *tmp) {
+    uint32_t *b = tmp;
     for (int sh = 0; sh < 32; sh += 8) {
         int64_t cnt[257] = {0};
         for (int64_t i = 0; i < n; i++) cnt[((a[i] >> sh) & 255) + 1]++;
@@ -118,17 +123,83 @@ static void sort_floats(float *v, int64_t n, float *tmp) {
         for (int64_t i = 0; i < n; i++) b[cnt[(a[i] >> sh) & 255]++] = a[i];
         uint32_t *t = a; a = b; b = t;
     }
-    /* four passes: the sorted keys are back in v */
-    for (int64_t i = 0; i < n; i++) a[i] ^= a[i] >> 31 ? 0x80000000u : 0xffffffffu;
 }
 
-static double percentile(const float *v, int64_t n, double f) {
-    if (f <= 0) return v[0];
-    if (f >= 1) return v[n - 1];
-    double p = f * (n - 1);
-    int64_t ip = (int64_t)p;
-    p -= ip;
-    return (1 - p) * v[ip] + p * v[ip + 1 < n ? ip + 1 : n - 1];
+/* llama.cpp's percentile of the sorted v[n]: linear between the ranks around f (n - 1) */
+static void pct_ranks(int64_t n, double f, int64_t r[2], double *w) {
+    double p = f <= 0 ? 0 : f >= 1 ? (double)(n - 1) : f * (double)(n - 1);
+    r[0] = (int64_t)p;
+    r[1] = r[0] + 1 < n ? r[0] + 1 : n - 1;
+    *w = f <= 0 || f >= 1 ? 0 : p - (double)r[0];
+}
+
+#define PCT_NB 65536   /* buckets: a key's top 16 bits */
+
+void kl_percentiles(float *v, int64_t n, const double *f, int nf, double *out) {
+    int64_t *cnt = calloc(PCT_NB + 1, sizeof *cnt), r[2];
+    uint32_t *u = (uint32_t *)(void *)v, *g = malloc(sizeof *g * (size_t)n);
+    unsigned char *want = calloc(PCT_NB, 1);
+    double w;
+    if (!cnt || !g || !want || nf > KL_PCT_MAX) {   /* out of memory: sorted in place */
+        qsort(v, (size_t)n, sizeof(float), cmp_f);
+        for (int i = 0; i < nf; i++) {
+            pct_ranks(n, f[i], r, &w);
+            out[i] = (1 - w) * v[r[0]] + w * v[r[1]];
+        }
+        free(cnt);
+        free(g);
+        free(want);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        u[i] = f_key(u[i]);
+        cnt[(u[i] >> 16) + 1]++;
+    }
+    for (int b = 0; b < PCT_NB; b++) cnt[b + 1] += cnt[b];   /* cnt[b]: bucket b's first rank */
+    /* the buckets that hold a wanted rank (at most 2 nf), ascending, and where each starts among the gathered */
+    int wb[2 * KL_PCT_MAX], nw = 0;
+    int64_t at[2 * KL_PCT_MAX];
+    for (int i = 0; i < nf; i++) {
+        pct_ranks(n, f[i], r, &w);
+        for (int j = 0; j < 2; j++) {
+            int lo = 0, hi = PCT_NB - 1;   /* the last bucket whose first rank is <= r */
+            while (lo < hi) {
+                int mid = (lo + hi + 1) / 2;
+                if (cnt[mid] <= r[j]) lo = mid;
+                else hi = mid - 1;
+            }
+            int k = 0;
+            while (k < nw && wb[k] < lo) k++;
+            if (k < nw && wb[k] == lo) continue;
+            memmove(wb + k + 1, wb + k, sizeof *wb * (size_t)(nw - k));
+            wb[k] = lo;
+            nw++;
+        }
+    }
+    int64_t m = 0;
+    for (int k = 0; k < nw; k++) {
+        want[wb[k]] = 1;
+        at[k] = m;
+        m += cnt[wb[k] + 1] - cnt[wb[k]];
+    }
+    /* only those buckets' keys, sorted (v's keys no longer needed: its space is the sort's) */
+    int64_t gm = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (want[u[i] >> 16]) g[gm++] = u[i];
+    sort_keys(g, gm, u);
+    for (int i = 0; i < nf; i++) {
+        pct_ranks(n, f[i], r, &w);
+        double x[2];
+        for (int j = 0; j < 2; j++) {
+            int k = 0;
+            while (cnt[wb[k] + 1] <= r[j]) k++;
+            x[j] = f_unkey(g[at[k] + (r[j] - cnt[wb[k]])]);
+        }
+        out[i] = (1 - w) * x[0] + w * x[1];
+    }
+    free(cnt);
+    free(g);
+    free(want);
 }
 
 static void kl_finish(kl_acc *a, cinfer_kl_stats *o) {
@@ -160,12 +231,8 @@ static void kl_finish(kl_acc *a, cinfer_kl_stats *o) {
     o->same_top_unc = n > 1 ? sqrt(o->same_top * (1 - o->same_top) / (n - 1)) : 0;
     static const double kf[11] = {1, .999, .99, .95, .90, .5, .10, .05, .01, .001, 0};
     static const double df[13] = {1, .999, .99, .95, .90, .75, .5, .25, .10, .05, .01, .001, 0};
-    float *tmp = malloc(sizeof(float) * (size_t)n);
-    sort_floats(a->kl_v, n, tmp);
-    sort_floats(a->dp_v, n, tmp);
-    free(tmp);
-    for (int i = 0; i < 11; i++) o->kld_q[i] = percentile(a->kl_v, n, kf[i]);
-    for (int i = 0; i < 13; i++) o->dp_q[i] = percentile(a->dp_v, n, df[i]);
+    kl_percentiles(a->kl_v, n, kf, 11, o->kld_q);
+    kl_percentiles(a->dp_v, n, df, 13, o->dp_q);
 }
 
 /* ---------------------------------------------------------- base files */
