@@ -361,6 +361,9 @@ typedef struct be_ops {
     int (*score_head)(be_ctx *c, const float *x, int n, const be_mat *w, const int32_t *tgt, const be_score_base *base,
                       be_score_row *out);
     int (*score_take)(be_ctx *c, be_score_row *out, int n);   /* optional; nonzero on failure (status says) */
+    /* optional (backends whose ops return before they are done): c's ops issued from now on start only after
+     * every op issued so far on other (a context of the same backend) */
+    void (*order_after)(be_ctx *c, be_ctx *other);
 
     /* sampling as defined above: rows of z[n][V] (backend memory; the edits are written into it),
      * params p[n], edits (host), out[n] (host) */

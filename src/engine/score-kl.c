@@ -340,13 +340,18 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         probe.w = &r->base->m->w.lm_head;
         materialize = !(ctx_head_folds(r->base, NULL) && ctx_head_folds(r->model, &probe));
     }
-    /* two contexts, both heads folded: the model's forward is issued before the base's, and the two
-     * run together on the device (small models' forwards leave most of it idle); CINFER_KL_DEFER=0: not */
+    /* two contexts, both heads folded: both forwards are issued before either is scored, and the two run
+     * together on the device (small models' forwards leave most of it idle); CINFER_KL_DEFER=0: not */
     const char *de = getenv("CINFER_KL_DEFER");
     int defer = r->base && r->model && r->base != r->model && !materialize && !(de && !strcmp(de, "0"));
     /* and the model's score is not waited for before the next chunk's forward is issued (its results kept
      * by the backend until then) */
     cinfer_ctx *kept = defer && r->model->m->be->score_take ? r->model : NULL;
+    /* and, where the backend can order the two contexts, the base's forward goes first: its chain (forward,
+     * score, then the model's score, which needs the base's lse) is the chunk's critical path. It overwrites
+     * the base's rows, so it starts after the model's last score, which reads them. CINFER_KL_BASE_FIRST=0: not */
+    const char *bf = getenv("CINFER_KL_BASE_FIRST");
+    int base_first = defer && be->order_after && !(bf && !strcmp(bf, "0"));
     /* backend records: the batch's (file) or the chunk's (saving) */
     size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
     unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
@@ -371,9 +376,13 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         p.materialize = materialize;
         while (!st && score_plan_next(&p)) {
             for (int i = 0; i < p.n_out; i++) idx[i] = r->file ? p.out_b[i] * (L - 1) + p.out_p[i] : i;
-            if (defer) {   /* the model's forward first, left running beside the base's; scored after it */
+            if (defer) {   /* the forwards issued together (the model's scored after the base's) */
                 p.rows_only = 1;
-                st = score_plan_forward(r->model, &p, NULL, NULL, 0, resm, err, en);
+                if (base_first) {
+                    be->order_after(r->base->bc, r->model->bc);
+                    st = score_plan_forward(r->base, &p, NULL, NULL, 0, resb, err, en);
+                }
+                if (!st) st = score_plan_forward(r->model, &p, NULL, NULL, 0, resm, err, en);
                 p.rows_only = 0;
                 /* the last chunk's positions, taken while this one's forward runs (its results waited for
                  * first, when the backend kept them: the model's score ran before this forward) */
@@ -381,7 +390,10 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
             }
             if (!st && r->base) {
                 uint16_t *codes = r->fd >= 0 ? (uint16_t *)(void *)(drec + 16) : NULL;
-                st = score_plan_forward(r->base, &p, NULL, codes, rb / 2, resb, err, en);
+                if (base_first) {   /* its rows are in: its score */
+                    ctx_score_req sr = {p.tgt, NULL, NULL, 0, resb, 0, 0};
+                    if ((st = ctx_score_again(r->base, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->base));
+                } else st = score_plan_forward(r->base, &p, NULL, codes, rb / 2, resb, err, en);
                 for (int i = 0; !st && i < p.n_out; i++) lseb[i] = resb[i].lse;
             }
             if (!st && r->fd >= 0) {   /* the codes came back with the records: fill in the headers, write */

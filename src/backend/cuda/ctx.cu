@@ -259,6 +259,7 @@ static void cuda_ctx_free(be_ctx *c) {
     cudaFree(c->sh_ws);
     if (c->sh_out_h) cudaFreeHost(c->sh_out_h);
     if (c->sh_ev) cudaEventDestroy(c->sh_ev);
+    if (c->ord_ev) cudaEventDestroy(c->ord_ev);
     cudaFree(c->samp_mass);
     cudaFree(c->samp_edits);
     cudaFree(c->arena_d);
@@ -275,6 +276,17 @@ static void cuda_ctx_free(be_ctx *c) {
 }
 
 /* a speed feature on by default; the environment variable name=0 turns it off (for comparisons) */
+/* c's later ops after every op issued so far on other: an event recorded on other's stream, waited on by c's
+ * (both eager first: their recorded ops issued, no capture open across the wait) */
+static void cu_op_order_after(be_ctx *c, be_ctx *other) {
+    if (c->err || other->err) return;
+    cu_go_eager(c);
+    cu_go_eager(other);
+    if (!other->ord_ev && cu_check(c, cudaEventCreateWithFlags(&other->ord_ev, cudaEventDisableTiming), "order event")) return;
+    if (!cu_check(c, cudaEventRecord(other->ord_ev, other->stream), "order event"))
+        cu_check(c, cudaStreamWaitEvent(c->stream, other->ord_ev, 0), "order wait");
+}
+
 static int knob_on(const char *name) {
     const char *v = getenv(name);
     return !(v && !strcmp(v, "0"));
@@ -596,6 +608,7 @@ static be_ops make_ops(void) {
     o.score = cu_op_score;
     o.score_head = cu_op_score_head;
     o.score_take = cu_op_score_take;
+    o.order_after = cu_op_order_after;
     o.sample = cu_op_sample;
     o.graph_stats = cuda_graph_stats;
     o.matmul_multi = cu_op_matmul_multi;

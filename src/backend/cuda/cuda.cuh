@@ -91,6 +91,7 @@ struct be_ctx {
     be_score_row *sh_out_h;  /* [sh_out_n] pinned: score_head's results left for score_take, ready at sh_ev */
     int sh_out_n;
     cudaEvent_t sh_ev;
+    cudaEvent_t ord_ev;      /* order_after: recorded on this stream for another context's stream to wait on */
     size_t sh_ws_n;
     int score_head_k;        /* score_head takes bf16 heads of hidden <= this (CINFER_CUDA_SCORE_HEAD) */
     void *samp_mass;         /* [samp_mass_n] bytes: the sample op's fixed-point masses [n][V] */
