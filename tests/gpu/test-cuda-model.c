@@ -245,8 +245,9 @@ out:
 }
 
 /* KL of one tiny bf16 model against another (both LM heads folded into the score op on CUDA): the
- * model's forward issued before the base's (two streams, the default) gives the very statistics of
- * CINFER_KL_DEFER=0's one-after-the-other, and both are the CPU's within the bf16 activations' bars */
+ * two forwards side by side on two streams (the default: the base's issued first, ordered after the
+ * model's last score; CINFER_KL_BASE_FIRST=0: the model's first) give the very statistics of
+ * CINFER_KL_DEFER=0's one-after-the-other, and all are the CPU's within the bf16 activations' bars */
 static int kl_run(const char *dev, const char *mdir, const char *bdir, const int32_t *rows, int n_rows, int L,
                   cinfer_kl_stats *o) {
     cinfer_model *mm = golden_load(mdir, dev, 0), *mb = golden_load(bdir, dev, 0);
@@ -266,16 +267,23 @@ static void kl_case(void) {
     int32_t rows[NR * L];
     uint32_t x = 12345;
     for (int i = 0; i < NR * L; i++) { x = x * 1664525u + 1013904223u; rows[i] = (int32_t)((x >> 8) % 256); }
-    cinfer_kl_stats d, s, c;
+    cinfer_kl_stats d, m, s, c;
     int ok = kl_run("cuda", md, bd, rows, NR, L, &d);
+    setenv("CINFER_KL_BASE_FIRST", "0", 1);
+    ok = ok && kl_run("cuda", md, bd, rows, NR, L, &m);
+    unsetenv("CINFER_KL_BASE_FIRST");
     setenv("CINFER_KL_DEFER", "0", 1);
     ok = ok && kl_run("cuda", md, bd, rows, NR, L, &s);
     unsetenv("CINFER_KL_DEFER");
     ok = ok && kl_run("cpu", md, bd, rows, NR, L, &c);
-    CHECK(ok && d.tokens == s.tokens && d.mean_kld == s.mean_kld && d.ppl_model == s.ppl_model && d.ppl_base == s.ppl_base &&
-          d.same_top == s.same_top && d.kld_q[0] == s.kld_q[0],
-          "kl qwen2-bf16 vs llama-tied-bf16 on cuda: the model's forward beside the base's gives the statistics of one after the "
-          "other (mean KLD %.9g vs %.9g, PPL(Q) %.9g vs %.9g)", d.mean_kld, s.mean_kld, d.ppl_model, s.ppl_model);
+    for (int v = 0; v < 2; v++) {
+        const cinfer_kl_stats *e = v ? &m : &d;
+        CHECK(ok && e->tokens == s.tokens && e->mean_kld == s.mean_kld && e->ppl_model == s.ppl_model && e->ppl_base == s.ppl_base &&
+                  e->same_top == s.same_top && e->kld_q[0] == s.kld_q[0],
+              "kl qwen2-bf16 vs llama-tied-bf16 on cuda: the forwards side by side (%s first) give the statistics of one after "
+              "the other (mean KLD %.9g vs %.9g, PPL(Q) %.9g vs %.9g)", v ? "the model's" : "the base's", e->mean_kld, s.mean_kld,
+              e->ppl_model, s.ppl_model);
+    }
     CHECK(ok && d.tokens == c.tokens && fabs(d.mean_kld - c.mean_kld) <= 1e-2 * c.mean_kld &&
           fabs(d.ppl_model - c.ppl_model) <= 1e-3 * c.ppl_model && fabs(d.ppl_base - c.ppl_base) <= 1e-3 * c.ppl_base &&
           fabs(d.same_top - c.same_top) <= 0.02,
