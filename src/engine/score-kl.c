@@ -140,7 +140,7 @@ void kl_percentiles(float *v, int64_t n, const double *f, int nf, double *out) {
     uint32_t *u = (uint32_t *)(void *)v, *g = malloc(sizeof *g * (size_t)n);
     unsigned char *want = calloc(PCT_NB, 1);
     double w;
-    if (!cnt || !g || !want || nf > KL_PCT_MAX) {   /* out of memory: sorted in place */
+    if (!cnt || !g || !want || nf > KL_PCT_MAX) {   /* out of memory (or more fractions than it lists): sorted in place */
         qsort(v, (size_t)n, sizeof(float), cmp_f);
         for (int i = 0; i < nf; i++) {
             pct_ranks(n, f[i], r, &w);
@@ -176,16 +176,15 @@ void kl_percentiles(float *v, int64_t n, const double *f, int nf, double *out) {
             nw++;
         }
     }
-    int64_t m = 0;
+    int64_t gm = 0;
     for (int k = 0; k < nw; k++) {
         want[wb[k]] = 1;
-        at[k] = m;
-        m += cnt[wb[k] + 1] - cnt[wb[k]];
+        at[k] = gm;
+        gm += cnt[wb[k] + 1] - cnt[wb[k]];
     }
     /* only those buckets' keys, sorted (v's keys no longer needed: its space is the sort's) */
-    int64_t gm = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (want[u[i] >> 16]) g[gm++] = u[i];
+    for (int64_t i = 0, j = 0; i < n; i++)
+        if (want[u[i] >> 16]) g[j++] = u[i];
     sort_keys(g, gm, u);
     for (int i = 0; i < nf; i++) {
         pct_ranks(n, f[i], r, &w);
