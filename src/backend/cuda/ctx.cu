@@ -275,7 +275,6 @@ static void cuda_ctx_free(be_ctx *c) {
     free(c);
 }
 
-/* a speed feature on by default; the environment variable name=0 turns it off (for comparisons) */
 /* c's later ops after every op issued so far on other: an event recorded on other's stream, waited on by c's
  * (both eager first: their recorded ops issued, no capture open across the wait) */
 static void cu_op_order_after(be_ctx *c, be_ctx *other) {
@@ -287,6 +286,7 @@ static void cu_op_order_after(be_ctx *c, be_ctx *other) {
         cu_check(c, cudaStreamWaitEvent(c->stream, other->ord_ev, 0), "order wait");
 }
 
+/* a speed feature on by default; the environment variable name=0 turns it off (for comparisons) */
 static int knob_on(const char *name) {
     const char *v = getenv(name);
     return !(v && !strcmp(v, "0"));
