@@ -207,6 +207,9 @@ typedef struct be_score_base {
     const int32_t *idx;
     const float *x;      /* [rows][w->cols] the base's normed hidden states */
     const be_mat *w;     /* the base's LM head */
+    be_ctx *lse_of;      /* not NULL (with x; backends with score_take): lse[idx[i]] is instead row idx[i]'s lse in
+                          * that context's last score_head results, kept with the backend and read there (the
+                          * caller orders this op after that one: order_after) */
 } be_score_base;
 
 /* Sampling one token per row (be_ops.sample; the definition is be_ref_sample_row in cpu/ref-sample.c,

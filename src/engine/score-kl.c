@@ -73,15 +73,17 @@ static void kl_position(kl_acc *a, const be_score_row *r, float nll_base, int ar
 }
 
 /* a chunk's *pend positions: the model's rows (first taken from kept's backend, which kept them:
- * ctx_score_take), the base's exact nll and argmax (its forward's, or a file's record headers) */
-static cinfer_status take_pending(kl_acc *a, cinfer_ctx *kept, be_score_row *resm, const be_score_row *resb, const int64_t *at,
-                                  int *pend, cinfer_kl_token *pt, int64_t *done, int64_t N, cinfer_progress_cb cb, void *user,
-                                  char *err, size_t en) {
+ * ctx_score_take), the base's exact nll and argmax (its forward's, taken likewise from kept_base's backend,
+ * or a file's record headers) */
+static cinfer_status take_pending(kl_acc *a, cinfer_ctx *kept, cinfer_ctx *kept_base, be_score_row *resm, be_score_row *resb,
+                                  const int64_t *at, int *pend, cinfer_kl_token *pt, int64_t *done, int64_t N,
+                                  cinfer_progress_cb cb, void *user, char *err, size_t en) {
     int n = *pend;
     *pend = 0;
     if (!n) return CINFER_OK;
     cinfer_status st = kept ? ctx_score_take(kept, n, resm) : CINFER_OK;
     if (st) return cf_err(err, en, st, "%s", cinfer_ctx_error(kept));
+    if (kept_base && (st = ctx_score_take(kept_base, n, resb))) return cf_err(err, en, st, "%s", cinfer_ctx_error(kept_base));
     for (int i = 0; i < n; i++) kl_position(a, &resm[i], -resb[i].lp, resb[i].argmax, pt ? pt + at[i] : NULL);
     *done += n;
     return cb && cb(*done, N, user) ? cf_err(err, en, CINFER_EINVAL, "stopped") : CINFER_OK;
@@ -351,6 +353,9 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
      * the base's rows, so it starts after the model's last score, which reads them. CINFER_KL_BASE_FIRST=0: not */
     const char *bf = getenv("CINFER_KL_BASE_FIRST");
     int base_first = defer && be->order_after && !(bf && !strcmp(bf, "0"));
+    /* there, the base's results stay with the backend too: the model's score reads the base's lse where it is
+     * (be_score_base.lse_of, ordered after the base's score), so the host waits for neither score mid-chunk */
+    cinfer_ctx *kept_base = base_first && kept && r->base->m->be->score_take ? r->base : NULL;
     /* backend records: the batch's (file) or the chunk's (saving) */
     size_t n_rec = r->file ? (size_t)B0 * (L - 1) : r->fd >= 0 ? (size_t)B0 * W : 0;
     unsigned char *drec = n_rec ? be->alloc(any->bc, n_rec * rb) : NULL;
@@ -385,15 +390,15 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 p.rows_only = 0;
                 /* the last chunk's positions, taken while this one's forward runs (its results waited for
                  * first, when the backend kept them: the model's score ran before this forward) */
-                if (!st) st = take_pending(acc, kept, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+                if (!st) st = take_pending(acc, kept, kept_base, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
             }
             if (!st && r->base) {
                 uint16_t *codes = r->fd >= 0 ? (uint16_t *)(void *)(drec + 16) : NULL;
                 if (base_first) {   /* its rows are in: its score */
-                    ctx_score_req sr = {p.tgt, NULL, NULL, 0, resb, 0, 0};
+                    ctx_score_req sr = {p.tgt, NULL, NULL, 0, kept_base ? NULL : resb, 0, 0};
                     if ((st = ctx_score_again(r->base, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->base));
                 } else st = score_plan_forward(r->base, &p, NULL, codes, rb / 2, resb, err, en);
-                for (int i = 0; !st && i < p.n_out; i++) lseb[i] = resb[i].lse;
+                for (int i = 0; !st && !kept_base && i < p.n_out; i++) lseb[i] = resb[i].lse;
             }
             if (!st && r->fd >= 0) {   /* the codes came back with the records: fill in the headers, write */
                 be->to_host(any->bc, hrec, drec, (size_t)p.n_out * rb);
@@ -417,12 +422,18 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
             }
             if (!st && r->model) {
                 be_score_base sb = {0};
-                if (r->base && r->base->head_folded) { sb.x = r->base->xo; sb.w = &r->base->m->w.lm_head; sb.lse = lseb; }
+                if (r->base && r->base->head_folded) {
+                    sb.x = r->base->xo;
+                    sb.w = &r->base->m->w.lm_head;
+                    sb.lse = lseb;
+                    sb.lse_of = kept_base ? r->base->bc : NULL;
+                }
                 else if (r->base) { sb.z = r->base->lo; sb.lse = lseb; }
                 else { sb.rec = drec; sb.rec_bytes = rb; }
                 sb.idx = idx;
                 if (r->model != r->base && !defer) st = score_plan_forward(r->model, &p, &sb, NULL, 0, resm, err, en);
                 else {   /* its rows (deferred), or against itself its logits or rows, are still in its buffers */
+                    if (kept_base) be->order_after(r->model->bc, r->base->bc);   /* the base's kept lse, then read */
                     ctx_score_req sr = {p.tgt, &sb, NULL, 0, kept ? NULL : resm, 0, 0};
                     if ((st = ctx_score_again(r->model, p.n_out, &sr))) st = cf_err(err, en, st, "%s", cinfer_ctx_error(r->model));
                 }
@@ -435,7 +446,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
                 }
                 /* the chunk's positions: taken now, or (a live base, deferred) beside the next chunk's forward */
                 pend = st ? 0 : p.n_out;
-                if (!st && !defer) st = take_pending(acc, NULL, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+                if (!st && !defer) st = take_pending(acc, NULL, NULL, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
                 continue;
             }
             done += p.n_out;   /* saving: no positions to take */
@@ -443,7 +454,7 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
         }
         score_plan_free(&p);
     }
-    if (!st) st = take_pending(acc, kept, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
+    if (!st) st = take_pending(acc, kept, kept_base, resm, resb, at, &pend, per_token, &done, N, cb, user, err, en);
     be->free(any->bc, drec);
     free(hrec);
     free(resb);

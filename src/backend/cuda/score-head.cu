@@ -429,6 +429,13 @@ __global__ void k_sh_combine(const sh_part *part, int G, int nvt, int n, int kin
     cu_store_score_row(out + r, o);
 }
 
+/* a base's lse of each scored row from its context's kept results (be_score_base.lse_of) */
+__global__ void k_sh_lse_of(const be_score_row *rows, const int32_t *idx, int n, float *out) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = rows[idx[i]].lse;
+}
+
 int cu_op_score_take(be_ctx *c, be_score_row *out, int n) {
     if (c->err) return 1;
     if (!c->sh_ev || n > c->sh_out_n) return cu_check(c, cudaErrorInvalidValue, "score take: no results left by score_head");
@@ -476,7 +483,7 @@ int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const in
     const int G = (long long)c->n_sm < NW ? c->n_sm : (int)NW, P = sh_slots(G, R);
     size_t a_bytes = (size_t)n * K * 2, off_ab = (a_bytes + 255) & ~(size_t)255,
            off_part = off_ab + (kind == SH_HEAD ? (a_bytes + 255) & ~(size_t)255 : 0),
-           total = off_part + sizeof(sh_part) * (size_t)n * P;
+           off_cb = off_part + ((sizeof(sh_part) * (size_t)n * P + 255) & ~(size_t)255), total = off_cb + sizeof(float) * (size_t)n;
     if (!cu_ensure(c, &c->sh_ws, &c->sh_ws_n, total) ||
         !cu_ensure(c, &c->score_out, &c->score_out_n, sizeof(be_score_row) * (size_t)n)) {
         cu_check(c, cudaErrorMemoryAllocation, "score head workspace");
@@ -488,7 +495,17 @@ int cu_op_score_head(be_ctx *c, const float *x, int n, const be_mat *w, const in
     const int32_t *d_tgt = (const int32_t *)cu_stage(c, tgt, sizeof(int32_t) * (size_t)n);
     const int32_t *d_idx = kind != SH_NONE ? (const int32_t *)cu_stage(c, base->idx, sizeof(int32_t) * (size_t)n) : NULL;
     const float *d_cb = NULL;
-    if (kind == SH_HEAD && !(d_cb = cu_stage_base_lse(c, base, n))) return 1;
+    if (kind == SH_HEAD && base->lse_of) {   /* the base context's kept results, read where they are */
+        const be_ctx *o = base->lse_of;
+        if (!o->score_out) {
+            cu_check(c, cudaErrorInvalidValue, "score head: the base context has no score results");
+            return 1;
+        }
+        d_cb = (const float *)(ws + off_cb);
+        cu_launch(c, k_sh_lse_of, dim3(cu_blocks((size_t)n, 256)), dim3(256), 0, (const be_score_row *)o->score_out, d_idx, n,
+                  (float *)d_cb);
+    } else if (kind == SH_HEAD && !(d_cb = cu_stage_base_lse(c, base, n)))
+        return 1;
     /* the rows rounded as the matmul rounds them for cuBLAS; a base's gathered in scored-row order */
     if (cu_round16(c, x, NULL, K, A, BE_BF16, (size_t)n * K) ||
         (kind == SH_HEAD && cu_round16(c, base->x, d_idx, K, Ab, BE_BF16, (size_t)n * K)))
