@@ -485,8 +485,9 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
                        double gemm_tf) {
     const model_config *c = &m->cfg;
     int L, bad = 0;
-    /* tokens scored per measurement: ~0.5-1 s of the forward (BENCH_SCORE_TOKENS overrides) */
-    int64_t budget = c->hidden <= 256 ? 262144 : c->hidden <= 2048 ? 65536 : 16384;
+    /* tokens scored per measurement: ~0.4-1 s of the forward on an H100 (prose-13m ~4M pos/s, 1B ~160k, 8B ~20k),
+     * so that a host hiccup of a few ms moves no figure (BENCH_SCORE_TOKENS overrides) */
+    int64_t budget = c->hidden <= 256 ? 2097152 : c->hidden <= 2048 ? 65536 : 16384;
     if (getenv("BENCH_SCORE_TOKENS")) budget = atoll(getenv("BENCH_SCORE_TOKENS"));
     printf("## scoring, %s: ceilings: device copy %.0f GB/s, cuBLAS bf16 GEMM %.0f TFLOP/s\n", shape_name, copy_gbs, gemm_tf);
     for (const char *q = list; !bad && next_int(&q, &L);) {
@@ -515,9 +516,10 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
         for (size_t i = 0; i < (size_t)n_rows * L; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; rows[i] = (int32_t)((x >> 33) % c->n_vocab); }
         int64_t N = (int64_t)n_rows * (L - 1);
         cinfer_ppl_result r, r2;
-        double th[2], tp[2], tk[2], tp2[2], tk2[2];
+        enum { REPS = 3 };
+        double th[REPS], tp[REPS], tk[REPS], tp2[REPS], tk2[REPS];
         cinfer_kl_stats ks, ks2;
-        for (int rep = 0; rep < 3 && !bad; rep++) {   /* one warm-up, then the mean of 2 of each, interleaved */
+        for (int rep = 0; rep <= REPS && !bad; rep++) {   /* one warm-up, then the median of REPS of each, interleaved */
             double a = cf_now();
             bad |= head_only(ctx, rows, n_rows, L, B);
             double t_h = cf_now() - a;
@@ -538,7 +540,7 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
             if (rep) { th[rep - 1] = t_h; tp[rep - 1] = t_p; tk[rep - 1] = t_k; tp2[rep - 1] = t_p2; tk2[rep - 1] = t_k2; }
         }
         if (bad) { fprintf(stderr, "score bench L=%d: %s / %s\n", L, err, cinfer_ctx_error(ctx)); break; }
-        double h = N / median(th, 2), pp = N / median(tp, 2), kl = N / median(tk, 2);
+        double h = N / median(th, REPS), pp = N / median(tp, REPS), kl = N / median(tk, REPS);
         /* the GEMM-bound rate: layers, LM head and causal attention FLOPs per position at the GEMM peak */
         double fl = 2.0 * layer_params + 2.0 * c->hidden * (double)c->n_vocab + 4.0 * c->n_layer * c->n_head * (double)c->head_dim * (L / 2.0);
         printf("score %s L=%d: compute ceiling (every FLOP at the GEMM peak) %.0f pos/s\n", shape_name, L, gemm_tf * 1e12 / fl);
@@ -552,7 +554,7 @@ static int score_bench(cinfer_model *m, const char *shape_name, const char *list
                "\"forward_logits_pos_s\":%.1f,\"perplexity_pos_s\":%.1f,\"kl_tok_s\":%.1f,\"ppl_ratio\":%.4f,\"kl_ratio\":%.4f}\n",
                shape_name, L, n_rows, B, W, h, pp, kl, pp / h, 2 * kl / h);
         if (ctx2) {
-            double pp2 = N / median(tp2, 2), kl2 = N / median(tk2, 2);
+            double pp2 = N / median(tp2, REPS), kl2 = N / median(tk2, REPS);
             printf("score %s L=%d, %s=%s: perplexity %.0f pos/s (%.1f%% of the forward; ppl %.2f, default %.2f); kl %.0f "
                    "tok/s (%.1f%% of half; mean KLD %.2g, same top %.4f)\n",
                    shape_name, L, abvar, ab, pp2, 100.0 * pp2 / h, r2.perplexity, r.perplexity, kl2, 200.0 * kl2 / h, ks2.mean_kld, ks2.same_top);
