@@ -21,6 +21,8 @@
 # sanitizer run) and san-TOOL-TARGET.log (that run's complete output). Each
 # log starts with the commit it ran on: COMMIT=... (the GPU machine gets no
 # .git), else git's HEAD; a run that can name none fails.
+# PART=score: only the CLI's scoring checks on both devices (perplexity and issue 18's statistics; the
+# stories260k greedy text they score is generated first).
 # Fails (exit 1) on: any FAIL line or failing program, a CLI result that
 # differs between cpu and cuda, a sanitizer error (memcheck, synccheck,
 # initcheck), a racecheck hazard in a kernel outside cuBLAS's own (nvjet*), a
@@ -45,13 +47,14 @@ if ldd $B/test-backend-ops | grep -q 'not found'; then
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):$LD_LIBRARY_PATH"
 fi
 export LD_LIBRARY_PATH="$B/lib:${LD_LIBRARY_PATH:-}"   # libmicrohttpd and its dependencies (tests/gpu/build.sh)
-PART=${PART:-all}   # tests | sanitize | all
+PART=${PART:-all}   # tests | sanitize | all | score
 fails=0; f=0
 if [ "$PART" != sanitize ]; then
 stamp >$O/tests.log
 [ "$COMMIT" = unknown ] && echo "FAIL the log names no commit: run with COMMIT=\$(git rev-parse HEAD)" >>$O/tests.log
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a $O/tests.log
 run() { echo "== $*" | tee -a $O/tests.log; "$@" >>$O/tests.log 2>&1 || fails=$((fails + 1)); }
+if [ "$PART" != score ]; then
 run $B/test-backend-ops
 # every attention case through both decode kernels of each pool kind (by default a 16-bit pool takes the
 # tensor-core one from 8192 keys, a 4-/8-bit one always): forced on, then off
@@ -70,6 +73,7 @@ run $B/test-seq
 run $B/test-gemma
 run $B/test-sample   # be_ops.sample on CUDA against its definition; cinfer_decode_sampled end to end
 run $B/test-serve    # cinfer serve --device cuda --batch-invariant (needs $B/lib: libmicrohttpd and its dependencies)
+fi
 # CLI end to end: the same greedy text on both devices; CUDA chains greedy steps (a step issued past the end is
 # dropped), so also ended by an end-of-sequence token (426 = "."), by the context limit, with a rotating cache (no
 # chain), and with the chain off (CINFER_CUDA_CHAIN=0)
@@ -83,11 +87,14 @@ gen_case() {   # tag, then generate's options
   else echo "FAIL cli generate $*: --device cuda differs from cpu" >>$O/tests.log; cat $T/gen-$tag-cuda.err >>$O/tests.log; fails=$((fails + 1)); fi
 }
 gen_case n60 -n 60
+if [ "$PART" != score ]; then
 gen_case eos -n 200 --extra-eos-token 426
 gen_case ctx -n -1
 gen_case rot -n 150 --max-kv-size 64
 export CINFER_CUDA_CHAIN=0; gen_case nochain -n 60; unset CINFER_CUDA_CHAIN
+fi
 cp $T/gen-n60-cpu.txt $T/gen-cpu.txt   # the text the scoring checks below read
+if [ "$PART" != score ]; then
 $B/cinfer logits -m "$MODELS/stories260k" -p "Once upon a time" --top 3 --device cuda >$T/logits-cuda.txt 2>&1 &&
   $B/cinfer logits -m "$MODELS/stories260k" -p "Once upon a time" --top 3 --device cpu >$T/logits-cpu.txt 2>&1
 echo "== cinfer logits --device cpu / cuda" >>$O/tests.log
@@ -112,6 +119,7 @@ ok = not bad and worst <= 2e-4
 print("%s cli logits: top-3 listing on cuda == cpu (same tokens; printed values within %.1e, tol 2e-4)%s"
       % ("PASS" if ok else "FAIL", worst, "" if ok else ": " + "; ".join(bad[:3])))
 PY
+fi
 # perplexity end to end on both devices: ppl_pair LABEL MODEL DATA SEQ BATCH TOL MIN_TOKENS (the
 # perplexities within TOL relative, the same count of more than MIN_TOKENS tokens scored)
 ppl_pair() {
@@ -140,6 +148,7 @@ ppl_pair stories260k "$MODELS/stories260k" $T/gen-cpu.txt 24 2 5e-7 0
 ppl_pair prose-13m "$MODELS/prose-13m" "${TXT:-$(dirname "$MODELS")/austen-3k.txt}" 256 4 1e-3 500
 # prose-13m converted to 4 and 8 bits (g64) by cinfer convert: greedy decode (one token a step, the affine
 # GEMV's tensor-core form) gives the CPU's text (seen identical on the H200 for 4 bits, both GEMV kernels)
+if [ "$PART" != score ]; then
 for q in 4 8; do
   rm -rf $T/prose-q$q
   $B/cinfer convert --hf-path "$MODELS/prose-13m" --mlx-path $T/prose-q$q -q --q-bits $q --q-group-size 64 >/dev/null 2>$T/conv.err
@@ -149,6 +158,7 @@ for q in 4 8; do
   if cmp -s $T/genq-cpu.txt $T/genq-cuda.txt && [ -s $T/genq-cuda.txt ]; then echo "PASS cli generate prose-13m q$q g64: cuda text identical to cpu" >>$O/tests.log
   else echo "FAIL cli generate prose-13m q$q g64: cuda differs from cpu" >>$O/tests.log; cat $T/conv.err $T/genq-cpu.txt $T/genq-cuda.txt >>$O/tests.log; fails=$((fails + 1)); fi
 done
+fi
 # the same model quantized by mlx-lm (mixed 3/6-bit, issue 11): decode rows through the affine GEMV, prefill
 # through the matrix dequantized to bf16 for cuBLAS (affine.cu), so the prose-13m bar
 if [ -d "$MODELS/prose-13m-mlx-mixed-3-6" ]; then
@@ -238,7 +248,7 @@ fi
 # compute-sanitizer
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 sfail=0
-if [ -n "$CS" ] && [ "$PART" != tests ]; then
+if [ -n "$CS" ] && [ "$PART" != tests ] && [ "$PART" != score ]; then
   stamp >$O/sanitizer.log
   [ "$COMMIT" = unknown ] && { echo "FAIL the log names no commit: run with COMMIT=\$(git rev-parse HEAD)" | tee -a $O/sanitizer.log; sfail=1; }
   SAN_RUNS=${SAN_RUNS:-"memcheck:kernels memcheck:model racecheck:kernels synccheck:kernels initcheck:model"}
@@ -274,6 +284,6 @@ if [ -n "$CS" ] && [ "$PART" != tests ]; then
   done
   echo "sanitizer: $sfail of $(echo $SAN_RUNS | wc -w) runs failed" | tee -a $O/sanitizer.log
 else
-  echo "compute-sanitizer: not run (not found, or PART=tests)"
+  echo "compute-sanitizer: not run (not found, or PART=tests|score)"
 fi
 [ $fails -eq 0 ] && [ $f -eq 0 ] && [ $sfail -eq 0 ]
