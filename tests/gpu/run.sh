@@ -221,11 +221,14 @@ score_pair() {   # LABEL PREC MODEL DATA SEQ BATCH
   # log-prob: mean KLD within 1e-3 relative + 1e-6). PPL(base): the file's is exact from --save-base's
   # materialized logits (cuBLAS); the live base folds its LM head into the score op (score-head.cu:
   # its own product order, its exp sum), so within 1e-5 relative (achieved 2.4e-6, 2026-12-02); PPL(Q)
-  # equal (the model's pass folds in both, one tiling for every kind of base)
+  # within 1e-6 relative: the model's pass folds in both, but k_score_wg tiles the vocabulary 32 columns an
+  # item beside a base head and 64 beside a file's records, and starts the model's running maximum at the
+  # base's lse in the first, so the model's own exp sums are ordered and rescaled differently (achieved
+  # 3.9e-8 on prose-13m, 0 on stories260k; H100, 2026-12-06; equal before that kernel, 2026-12-02)
   python3 - "$lab" $T/kl-cuda.json $T/klf-cuda.json >>$O/tests.log 2>&1 <<'PY' || fails=$((fails + 1))
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[2:4])
-ok = abs(a["mean_kld"] - b["mean_kld"]) <= 1e-3 * a["mean_kld"] + 1e-6 and abs(a["ppl_base"] - b["ppl_base"]) <= 1e-5 * a["ppl_base"] and a["ppl_model"] == b["ppl_model"]
+ok = abs(a["mean_kld"] - b["mean_kld"]) <= 1e-3 * a["mean_kld"] + 1e-6 and abs(a["ppl_base"] - b["ppl_base"]) <= 1e-5 * a["ppl_base"] and abs(a["ppl_model"] - b["ppl_model"]) <= 1e-6 * a["ppl_model"]
 print("%s cli kl %s on cuda: --base-logprobs file vs live base: mean KLD %.8g vs %.8g, PPL(base) %.8g vs %.8g, PPL(Q) %.8g vs %.8g"
       % ("PASS" if ok else "FAIL", sys.argv[1], b["mean_kld"], a["mean_kld"], b["ppl_base"], a["ppl_base"], b["ppl_model"], a["ppl_model"]))
 PY
