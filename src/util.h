@@ -37,5 +37,10 @@ int cf_rename_durable(const char *tmp, const char *target);
  * target (cf_write_target), fsync, cf_rename_durable (atomic.c) */
 cinfer_status cf_write_atomic(const char *path, const void *buf, size_t len, char *err, size_t n);
 double cf_now(void);          /* monotonic seconds */
+/* a speed feature on by default: the environment variable name=0 turns it off (for comparisons) */
+static inline int cf_knob_on(const char *name) {
+    const char *v = getenv(name);
+    return !(v && v[0] == '0' && !v[1]);
+}
 size_t cf_peak_rss(void);     /* bytes */
 #endif

@@ -343,16 +343,14 @@ static cinfer_status run_rows(kl_run *r, const int32_t *rows, int n_rows, int L,
     }
     /* two contexts, both heads folded: both forwards are issued before either is scored, and the two run
      * together on the device (small models' forwards leave most of it idle); CINFER_KL_DEFER=0: not */
-    const char *de = getenv("CINFER_KL_DEFER");
-    int defer = r->base && r->model && r->base != r->model && !materialize && !(de && !strcmp(de, "0"));
+    int defer = r->base && r->model && r->base != r->model && !materialize && cf_knob_on("CINFER_KL_DEFER");
     /* and the model's score is not waited for before the next chunk's forward is issued (its results kept
      * by the backend until then) */
     cinfer_ctx *kept = defer && r->model->m->be->score_take ? r->model : NULL;
     /* and, where the backend can order the two contexts, the base's forward goes first: its chain (forward,
      * score, then the model's score, which needs the base's lse) is the chunk's critical path. It overwrites
      * the base's rows, so it starts after the model's last score, which reads them. CINFER_KL_BASE_FIRST=0: not */
-    const char *bf = getenv("CINFER_KL_BASE_FIRST");
-    int base_first = defer && be->order_after && !(bf && !strcmp(bf, "0"));
+    int base_first = defer && be->order_after && cf_knob_on("CINFER_KL_BASE_FIRST");
     /* there, the base's results stay with the backend too: the model's score reads the base's lse where it is
      * (be_score_base.lse_of, ordered after the base's score), so the host waits for neither score mid-chunk */
     cinfer_ctx *kept_base = base_first && kept && r->base->m->be->score_take ? r->base : NULL;

@@ -35,6 +35,7 @@
 #include <string.h>
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/cuda-api.h"
+#include "util.h"
 
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -286,12 +287,6 @@ static void cu_op_order_after(be_ctx *c, be_ctx *other) {
         cu_check(c, cudaStreamWaitEvent(c->stream, other->ord_ev, 0), "order wait");
 }
 
-/* a speed feature on by default; the environment variable name=0 turns it off (for comparisons) */
-static int knob_on(const char *name) {
-    const char *v = getenv(name);
-    return !(v && !strcmp(v, "0"));
-}
-
 static int cuda_ctx_new(be_ctx **out, int n_threads) {
     (void)n_threads;
     *out = NULL;
@@ -305,23 +300,23 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     if (!c) return 1;
     c->recs = (cu_rec *)calloc(CU_MAX_RECS, sizeof *c->recs);
     c->last = -1;
-    c->pdl = knob_on("CINFER_CUDA_PDL");
-    c->prefetch = knob_on("CINFER_CUDA_PREFETCH");
-    c->cluster = knob_on("CINFER_CUDA_CLUSTER");
+    c->pdl = cf_knob_on("CINFER_CUDA_PDL");
+    c->prefetch = cf_knob_on("CINFER_CUDA_PREFETCH");
+    c->cluster = cf_knob_on("CINFER_CUDA_CLUSTER");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");
     c->dec_blocks = db ? atoi(db) : 1;
-    c->dec_many = knob_on("CINFER_CUDA_DEC_MANY");
+    c->dec_many = cf_knob_on("CINFER_CUDA_DEC_MANY");
     const char *tc = getenv("CINFER_CUDA_DEC_TC");   /* 0: never; 1: always; unset: spans from DEC_TC_SPAN keys (attn-decode.cu) */
     c->dec_tc = tc && !strcmp(tc, "0") ? 0 : tc && !strcmp(tc, "1") ? 2 : 1;
-    c->batched = knob_on("CINFER_CUDA_BATCHED");
-    c->aff_gemv = knob_on("CINFER_CUDA_AFF_GEMV");
-    c->aff_tc = knob_on("CINFER_CUDA_AFF_TC");
-    c->aff_dp = knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */
-    c->aff_ring = knob_on("CINFER_CUDA_AFF_RING");
-    c->am_step = knob_on("CINFER_CUDA_ARGMAX_STEP");
-    c->chain = knob_on("CINFER_CUDA_CHAIN");
+    c->batched = cf_knob_on("CINFER_CUDA_BATCHED");
+    c->aff_gemv = cf_knob_on("CINFER_CUDA_AFF_GEMV");
+    c->aff_tc = cf_knob_on("CINFER_CUDA_AFF_TC");
+    c->aff_dp = cf_knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */
+    c->aff_ring = cf_knob_on("CINFER_CUDA_AFF_RING");
+    c->am_step = cf_knob_on("CINFER_CUDA_ARGMAX_STEP");
+    c->chain = cf_knob_on("CINFER_CUDA_CHAIN");
     c->am_last = c->am_pend = -1;
     const char *ad = getenv("CINFER_CUDA_AFR_D");
     c->afr_d = ad ? atoi(ad) : 0;
