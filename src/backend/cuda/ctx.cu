@@ -322,8 +322,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->afr_d = ad ? atoi(ad) : 0;
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
     c->afr_blocks = ab ? atoi(ab) : 0;
-    const char *sh = getenv("CINFER_CUDA_SCORE_HEAD");   /* 0: never; unset: bf16 heads of hidden <= 256 */
-    c->score_head_k = sh && !strcmp(sh, "0") ? 0 : 256;
+    c->score_head_k = cf_knob_on("CINFER_CUDA_SCORE_HEAD") ? 256 : 0;   /* 0: never; else bf16 heads of hidden <= 256 */
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");
