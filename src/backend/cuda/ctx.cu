@@ -311,6 +311,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     const char *tc = getenv("CINFER_CUDA_DEC_TC");   /* 0: never; 1: always; unset: spans from DEC_TC_SPAN keys (attn-decode.cu) */
     c->dec_tc = tc && !strcmp(tc, "0") ? 0 : tc && !strcmp(tc, "1") ? 2 : 1;
     c->batched = cf_knob_on("CINFER_CUDA_BATCHED");
+    c->kq_pack = cf_knob_on("CINFER_CUDA_KQ_PACK");
     c->aff_gemv = cf_knob_on("CINFER_CUDA_AFF_GEMV");
     c->aff_tc = cf_knob_on("CINFER_CUDA_AFF_TC");
     c->aff_dp = cf_knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */

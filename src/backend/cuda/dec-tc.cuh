@@ -33,7 +33,8 @@ __device__ __forceinline__ void dec_pipe_next(int t, int mine, LD &load) {
 }
 
 /* one run's online softmax step: x[4] the lane's scores (-inf: not a key), m_r / l_r the running max and
- * (lane-partial) sum, o rescaled; pv[4] = exp(x - m) */
+ * (lane-partial) sum, o rescaled; pv[4] = exp(x - m). The rescale is skipped (a warp vote) when no lane's
+ * max moved: its factor would be exactly 1. */
 template <int NT>
 __device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l_r, float (*o)[4], float *pv) {
     float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
@@ -44,28 +45,31 @@ __device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l
     for (int t = 0; t < 4; t++) pv[t] = x[t] == -INFINITY ? 0.0f : expf(x[t] - mn);
     l_r = l_r * al + ((pv[0] + pv[1]) + (pv[2] + pv[3]));
     m_r = mn;
+    if (__any_sync(0xffffffffu, al != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
-        o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
+        for (int n = 0; n < NT; n++) {
+            o[n][0] *= al; o[n][1] *= al; o[n][2] *= al; o[n][3] *= al;
+        }
     }
     return al;
 }
 
 /* The four warps' partials into the block's: a warp's head r (lanes of quad r, r < g) gives its max m_r,
- * sum l_r and o[d] = its dims' values (od(n, e): n-tile n, element e of the lane's pair 2c, 2c+1), through
+ * sum l_r and o[d] = its dims' values (od(n, e): n-tile n, element e of the lane's columns 2c, 2c+1, which
+ * hold dims dm(n, 2c + e): n * 8 + 2c + e where the kernel's n-tiles are not permuted), through
  * wo [4][8][HD] (shared, free now), wm, wl [4][8]; then head h's merged max, sum and o[d] go to
  * md[h * ms], ld[h * ms] and ov[h * os + d]. walk: this block had keys (else nothing is written). */
-template <int HD, typename OD>
-__device__ __forceinline__ void dec_warps_merge(int walk, int g, float m_r, float l_r, OD od, float *wo, float (*wm)[8], float (*wl)[8],
+template <int HD, typename OD, typename DM>
+__device__ __forceinline__ void dec_warps_merge(int walk, int g, float m_r, float l_r, OD od, DM dm, float *wo, float (*wm)[8], float (*wl)[8],
                                                 float *md, float *ld, size_t ms, float *ov, size_t os) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
     __syncthreads();   /* the stages are free */
     if (walk && r < g) {
 #pragma unroll
         for (int n = 0; n < HD / 8; n++) {
-            float *w = wo + ((size_t)warp * 8 + r) * HD + n * 8 + 2 * c;
-            w[0] = od(n, 0);
-            w[1] = od(n, 1);
+            float *w = wo + ((size_t)warp * 8 + r) * HD;
+            w[dm(n, 2 * c)] = od(n, 0);
+            w[dm(n, 2 * c + 1)] = od(n, 1);
         }
         if (c == 0) {
             wm[warp][r] = m_r;

@@ -437,12 +437,21 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  * XOR-swizzled so a quad's rows fall in different banks; scales and biases; keys past the slice
  * zero-filled) and an online softmax; the four warps merge in shared memory. Codes become bf16 operands
  * exactly (4 bits: 128 + c under bf16's exponent minus 128; 8 bits: through f32); the query (times the
- * scale) is split into bf16 hi + mid + lo (24+ bits), hi and mid in rows 0-7 and 8-15 of the A operand,
- * lo in a second product: per group s * (q . c) + b * sum(q) as k_kvq_split. P V: A = p times the V
- * scale of the group (split the same way), the bias term p * b summed apart. The slice's softmax is
- * the online recurrence over runs of 16 keys: the definition to f32 rounding, as the slices' merge. */
+ * scale) is split into bf16 hi + mid + lo (24+ bits): per group s * (q . c) + b * sum(q) as k_kvq_split.
+ * P V: A = p times the V scale of the group (split the same way), the bias term p * b summed apart. The
+ * slice's softmax is the online recurrence over runs of 16 keys: the definition to f32 rounding, as the
+ * slices' merge.
+ * - 4-bit K: a k-step's k = 2c, 2c+1, 2c+8, 2c+9 hold dims 2c, 2c+8, 2c+1, 2c+9 (the query's A operand is
+ *   ordered so), so a lane's B operands are the two nibbles of byte c of the step's two words: one byte
+ *   permute (kq_bf2_nib). 4-bit V: column j of n-tile wi of group gi holds dim gi*G + j*G/8 + wi, so lane
+ *   (r, c) reads G/16 consecutive bytes of each key and group once and takes two tiles from each byte
+ *   permute; dec_warps_merge gets that dim map (kq_vdim).
+ * - PACK (g <= 4): rows 0-3 of the A operand hold hi, rows 8-11 mid and rows 4-7 lo of heads 0-3, so one
+ *   mma per k-step and n-tile does what two do otherwise: lanes r and r + 4 (lane ^ 16) hold the two parts
+ *   of head r & 3's sums, added by a shuffle (scores per run; P V once, before the merge). Otherwise hi and
+ *   mid in rows 0-7 and 8-15, lo in a second product. CINFER_CUDA_KQ_PACK=0 keeps two products. */
 #define KT_TK 16
-#define KT_BLOCKS_SM 3   /* resident blocks per SM (168 registers a thread) */
+#define KT_BLOCKS_SM 3   /* resident blocks per SM */
 template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
     static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
@@ -451,31 +460,56 @@ template <int HD, int BITS> struct kq_tc_geo {
 };
 static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
 
-/* two codes below 128, then two below 256, as an exact bf16 pair (the first in the low half) */
-__device__ __forceinline__ uint32_t kq_bf2_small(uint32_t lo, uint32_t hi) {
-    uint32_t v = lo | hi << 16 | 0x43004300u;
-    __nv_bfloat162 b = __hsub2(*(__nv_bfloat162 *)&v, __floats2bfloat162_rn(128.0f, 128.0f));
-    return *(uint32_t *)&b;
-}
+/* two codes below 256 as an exact bf16 pair (the first in the low half) */
 __device__ __forceinline__ uint32_t kq_bf2_byte(uint32_t lo, uint32_t hi) {
     __nv_bfloat162 b = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | lo) - 8388608.0f, __uint_as_float(0x4B000000u | hi) - 8388608.0f);
     return *(uint32_t *)&b;
 }
+/* 4-bit codes: byte sel & 7 of x and byte sel >> 8 & 7 of (x, y) (the permute's selector) as two exact bf16
+ * pairs: lo = their low nibbles, hi = their high nibbles (the first byte's in the low halves) */
+__device__ __forceinline__ void kq_bf2_nib(uint32_t x, uint32_t y, uint32_t sel, uint32_t &lo, uint32_t &hi) {
+    uint32_t v = __byte_perm(x, y, sel), a = (v & 0x000F000Fu) | 0x43004300u, b = (v >> 4 & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
+    __nv_bfloat162 ra = __hsub2(*(__nv_bfloat162 *)&a, k128), rb = __hsub2(*(__nv_bfloat162 *)&b, k128);
+    lo = *(uint32_t *)&ra;
+    hi = *(uint32_t *)&rb;
+}
+/* the A operand of v[4] (cols 2c, 2c+1, 2c+8, 2c+9 of row r) in PACK's rows: hi | mid (r < 4), lo | 0 (r >= 4) */
+__device__ __forceinline__ void kq_a_pack(const float *v, int lo_rows, uint32_t *a) {
+    uint32_t h[4], m[4], l[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) mma_split3<__nv_bfloat16>(v[t], &h[t], &m[t], &l[t]);
+    a[0] = lo_rows ? l[0] | l[1] << 16 : h[0] | h[1] << 16;
+    a[1] = lo_rows ? 0u : m[0] | m[1] << 16;
+    a[2] = lo_rows ? l[2] | l[3] << 16 : h[2] | h[3] << 16;
+    a[3] = lo_rows ? 0u : m[2] | m[3] << 16;
+}
+/* the dim of column j of P V's n-tile n (BITS 4: permuted, see above) */
+template <int BITS, int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
+    constexpr int WG = GROUP / 8;
+    return BITS == 4 ? n / WG * GROUP + j * WG + n % WG : n * 8 + j;
+}
+/* a scale or bias of a key's 16 bytes (the pool's dtype SDT) */
+template <int SDT> __device__ __forceinline__ float kq_sget(const unsigned char *p, int i) {
+    return SDT == BE_F32 ? ((const float *)p)[i] : SDT == BE_F16 ? __half2float(((const __half *)p)[i]) : __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
 
-template <int HD, int BITS, int GROUP>
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
 __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
-                                                         const void *Vs, const void *Vb, int sdt, int L, int H, int n_kv, const int32_t *pt,
+                                                         const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
                                                          int chunk, float *part, int *cnt, float *out) {
     typedef kq_tc_geo<HD, BITS> G;
-    constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16;
+    constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16, WG = GROUP / 8;
     constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
+    constexpr int SBN = NG * (SDT == BE_F32 ? 4 : 2);   /* bytes of a row's scales (and of its biases): 4, 8 or 16 */
+    constexpr int VB = GROUP / 16;                      /* 4-bit V: bytes of a key and group a lane reads (2, 4, 8) */
     static_assert(KQ_THREADS == 128 && KQ_GMAX == 8 && GROUP % 16 == 0 && PER >= 1, "four warps; q heads in rows 0-7");
+    static_assert(SBN == 4 || SBN == 8 || SBN == 16, "a row's scales: 4, 8 or 16 bytes");
     extern __shared__ __align__(16) unsigned char dsm[];
     __shared__ float wm[4][KQ_GMAX], wl[4][KQ_GMAX], mh[KQ_GMAX], lh[KQ_GMAX];
     PDL_ENTRY();
-    const int sz = sdt == BE_F32 ? 4 : 2, SBN = NG * sz;   /* bytes of a row's scales (and of its biases): 4, 8 or 16 */
     const kq_blk kb = kq_block(HD, L, H, n_kv, pt, n_pt, window, keep, tiled, pos0, len, seq, run0, nsplit, chunk, part);
     const int kvh = kb.kvh, bi = kb.bi, g = kb.g, valid = kb.valid, j0 = kb.j0, j1 = kb.j1, n = j1 - j0;
     const cu_span sp = kb.sp;
@@ -483,16 +517,18 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
     const size_t pstride = kb.pstride;
     float *pbase = kb.pbase;   /* head h: + h * pstride */
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
+    const int hr = PACK ? (r & 3) : r, lo_rows = PACK && r >= 4;   /* the lane's head; PACK: its lo rows */
     float o[NT][4], ob[NG], m_r = -INFINITY, l_r = 0.0f;
 #pragma unroll
     for (int w = 0; w < NT; w++) o[w][0] = o[w][1] = o[w][2] = o[w][3] = 0.0f;
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) ob[gi] = 0.0f;
     if (n > 0) {
-        uint32_t aq[KS][4], aql[KS][4];
+        uint32_t aq[KS][4], aql[PACK ? 1 : KS][4];
         float qsum[NG];
-        {   /* head r's A operands (dims 16 ks + 2c + {0, 1, 8, 9}) and its sums per group */
-            const float *qh = q + ((size_t)bi * H + (size_t)kvh * g + (r < g ? r : 0)) * HD;
+        {   /* head hr's A operands and its sums per group: k = 2c + {0, 1, 8, 9} of step ks holds dim 16 ks +
+             * 2c + {0, 1, 8, 9} (8-bit) or 2c + {0, 8, 1, 9} (4-bit) */
+            const float *qh = q + ((size_t)bi * H + (size_t)kvh * g + (hr < g ? hr : 0)) * HD;
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) qsum[gi] = 0.0f;
 #pragma unroll
@@ -500,10 +536,12 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                 float qv[4];
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
-                    qv[t] = r < g ? qh[16 * ks + 2 * c + (t & 1) + (t >> 1) * 8] * scale : 0.0f;
+                    int d = 16 * ks + 2 * c + (BITS == 4 ? (t & 1) * 8 + (t >> 1) : (t & 1) + (t >> 1) * 8);
+                    qv[t] = hr < g ? qh[d] * scale : 0.0f;
                     qsum[16 * ks / GROUP] += qv[t];
                 }
-                mma_a_split<__nv_bfloat16>(qv, aq[ks], aql[ks]);
+                if (PACK) kq_a_pack(qv, lo_rows, aq[ks]);
+                else mma_a_split<__nv_bfloat16>(qv, aq[ks], aql[PACK ? 0 : ks]);
             }
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) {
@@ -511,8 +549,12 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                 qsum[gi] += __shfl_xor_sync(0xffffffffu, qsum[gi], 2);
             }
         }
+        const uint32_t ksel = (uint32_t)c | (uint32_t)(4 + c) << 8;   /* byte c of a k-step's two words */
         int nst = (n + KT_TK - 1) / KT_TK, mine = nst > warp ? (nst - warp + 3) / 4 : 0;
         unsigned char *wst = dsm + (size_t)warp * ST * G::STAGE;
+        auto cb = [&](int kk, int byte) {   /* byte `byte` of row kk's codes in a stage (the chunks swizzled) */
+            return kk * RB + (((byte >> 4) ^ ((kk / RPL) & (CPR - 1))) << 4) + (byte & 15);
+        };
         auto load = [&](int t) {   /* run t of this warp into stage t % ST */
             int jb = j0 + (warp + 4 * t) * KT_TK;
             int64_t row = lane < KT_TK && jb + lane < j1 ? cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, jb + lane)) : -1;
@@ -521,7 +563,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
             for (int u = 0; u < PER; u++) {
                 int e = lane + 32 * u, kk = e / CPR, ch = e % CPR;
                 int64_t rw = __shfl_sync(0xffffffffu, row, kk);
-                int at = kk * RB + ((ch ^ ((kk / RPL) & (CPR - 1))) * 16);
+                int at = cb(kk, ch * 16);
                 size_t src = (size_t)(rw < 0 ? 0 : rw) * RB + ch * 16;
                 cp_async16_zf(st + at, Kc + src, rw >= 0);
                 cp_async16_zf(st + KT_TK * RB + at, Vc + src, rw >= 0);
@@ -533,11 +575,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                 const unsigned char *src[4] = {(const unsigned char *)Ks + so, (const unsigned char *)Kb + so, (const unsigned char *)Vs + so,
                                                (const unsigned char *)Vb + so};
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if (SBN == 4) cp_async_ca<4>(d + 16 * k, src[k], row >= 0);
-                    else if (SBN == 8) cp_async_ca<8>(d + 16 * k, src[k], row >= 0);
-                    else cp_async_ca<16>(d + 16 * k, src[k], row >= 0);
-                }
+                for (int k = 0; k < 4; k++) cp_async_ca<SBN>(d + 16 * k, src[k], row >= 0);
             }
             if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * 64) = okm;
         };
@@ -547,7 +585,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
             const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *vc = kc + KT_TK * RB, *sb = vc + KT_TK * RB;
             unsigned okm = *(const unsigned *)(sb + KT_TK * 64);
             int jb = j0 + (warp + 4 * t) * KT_TK;
-            float x[4];   /* head r's scores of keys 2c, 2c+1, 8+2c, 9+2c of the run */
+            float x[4];   /* head hr's scores of keys 2c, 2c+1, 8+2c, 9+2c of the run */
             {
                 float sacc[NG][2][4];
 #pragma unroll
@@ -559,22 +597,19 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     int kk = nt * 8 + r;
                     uint32_t wd[RB / 4];
 #pragma unroll
-                    for (int u = 0; u < CPR; u++) *(uint4 *)&wd[4 * u] = *(const uint4 *)(kc + kk * RB + ((u ^ ((kk / RPL) & (CPR - 1))) * 16));
+                    for (int u = 0; u < CPR; u++) *(uint4 *)&wd[4 * u] = *(const uint4 *)(kc + cb(kk, 16 * u));
 #pragma unroll
                     for (int ks = 0; ks < KS; ks++) {
                         uint32_t b0, b1;
-                        if (BITS == 4) {   /* dims 16 ks + 2c, +1: byte 8 ks + c; +8: byte 8 ks + c + 4 */
-                            uint32_t x0 = wd[2 * ks] >> (8 * c), x1 = wd[2 * ks + 1] >> (8 * c);
-                            b0 = kq_bf2_small(x0 & 15u, x0 >> 4 & 15u);
-                            b1 = kq_bf2_small(x1 & 15u, x1 >> 4 & 15u);
-                        } else {   /* bytes 16 ks + 2c, +1 and 16 ks + 2c + 8, +9 */
+                        if (BITS == 4) kq_bf2_nib(wd[2 * ks], wd[2 * ks + 1], ksel, b0, b1);
+                        else {   /* bytes 16 ks + 2c, +1 and 16 ks + 2c + 8, +9 */
                             uint32_t x0 = (c & 2 ? wd[4 * ks + 1] : wd[4 * ks]) >> (16 * (c & 1));
                             uint32_t x1 = (c & 2 ? wd[4 * ks + 3] : wd[4 * ks + 2]) >> (16 * (c & 1));
                             b0 = kq_bf2_byte(x0 & 255u, x0 >> 8 & 255u);
                             b1 = kq_bf2_byte(x1 & 255u, x1 >> 8 & 255u);
                         }
                         mma16816_bf16(sacc[16 * ks / GROUP][nt], aq[ks], b0, b1);
-                        mma16816_bf16(sacc[16 * ks / GROUP][nt], aql[ks], b0, b1);
+                        if (!PACK) mma16816_bf16(sacc[16 * ks / GROUP][nt], aql[PACK ? 0 : ks], b0, b1);
                     }
                 }
 #pragma unroll
@@ -582,47 +617,73 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     int nt = t2 >> 1, e = t2 & 1, kk = nt * 8 + 2 * c + e;
                     float v = 0.0f;
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++)
-                        v += cu_mat_get(sb + kk * 64, sdt, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]) +
-                             cu_mat_get(sb + kk * 64 + 16, sdt, gi) * qsum[gi];
+                    for (int gi = 0; gi < NG; gi++) v += kq_sget<SDT>(sb + kk * 64, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
+                    if (PACK) v += __shfl_xor_sync(0xffffffffu, v, 16);   /* + the other half's parts */
+#pragma unroll
+                    for (int gi = 0; gi < NG; gi++) v += kq_sget<SDT>(sb + kk * 64 + 16, gi) * qsum[gi];
                     if (cap > 0) v = be_softcap(v, cap);
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
             }
             float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv);
-            uint32_t ap[4], apl[4];
+            uint32_t vw[4][BITS == 4 ? (VB == 8 ? 2 * NG : NG) : 1];   /* 4-bit: keys 2c, 2c+1, 2c+8, 2c+9, VB bytes a group (a word or two) */
+            if (BITS == 4) {
 #pragma unroll
-            for (int w = 0; w < NT; w++) {   /* P V, dims 8w + r of keys 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1) */
-                constexpr int WG = GROUP / 8;   /* n-tiles a group */
-                if (w % WG == 0) {   /* a group's first tile: A = p * (V scale), the bias term apart */
-                    const int gi = w / WG;
+                for (int k = 0; k < 4; k++) {
+                    int kk = 2 * c + (k & 1) + (k >> 1) * 8;
+#pragma unroll
+                    for (int gi = 0; gi < NG; gi++) {
+                        const unsigned char *p = vc + cb(kk, gi * GROUP / 2 + r * VB);
+                        if (VB == 2) vw[k][gi] = *(const uint16_t *)p;
+                        else if (VB == 4) vw[k][gi] = *(const uint32_t *)p;
+                        else *(uint2 *)&vw[k][2 * gi] = *(const uint2 *)p;
+                    }
+                }
+            }
+#pragma unroll
+            for (int gi = 0; gi < NG; gi++) {   /* P V over the group's n-tiles gi * WG .. */
+                uint32_t ap[4], apl[4];
+                {   /* A = p * (V scale), the bias term apart */
                     float ps[4], bsum = 0.0f;
 #pragma unroll
                     for (int t2 = 0; t2 < 4; t2++) {
                         int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
-                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, sdt, gi);
-                        bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, sdt, gi);
+                        ps[t2] = pv[t2] * kq_sget<SDT>(sb + kk * 64 + 32, gi);
+                        bsum += pv[t2] * kq_sget<SDT>(sb + kk * 64 + 48, gi);
                     }
                     ob[gi] = ob[gi] * al + bsum;
-                    mma_a_split<__nv_bfloat16>(ps, ap, apl);
+                    if (PACK) kq_a_pack(ps, lo_rows, ap);
+                    else mma_a_split<__nv_bfloat16>(ps, ap, apl);
                 }
-                uint32_t cd[4];
+                if (BITS == 4) {   /* tiles 2j, 2j+1 of the group: byte j of the lane's VB bytes of each key */
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    int kk = 2 * c + (k & 1) + (k >> 1) * 8;
-                    if (BITS == 4) {   /* word w of the row, nibble r */
-                        uint32_t wv = *(const uint32_t *)(vc + kk * RB + (((w >> 2) ^ ((kk / RPL) & (CPR - 1))) * 16) + (w & 3) * 4);
-                        cd[k] = wv >> (4 * r) & 15u;
-                    } else {   /* byte 8w + r: word 2w + r / 4 */
-                        int wi = 2 * w + (r >> 2);
-                        uint32_t wv = *(const uint32_t *)(vc + kk * RB + (((wi >> 2) ^ ((kk / RPL) & (CPR - 1))) * 16) + (wi & 3) * 4);
-                        cd[k] = wv >> (8 * (r & 3)) & 255u;
+                    for (int j = 0; j < WG / 2; j++) {
+                        constexpr uint32_t SEL0 = 0x0400u;
+                        const uint32_t sel = SEL0 | (uint32_t)(j & 3) * 0x0101u;
+                        const int wi = VB == 8 ? 2 * gi + (j >> 2) : gi;
+                        uint32_t b0l, b0h, b1l, b1h;
+                        kq_bf2_nib(vw[0][wi], vw[1][wi], sel, b0l, b0h);
+                        kq_bf2_nib(vw[2][wi], vw[3][wi], sel, b1l, b1h);
+                        float *o0 = o[gi * WG + 2 * j], *o1 = o[gi * WG + 2 * j + 1];
+                        mma16816_bf16(o0, ap, b0l, b1l);
+                        mma16816_bf16(o1, ap, b0h, b1h);
+                        if (!PACK) {
+                            mma16816_bf16(o0, apl, b0l, b1l);
+                            mma16816_bf16(o1, apl, b0h, b1h);
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int wt = 0; wt < WG; wt++) {   /* n-tile w: dims 8w + r of keys 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1): byte 8w + r */
+                        const int w = gi * WG + wt;
+                        uint32_t cd[4];
+#pragma unroll
+                        for (int k = 0; k < 4; k++) cd[k] = vc[cb(2 * c + (k & 1) + (k >> 1) * 8, 8 * w + r)];
+                        uint32_t b0 = kq_bf2_byte(cd[0], cd[1]), b1 = kq_bf2_byte(cd[2], cd[3]);
+                        mma16816_bf16(o[w], ap, b0, b1);
+                        if (!PACK) mma16816_bf16(o[w], apl, b0, b1);
                     }
                 }
-                uint32_t b0 = BITS == 4 ? kq_bf2_small(cd[0], cd[1]) : kq_bf2_byte(cd[0], cd[1]);
-                uint32_t b1 = BITS == 4 ? kq_bf2_small(cd[2], cd[3]) : kq_bf2_byte(cd[2], cd[3]);
-                mma16816_bf16(o[w], ap, b0, b1);
-                mma16816_bf16(o[w], apl, b0, b1);
             }
             __syncwarp();   /* every lane is done with this stage before it is loaded again */
         }
@@ -634,9 +695,20 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
             ob[gi] += __shfl_xor_sync(0xffffffffu, ob[gi], 1);
             ob[gi] += __shfl_xor_sync(0xffffffffu, ob[gi], 2);
         }
+        if (PACK) {   /* the two halves' P V sums folded into lanes r < 4 (rows r and r + 8, then the lo rows) */
+#pragma unroll
+            for (int w = 0; w < NT; w++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float s = o[w][e] + o[w][e + 2];
+                    o[w][e] = s + __shfl_xor_sync(0xffffffffu, s, 16);
+                    o[w][e + 2] = 0.0f;
+                }
+        }
     }
-    dec_warps_merge<HD>(n > 0, g, m_r, l_r, [&](int w, int e) { return o[w][e] + o[w][e + 2] + ob[w * 8 / GROUP]; }, (float *)(void *)dsm,
-                        wm, wl, pbase, pbase + 1, pstride, pbase + 2, pstride);
+    dec_warps_merge<HD>(n > 0, g, m_r, l_r, [&](int w, int e) { return o[w][e] + o[w][e + 2] + ob[w / WG]; },
+                        [](int w, int j) { return kq_vdim<BITS, GROUP>(w, j); }, (float *)(void *)dsm, wm, wl, pbase, pbase + 1, pstride,
+                        pbase + 2, pstride);
     if (n <= 0 && tid < g) {
         pbase[tid * pstride] = -INFINITY;
         pbase[tid * pstride + 1] = 0.0f;
@@ -653,6 +725,28 @@ static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
     return c->dec_tc && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16);
 }
 
+/* one k_kvq_tc instance; formats whose scales are not 4, 8 or 16 bytes a row (kq_tc_takes refuses them) instantiate nothing */
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
+static void kq_tc_go(be_ctx *c, const cu_rec *r, dim3 grid) {
+    constexpr int SBN = HD / GROUP * (SDT == BE_F32 ? 4 : 2);
+    if constexpr (SBN == 4 || SBN == 8 || SBN == 16) {
+        size_t sm = kq_tc_geo<HD, BITS>::SMEM;
+        if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
+                      "kvq attention: shared memory attribute"))
+            cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
+                      r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], (int)r->i[CU_A_L], (int)r->i[CU_A_H], (int)r->i[CU_A_NKV],
+                      (const int32_t *)r->p[12], (int)r->i[CU_A_NPT], (int)r->i[CU_A_PSH], (int)r->i[CU_A_WIN], (int)r->i[CU_A_KEEP], r->f[0],
+                      r->f[2], (int)(r->i[CU_A_OP + 2] >> 8 & 1), (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
+                      (const int *)r->p[11], (int)r->i[CU_A_OP + 3], (int)r->f[1], c->part, c->cnt, (float *)r->p[1]);
+    }
+}
+template <int HD, int BITS, int GROUP>
+static void kq_tc_sdt(be_ctx *c, const cu_rec *r, dim3 grid, int sdt, int pack) {
+    if (sdt == BE_F32) pack ? kq_tc_go<HD, BITS, GROUP, BE_F32, true>(c, r, grid) : kq_tc_go<HD, BITS, GROUP, BE_F32, false>(c, r, grid);
+    else if (sdt == BE_F16) pack ? kq_tc_go<HD, BITS, GROUP, BE_F16, true>(c, r, grid) : kq_tc_go<HD, BITS, GROUP, BE_F16, false>(c, r, grid);
+    else pack ? kq_tc_go<HD, BITS, GROUP, BE_BF16, true>(c, r, grid) : kq_tc_go<HD, BITS, GROUP, BE_BF16, false>(c, r, grid);
+}
+
 /* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
  * sdt | path << 4 | tiled << 8, nsplit; f: scale, chunk, softcap */
 static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
@@ -665,22 +759,15 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     int g = H / n_kv;
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
     if (kq_tc_takes(c, bits, hd, group, sdt)) {
-#define KT(HD, BITS, GROUP) do { \
-            size_t sm = kq_tc_geo<HD, BITS>::SMEM; \
-            if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm), \
-                          "kvq attention: shared memory attribute")) \
-                cu_launch(c, k_kvq_tc<HD, BITS, GROUP>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2], \
-                          r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], sdt, L, H, n_kv, (const int32_t *)r->p[12], n_pt, \
-                          sh, window, keep, r->f[0], r->f[2], tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10], \
-                          (const int *)r->p[11], nsplit, chunk, c->part, c->cnt, (float *)r->p[1]); \
-        } while (0)
-#define KT_G(HD, BITS) do { if (group == 32) KT(HD, BITS, 32); else if (group == 64) KT(HD, BITS, 64); else KT(HD, BITS, HD); } while (0)   /* 128: HD 128 only */
+        int pack = c->kq_pack && g <= 4;
+#define KT_G(HD, BITS) do { if (group == 32) kq_tc_sdt<HD, BITS, 32>(c, r, grid, sdt, pack); \
+                            else if (group == 64) kq_tc_sdt<HD, BITS, 64>(c, r, grid, sdt, pack); \
+                            else kq_tc_sdt<HD, BITS, HD>(c, r, grid, sdt, pack); } while (0)   /* 128: HD 128 only */
 #define KT_B(HD) do { if (bits == 4) KT_G(HD, 4); else KT_G(HD, 8); } while (0)
         if (hd == 64) KT_B(64);
         else KT_B(128);
 #undef KT_B
 #undef KT_G
-#undef KT
         CU_LAUNCHED(c, "kvq attention (split, tensor cores)");
         c->light_prev = 1;
         return;
