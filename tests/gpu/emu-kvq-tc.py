@@ -73,7 +73,7 @@ def run(HD, BITS, GROUP, g, pack, bug, rng):
         for kstep in range(KS):
             qv = []
             for t in range(4):
-                d = 16*kstep + 2*c + ((t & 1)*8 + (t >> 1) if BITS == 4 else (t & 1) + (t >> 1)*8)
+                d = 16*kstep + (2*c + (t & 1)*8 + (t >> 1) if BITS == 4 else 4*c + t)
                 qv.append(q[hr[l], d] if hr[l] < g else 0.0)
             # qsum over the quad (the kernel's shuffles): all 4 values of all 4 c lanes of the step
             aq[l][kstep], aql[l][kstep] = a_frag(qv, pack, lo[l])
@@ -89,11 +89,10 @@ def run(HD, BITS, GROUP, g, pack, bug, rng):
                 kk = nt*8 + r
                 if BITS == 4:
                     b0, b1 = nib(word(kbytes, kk, 2*kstep), word(kbytes, kk, 2*kstep+1), c | (4 + c) << 8)
-                else:
-                    w0 = word(kbytes, kk, 4*kstep + 1) if c & 2 else word(kbytes, kk, 4*kstep)
-                    w1 = word(kbytes, kk, 4*kstep + 3) if c & 2 else word(kbytes, kk, 4*kstep + 2)
-                    x0, x1 = w0 >> (16*(c & 1)), w1 >> (16*(c & 1))
-                    b0, b1 = (x0 & 255, x0 >> 8 & 255), (x1 & 255, x1 >> 8 & 255)
+                else:   # word c of the step, each byte under 2^23's exponent by a permute (kq_bf2_w8)
+                    w = word(kbytes, kk, 4*kstep + c)
+                    f = [float(np.uint32(perm(w, 0x4B, 0x4550 | i)).view(np.float32)) - 8388608.0 for i in range(4)]
+                    b0, b1 = (f[0], f[1]), (f[2], f[3])
                 B.append([b0[0], b0[1], b1[0], b1[1]])
             C = mma([aq[l][kstep] for l in lanes], B)
             if not pack:

@@ -443,9 +443,10 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  * slices' merge.
  * - 4-bit K: a k-step's k = 2c, 2c+1, 2c+8, 2c+9 hold dims 2c, 2c+8, 2c+1, 2c+9 (the query's A operand is
  *   ordered so), so a lane's B operands are the two nibbles of byte c of the step's two words: one byte
- *   permute (kq_bf2_nib). 4-bit V: column j of n-tile wi of group gi holds dim gi*G + j*G/8 + wi, so lane
- *   (r, c) reads G/16 consecutive bytes of each key and group once and takes two tiles from each byte
- *   permute; dec_warps_merge gets that dim map (kq_vdim).
+ *   permute (kq_bf2_nib); 8-bit K: they hold dims 4c .. 4c+3, word c of the step (kq_bf2_w8). 4-bit V:
+ *   column j of n-tile wi of group gi holds dim gi*G + j*G/8 + wi, so lane (r, c) reads G/16 consecutive
+ *   bytes of each key and group once and takes two tiles from each byte permute; dec_warps_merge gets
+ *   that dim map (kq_vdim).
  * - PACK (g <= 4): rows 0-3 of the A operand hold hi, rows 8-11 mid and rows 4-7 lo of heads 0-3, so one
  *   mma per k-step and n-tile does what two do otherwise: lanes r and r + 4 (lane ^ 16) hold the two parts
  *   of head r & 3's sums, added by a shuffle (scores per run; P V once, before the merge). Otherwise hi and
@@ -464,6 +465,12 @@ static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fi
 __device__ __forceinline__ uint32_t kq_bf2_byte(uint32_t lo, uint32_t hi) {
     __nv_bfloat162 b = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | lo) - 8388608.0f, __uint_as_float(0x4B000000u | hi) - 8388608.0f);
     return *(uint32_t *)&b;
+}
+/* bytes I0 and I1 of w (8-bit codes) as an exact bf16 pair: each put under 2^23's exponent by a byte permute */
+template <int I0, int I1> __device__ __forceinline__ uint32_t kq_bf2_w8(uint32_t w) {
+    float a = __uint_as_float(__byte_perm(w, 0x4Bu, 0x4550u | I0)) - 8388608.0f, b = __uint_as_float(__byte_perm(w, 0x4Bu, 0x4550u | I1)) - 8388608.0f;
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&v;
 }
 /* 4-bit codes: byte sel & 7 of x and byte sel >> 8 & 7 of (x, y) (the permute's selector) as two exact bf16
  * pairs: lo = their low nibbles, hi = their high nibbles (the first byte's in the low halves) */
@@ -536,7 +543,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                 float qv[4];
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
-                    int d = 16 * ks + 2 * c + (BITS == 4 ? (t & 1) * 8 + (t >> 1) : (t & 1) + (t >> 1) * 8);
+                    int d = 16 * ks + (BITS == 4 ? 2 * c + (t & 1) * 8 + (t >> 1) : 4 * c + t);
                     qv[t] = hr < g ? qh[d] * scale : 0.0f;
                     qsum[16 * ks / GROUP] += qv[t];
                 }
@@ -595,18 +602,21 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {   /* the B operands of key nt * 8 + r */
                     int kk = nt * 8 + r;
-                    uint32_t wd[RB / 4];
+                    uint32_t wd[BITS == 4 ? RB / 4 : KS];   /* 4-bit: the row; 8-bit: word c of each k-step */
+                    if (BITS == 4) {
 #pragma unroll
-                    for (int u = 0; u < CPR; u++) *(uint4 *)&wd[4 * u] = *(const uint4 *)(kc + cb(kk, 16 * u));
+                        for (int u = 0; u < CPR; u++) *(uint4 *)&wd[4 * u] = *(const uint4 *)(kc + cb(kk, 16 * u));
+                    } else {
+#pragma unroll
+                        for (int ks = 0; ks < KS; ks++) wd[ks] = *(const uint32_t *)(kc + cb(kk, 16 * ks + 4 * c));
+                    }
 #pragma unroll
                     for (int ks = 0; ks < KS; ks++) {
                         uint32_t b0, b1;
                         if (BITS == 4) kq_bf2_nib(wd[2 * ks], wd[2 * ks + 1], ksel, b0, b1);
-                        else {   /* bytes 16 ks + 2c, +1 and 16 ks + 2c + 8, +9 */
-                            uint32_t x0 = (c & 2 ? wd[4 * ks + 1] : wd[4 * ks]) >> (16 * (c & 1));
-                            uint32_t x1 = (c & 2 ? wd[4 * ks + 3] : wd[4 * ks + 2]) >> (16 * (c & 1));
-                            b0 = kq_bf2_byte(x0 & 255u, x0 >> 8 & 255u);
-                            b1 = kq_bf2_byte(x1 & 255u, x1 >> 8 & 255u);
+                        else {   /* bytes 16 ks + 4c .. 4c + 3 */
+                            b0 = kq_bf2_w8<0, 1>(wd[ks]);
+                            b1 = kq_bf2_w8<2, 3>(wd[ks]);
                         }
                         mma16816_bf16(sacc[16 * ks / GROUP][nt], aq[ks], b0, b1);
                         if (!PACK) mma16816_bf16(sacc[16 * ks / GROUP][nt], aql[PACK ? 0 : ks], b0, b1);
