@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs every test binary of each build folder given (default: build) from the
-# repository root and prints the closing summary "N passed, N failed".
+# repository root, then the host-side Python checks (tests/gpu/emu-*.py), and prints the closing summary "N passed, N failed".
 # A binary that crashes or exits non-zero without a FAIL line counts as a failure,
 # and so does a tests/test-*.c whose binary is missing from a build folder.
 # Every failure is said again just before the summary, so that the last lines
@@ -22,6 +22,17 @@ for b in "$@"; do
     echo "$name: $p passed, $f failed"
     pass=$((pass + p)); fail=$((fail + f))
   done
+done
+# host-side checks in Python (NumPy), once: the CUDA kernels' operand layouts emulated lane by lane
+for py in tests/gpu/emu-*.py; do
+  [ -f "$py" ] || continue
+  /usr/bin/python3 "$py" >"$log" 2>&1   # Debian's, with python3-numpy (scripts/install-deps.sh)
+  rc=$?
+  p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log")
+  if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $py: exited $rc without a FAIL line" | tee -a "$fails"; tail -20 "$log"; fi
+  grep '^FAIL ' "$log" | sed "s|^|$py: |" | tee -a "$fails"
+  echo "$py: $p passed, $f failed"
+  pass=$((pass + p)); fail=$((fail + f))
 done
 if [ -s "$fails" ]; then echo "-- what failed:"; cut -c1-400 "$fails"; fi
 rm -f "$log" "$fails"
