@@ -57,8 +57,10 @@ run() { echo "== $*" | tee -a $O/tests.log; "$@" >>$O/tests.log 2>&1 || fails=$(
 if [ "$PART" != score ]; then
 run $B/test-backend-ops
 # every attention case through both decode kernels of each pool kind (by default a 16-bit pool takes the
-# tensor-core one from 8192 keys, a 4-/8-bit one always): forced on, then off
+# tensor-core one from 8192 keys, a 4-/8-bit one only when forced): forced on (quantized: PACK, then two
+# products a k-step), then off
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
+run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_PACK=0 CINFER_TEST_ONLY=kvq_attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
 # every affine case through the one-token GEMV's other forms too (by default 4-bit rows of one token
 # take its integer form, streamed where a row's scales are whole 16-byte chunks, gemv-affine.cu;

@@ -12,8 +12,9 @@
  *
  * kvq_attention, two paths:
  * - split (decode, and any query count where flash does not run) on tensor
- *   cores for 4- and 8-bit pools of head_dim 64/128 (k_kvq_tc, below; its
- *   slices: runs of 64 keys, at most a wave of blocks); otherwise: grid
+ *   cores for 4- and 8-bit pools of head_dim 64/128 with CINFER_CUDA_DEC_TC=1
+ *   (k_kvq_tc, below; its slices: runs of 64 keys, at most a wave of blocks;
+ *   opt-in until its present form has run on a GPU); otherwise: grid
  *   (slices, kv heads, queries); a block serves every q head of its kv head
  *   (g <= 8), so each packed row is read once per step. A slice is scored
  *   whole before its softmax: a thread per key dequantizes on the fly,
@@ -729,10 +730,12 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
 
 enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
 
-/* 1 when k_kvq_tc serves this format (else k_kvq_split) */
+/* 1 when k_kvq_tc serves this format (else k_kvq_split). Only with CINFER_CUDA_DEC_TC=1 (dec_tc 2) until its
+ * present form (byte-permuted codes, PACK) has run on a GPU: it was written and checked by host emulation
+ * (tests/gpu/emu-kvq-tc.py) in a session that got no device; tests/gpu/run.sh runs it (DEC_TC=1). */
 static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
     int sbn = hd / group * (sdt == BE_F32 ? 4 : 2);
-    return c->dec_tc && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16);
+    return c->dec_tc == 2 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16);
 }
 
 /* one k_kvq_tc instance; formats whose scales are not 4, 8 or 16 bytes a row (kq_tc_takes refuses them) instantiate nothing */

@@ -1,0 +1,45 @@
+#!/bin/sh
+# Issue 15's quantized decode on tensor cores (k_kvq_tc, kvquant.cu) on the GPU machine, one call:
+# binaries built here by tests/gpu/build.sh, carried in B (default build-gpu; or an untarred copy).
+#   PART=tests: the kvq cases through k_kvq_tc (CINFER_CUDA_DEC_TC=1) with PACK, then without
+#               (CINFER_CUDA_KQ_PACK=0), and every attention case through the 16-bit tensor-core kernel
+#               (dec-tc.cuh is shared); then
+#   PART=32k:   decode after 32768 tokens, Llama-3-8B bf16 shape with Llama-3.1's context: bf16, KV4,
+#               KV8, each with the CUDA-core split kernel, then k_kvq_tc in one process
+#               (BENCH_KVQ_AB=CINFER_CUDA_DEC_TC), and KV4 with PACK off / on; then
+#   PART=128k:  the same at 131000 tokens (bf16 and KV4: each row prefills 131k tokens, 50-90 s).
+# PART=all (default) runs the three in that order; logs in $OUT (tests.log, kvq-32k.log, kvq-128k.log).
+# Fails (exit 1) on a FAIL line or a failing program in the tests.
+cd "$(dirname "$0")/../.." || exit 1
+B=${B:-build-gpu}
+O=${OUT:-/tmp}
+PART=${PART:-all}
+if ldd $B/bench-cuda | grep -q 'not found'; then
+  lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -1)
+  [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):$LD_LIBRARY_PATH"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a $O/tests.log
+fails=0
+if [ "$PART" = tests ] || [ "$PART" = all ]; then
+  for e in "CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=kvq" "CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_PACK=0 CINFER_TEST_ONLY=kvq" \
+           "CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention"; do
+    echo "== $e" >>$O/tests.log
+    env $e timeout 120 $B/test-backend-ops >>$O/tests.log 2>&1 || fails=$((fails + 1))
+  done
+  grep -E '^(FAIL|==)|passed' $O/tests.log
+fi
+long() {   # context, log, then bench-cuda's environment
+  P=$1; L=$O/$2; shift 2
+  echo "== $* BENCH_KVQ=$P $(date -u +%T)" >>$L
+  env BENCH_ONLY=1 BENCH_KVQ=$P "$@" $B/bench-cuda llama-3.1-8b ${WORK:-/tmp/b31} 2048 48 >>$L 2>&1
+}
+if [ "$PART" = 32k ] || [ "$PART" = all ]; then
+  long 32768 kvq-32k.log BENCH_KVQ_BITS="4 8" BENCH_KVQ_AB=CINFER_CUDA_DEC_TC
+  long 32768 kvq-32k.log BENCH_KVQ_BITS=4 BENCH_KVQ_BF16=0 CINFER_CUDA_DEC_TC=1 BENCH_KVQ_AB=CINFER_CUDA_KQ_PACK
+  grep -E '^==|^long-context|bf16-KV|^A/B' $O/kvq-32k.log | cut -c1-300
+fi
+if [ "$PART" = 128k ] || [ "$PART" = all ]; then
+  long 131000 kvq-128k.log BENCH_KVQ_BITS=4 CINFER_CUDA_DEC_TC=1
+  grep -E '^==|^long-context|bf16-KV|^A/B' $O/kvq-128k.log | cut -c1-300
+fi
+[ $fails -eq 0 ] && ! grep -q '^FAIL' $O/tests.log 2>/dev/null
