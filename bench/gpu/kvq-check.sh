@@ -10,6 +10,11 @@
 #   PART=128k:  the same at 131000 tokens (bf16 and KV4: each row prefills 131k tokens, 50-90 s).
 # PART=all (default) runs the three in that order; logs in $OUT (tests.log, kvq-32k.log, kvq-128k.log).
 # Fails (exit 1) on a FAIL line or a failing program in the tests.
+# Carrying the binaries (two unstripped ones and the tracked tree pass the 64 MiB a call takes): here,
+#   sh tests/gpu/build.sh; mkdir -p /tmp/bn .carry; cp build-gpu/bench-cuda build-gpu/test-backend-ops /tmp/bn;
+#   strip /tmp/bn/*; tar -C /tmp -cJf .carry/bn.tar.xz bn          (~4.5 MB)
+# device (carry .carry/bn.tar.xz): tar -C /tmp -xJf .carry/bn.tar.xz && B=/tmp/bn sh bench/gpu/kvq-check.sh
+# (PART=tests and PART=32k take ~3 minutes on an H100; PART=128k another ~3).
 cd "$(dirname "$0")/../.." || exit 1
 B=${B:-build-gpu}
 O=${OUT:-/tmp}
