@@ -56,7 +56,8 @@ def run(HD, BITS, GROUP, g, pack, bug, rng):
         if BITS == 8: return codes.astype(np.uint32)
         return (codes[:, 0::2] | codes[:, 1::2] << 4).astype(np.uint32)
     kbytes, vbytes = row_bytes(kc), row_bytes(vc)
-    word = lambda rb, kk, w: int(rb[kk, 4*w]) | int(rb[kk, 4*w+1]) << 8 | int(rb[kk, 4*w+2]) << 16 | int(rb[kk, 4*w+3]) << 24
+    word_at = lambda rb, kk, b: int(rb[kk, b]) | int(rb[kk, b+1]) << 8 | int(rb[kk, b+2]) << 16 | int(rb[kk, b+3]) << 24
+    word = lambda rb, kk, w: word_at(rb, kk, 4*w)
     def perm(x, y, sel):
         b = [(x >> 8*i) & 255 for i in range(4)] + [(y >> 8*i) & 255 for i in range(4)]
         return sum(b[(sel >> 4*i) & 7] << 8*i for i in range(4))
@@ -149,14 +150,18 @@ def run(HD, BITS, GROUP, g, pack, bug, rng):
                     b0l, b0h = nib(vw[0], vw[1], sel); b1l, b1h = nib(vw[2], vw[3], sel)
                     B0.append([b0l[0], b0l[1], b1l[0], b1l[1]]); B1.append([b0h[0], b0h[1], b1h[0], b1h[1]])
                 tiles += [(gi*WG + 2*j, B0), (gi*WG + 2*j + 1, B1)]
-        else:
+        else:   # tile wt: byte wt of the lane's WG bytes of each key (byte gi*G + r*WG on), a permute a code
             for wt in range(WG):
-                w = gi*WG + wt; Bw = []
+                Bw = []
                 for l in lanes:
                     r, c = l >> 2, l & 3
-                    cd = [int(vbytes[2*c + (k & 1) + (k >> 1)*8, 8*w + r]) for k in range(4)]
+                    cd = []
+                    for k in range(4):
+                        kk = 2*c + (k & 1) + (k >> 1)*8
+                        wv = word_at(vbytes, kk, gi*GROUP + r*WG + 4*(wt >> 2))
+                        cd.append(float(np.uint32(perm(wv, 0x4B, 0x4550 | (wt & 3))).view(np.float32)) - 8388608.0)
                     Bw.append(cd)
-                tiles.append((w, Bw))
+                tiles.append((gi*WG + wt, Bw))
         for w, Bw in tiles:
             C = mma(ap, Bw)
             if not pack:
@@ -181,7 +186,7 @@ def run(HD, BITS, GROUP, g, pack, bug, rng):
             for w in range(NT):
                 for e in range(2):
                     j = 2*c + e
-                    d = (w // WG * GROUP + j * WG + w % WG) if BITS == 4 else w*8 + j
+                    d = w // WG * GROUP + j * WG + w % WG
                     if bug and w == 1 and j == 0: d = (d + 1) % HD
                     out[r, d] = o[l][w][e] + o[l][w][e+2] + obq[l, w // WG]
     ref_o = np.array([[sum(p[h, k] * (vs[k, d // GROUP] * vc[k, d] + vb[k, d // GROUP]) for k in range(16)) for d in range(HD)] for h in range(g)])

@@ -444,10 +444,10 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  * slices' merge.
  * - 4-bit K: a k-step's k = 2c, 2c+1, 2c+8, 2c+9 hold dims 2c, 2c+8, 2c+1, 2c+9 (the query's A operand is
  *   ordered so), so a lane's B operands are the two nibbles of byte c of the step's two words: one byte
- *   permute (kq_bf2_nib); 8-bit K: they hold dims 4c .. 4c+3, word c of the step (kq_bf2_w8). 4-bit V:
- *   column j of n-tile wi of group gi holds dim gi*G + j*G/8 + wi, so lane (r, c) reads G/16 consecutive
- *   bytes of each key and group once and takes two tiles from each byte permute; dec_warps_merge gets
- *   that dim map (kq_vdim).
+ *   permute (kq_bf2_nib); 8-bit K: they hold dims 4c .. 4c+3, word c of the step (kq_bf2_f32). V: column
+ *   j of n-tile wi of group gi holds dim gi*G + j*G/8 + wi, so lane (r, c) reads the G/8 consecutive codes
+ *   of each key and group once (4-bit: two tiles from each byte permute; 8-bit: a permute a code);
+ *   dec_warps_merge gets that dim map (kq_vdim).
  * - PACK (g <= 4): rows 0-3 of the A operand hold hi, rows 8-11 mid and rows 4-7 lo of heads 0-3, so one
  *   mma per k-step and n-tile does what two do otherwise: lanes r and r + 4 (lane ^ 16) hold the two parts
  *   of head r & 3's sums, added by a shuffle (scores per run; P V once, before the merge). Otherwise hi and
@@ -462,14 +462,11 @@ template <int HD, int BITS> struct kq_tc_geo {
 };
 static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
 
-/* two codes below 256 as an exact bf16 pair (the first in the low half) */
-__device__ __forceinline__ uint32_t kq_bf2_byte(uint32_t lo, uint32_t hi) {
-    __nv_bfloat162 b = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | lo) - 8388608.0f, __uint_as_float(0x4B000000u | hi) - 8388608.0f);
-    return *(uint32_t *)&b;
-}
-/* bytes I0 and I1 of w (8-bit codes) as an exact bf16 pair: each put under 2^23's exponent by a byte permute */
-template <int I0, int I1> __device__ __forceinline__ uint32_t kq_bf2_w8(uint32_t w) {
-    float a = __uint_as_float(__byte_perm(w, 0x4Bu, 0x4550u | I0)) - 8388608.0f, b = __uint_as_float(__byte_perm(w, 0x4Bu, 0x4550u | I1)) - 8388608.0f;
+/* 8-bit codes: byte i of x and byte j of y as an exact bf16 pair (x's in the low half): each put under 2^23's
+ * exponent by a byte permute (selector 0x4550 | byte), less 2^23 */
+__device__ __forceinline__ uint32_t kq_bf2_f32(uint32_t x, int i, uint32_t y, int j) {
+    float a = __uint_as_float(__byte_perm(x, 0x4Bu, 0x4550u | (uint32_t)i)) - 8388608.0f;
+    float b = __uint_as_float(__byte_perm(y, 0x4Bu, 0x4550u | (uint32_t)j)) - 8388608.0f;
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     return *(uint32_t *)&v;
 }
@@ -492,10 +489,10 @@ __device__ __forceinline__ void kq_a_pack(const float *v, int lo_rows, uint32_t 
     a[2] = lo_rows ? l[2] | l[3] << 16 : h[2] | h[3] << 16;
     a[3] = lo_rows ? 0u : m[2] | m[3] << 16;
 }
-/* the dim of column j of P V's n-tile n (BITS 4: permuted, see above) */
-template <int BITS, int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
+/* the dim of column j of P V's n-tile n (permuted, see above) */
+template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
-    return BITS == 4 ? n / WG * GROUP + j * WG + n % WG : n * 8 + j;
+    return n / WG * GROUP + j * WG + n % WG;
 }
 /* a scale or bias of a key's 16 bytes (the pool's dtype SDT) */
 template <int SDT> __device__ __forceinline__ float kq_sget(const unsigned char *p, int i) {
@@ -616,8 +613,8 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                         uint32_t b0, b1;
                         if (BITS == 4) kq_bf2_nib(wd[2 * ks], wd[2 * ks + 1], ksel, b0, b1);
                         else {   /* bytes 16 ks + 4c .. 4c + 3 */
-                            b0 = kq_bf2_w8<0, 1>(wd[ks]);
-                            b1 = kq_bf2_w8<2, 3>(wd[ks]);
+                            b0 = kq_bf2_f32(wd[ks], 0, wd[ks], 1);
+                            b1 = kq_bf2_f32(wd[ks], 2, wd[ks], 3);
                         }
                         mma16816_bf16(sacc[16 * ks / GROUP][nt], aq[ks], b0, b1);
                         if (!PACK) mma16816_bf16(sacc[16 * ks / GROUP][nt], aql[PACK ? 0 : ks], b0, b1);
@@ -683,16 +680,21 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                             mma16816_bf16(o1, apl, b0h, b1h);
                         }
                     }
-                } else {
+                } else {   /* tile wt of the group: byte wt of the lane's WG bytes of each key */
+                    uint32_t v8[4][WG / 4];
 #pragma unroll
-                    for (int wt = 0; wt < WG; wt++) {   /* n-tile w: dims 8w + r of keys 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1): byte 8w + r */
-                        const int w = gi * WG + wt;
-                        uint32_t cd[4];
+                    for (int k = 0; k < 4; k++) {
+                        const unsigned char *p = vc + cb(2 * c + (k & 1) + (k >> 1) * 8, gi * GROUP + r * WG);
+                        if (WG == 4) v8[k][0] = *(const uint32_t *)p;
+                        else if (WG == 8) *(uint2 *)&v8[k][0] = *(const uint2 *)p;
+                        else *(uint4 *)&v8[k][0] = *(const uint4 *)p;
+                    }
 #pragma unroll
-                        for (int k = 0; k < 4; k++) cd[k] = vc[cb(2 * c + (k & 1) + (k >> 1) * 8, 8 * w + r)];
-                        uint32_t b0 = kq_bf2_byte(cd[0], cd[1]), b1 = kq_bf2_byte(cd[2], cd[3]);
-                        mma16816_bf16(o[w], ap, b0, b1);
-                        if (!PACK) mma16816_bf16(o[w], apl, b0, b1);
+                    for (int wt = 0; wt < WG; wt++) {
+                        const int q = wt >> 2, i = wt & 3;
+                        uint32_t b0 = kq_bf2_f32(v8[0][q], i, v8[1][q], i), b1 = kq_bf2_f32(v8[2][q], i, v8[3][q], i);
+                        mma16816_bf16(o[gi * WG + wt], ap, b0, b1);
+                        if (!PACK) mma16816_bf16(o[gi * WG + wt], apl, b0, b1);
                     }
                 }
             }
@@ -718,7 +720,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
         }
     }
     dec_warps_merge<HD>(n > 0, g, m_r, l_r, [&](int w, int e) { return o[w][e] + o[w][e + 2] + ob[w / WG]; },
-                        [](int w, int j) { return kq_vdim<BITS, GROUP>(w, j); }, (float *)(void *)dsm, wm, wl, pbase, pbase + 1, pstride,
+                        [](int w, int j) { return kq_vdim<GROUP>(w, j); }, (float *)(void *)dsm, wm, wl, pbase, pbase + 1, pstride,
                         pbase + 2, pstride);
     if (n <= 0 && tid < g) {
         pbase[tid * pstride] = -INFINITY;
