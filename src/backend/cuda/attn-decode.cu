@@ -462,8 +462,8 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
     }
     float *md = CL ? mrun : pbase, *ld = CL ? lrun : pbase + 1, *ov = CL ? osh : pbase + 2;
     size_t ms = CL ? 1 : pstride, os = CL ? HD : pstride;
-    dec_warps_merge<HD>(walk, g, m_r, l_r, [&](int n, int e) { return (o[n][e] + o[n][e + 2]) * (1.0f / 16384.0f); }, [](int n, int j) { return n * 8 + j; }, wo, wm, wl, md, ld,
-                        ms, ov, os);
+    dec_warps_merge<HD>(walk, g, m_r, l_r, [&](int n, int e) { return (o[n][e] + o[n][e + 2]) * (1.0f / 16384.0f); },
+                        [](int n, int j) { return n * 8 + j; }, wo, wm, wl, md, ld, ms, ov, os);
     if (!walk && tid < g) {
         md[tid * ms] = -INFINITY;
         ld[tid * ms] = 0.0f;

@@ -494,11 +494,6 @@ template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
     return n / WG * GROUP + j * WG + n % WG;
 }
-/* a scale or bias of a key's 16 bytes (the pool's dtype SDT) */
-template <int SDT> __device__ __forceinline__ float kq_sget(const unsigned char *p, int i) {
-    return SDT == BE_F32 ? ((const float *)p)[i] : SDT == BE_F16 ? __half2float(((const __half *)p)[i]) : __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-}
-
 template <int HD, int BITS, int GROUP, int SDT, bool PACK>
 __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
@@ -625,10 +620,10 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     int nt = t2 >> 1, e = t2 & 1, kk = nt * 8 + 2 * c + e;
                     float v = 0.0f;
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += kq_sget<SDT>(sb + kk * 64, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
+                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64, SDT, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
                     if (PACK) v += __shfl_xor_sync(0xffffffffu, v, 16);   /* + the other half's parts */
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += kq_sget<SDT>(sb + kk * 64 + 16, gi) * qsum[gi];
+                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64 + 16, SDT, gi) * qsum[gi];
                     if (cap > 0) v = be_softcap(v, cap);
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
@@ -656,8 +651,8 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
 #pragma unroll
                     for (int t2 = 0; t2 < 4; t2++) {
                         int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
-                        ps[t2] = pv[t2] * kq_sget<SDT>(sb + kk * 64 + 32, gi);
-                        bsum += pv[t2] * kq_sget<SDT>(sb + kk * 64 + 48, gi);
+                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, SDT, gi);
+                        bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, SDT, gi);
                     }
                     ob[gi] = ob[gi] * al + bsum;
                     if (PACK) kq_a_pack(ps, lo_rows, ap);
