@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
         uint32_t aq[KS][4], aql[PACK ? 1 : KS][4];
         float qsum[NG];
         {   /* head hr's A operands and its sums per group: k = 2c + {0, 1, 8, 9} of step ks holds dim 16 ks +
-             * 2c + {0, 1, 8, 9} (8-bit) or 2c + {0, 8, 1, 9} (4-bit) */
+             * 4c + {0, 1, 2, 3} (8-bit) or 2c + {0, 8, 1, 9} (4-bit) */
             const float *qh = q + ((size_t)bi * H + (size_t)kvh * g + (hr < g ? hr : 0)) * HD;
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) qsum[gi] = 0.0f;
@@ -629,7 +629,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                 }
             }
             float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv);
-            uint32_t vw[4][BITS == 4 ? (VB == 8 ? 2 * NG : NG) : 1];   /* 4-bit: keys 2c, 2c+1, 2c+8, 2c+9, VB bytes a group (a word or two) */
+            uint32_t vw[4][BITS == 4 ? (VB == 8 ? 2 * NG : NG) : 1];   /* 4-bit: keys 2c, 2c+1, 2c+8, 2c+9, VB bytes a group */
             if (BITS == 4) {
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
@@ -686,8 +686,8 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     }
 #pragma unroll
                     for (int wt = 0; wt < WG; wt++) {
-                        const int q = wt >> 2, i = wt & 3;
-                        uint32_t b0 = kq_bf2_f32(v8[0][q], i, v8[1][q], i), b1 = kq_bf2_f32(v8[2][q], i, v8[3][q], i);
+                        const int wq = wt >> 2, i = wt & 3;
+                        uint32_t b0 = kq_bf2_f32(v8[0][wq], i, v8[1][wq], i), b1 = kq_bf2_f32(v8[2][wq], i, v8[3][wq], i);
                         mma16816_bf16(o[gi * WG + wt], ap, b0, b1);
                         if (!PACK) mma16816_bf16(o[gi * WG + wt], apl, b0, b1);
                     }
