@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs every test binary of each build folder given (default: build) from the
-# repository root, then the host-side Python checks (tests/gpu/emu-*.py), and prints the closing summary "N passed, N failed".
+# repository root, then the host-side Python checks (tests/gpu/emu-*.py), and
+# prints the closing summary "N passed, N failed".
 # A binary that crashes or exits non-zero without a FAIL line counts as a failure,
 # and so does a tests/test-*.c whose binary is missing from a build folder.
 # Every failure is said again just before the summary, so that the last lines

@@ -461,6 +461,9 @@ template <int HD, int BITS> struct kq_tc_geo {
     static constexpr size_t SMEM = (size_t)ST * 4 * STAGE;
 };
 static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
+/* bytes of a row's scales (and of its biases); k_kvq_tc takes rows of 4, 8 or 16 */
+__host__ __device__ constexpr int kq_sbn(int hd, int group, int sdt) { return hd / group * (sdt == BE_F32 ? 4 : 2); }
+__host__ __device__ constexpr bool kq_sbn_ok(int sbn) { return sbn == 4 || sbn == 8 || sbn == 16; }
 
 /* 8-bit codes: byte i of x and byte j of y as an exact bf16 pair (x's in the low half): each put under 2^23's
  * exponent by a byte permute (selector 0x4550 | byte), less 2^23 */
@@ -479,16 +482,6 @@ __device__ __forceinline__ void kq_bf2_nib(uint32_t x, uint32_t y, uint32_t sel,
     lo = *(uint32_t *)&ra;
     hi = *(uint32_t *)&rb;
 }
-/* the A operand of v[4] (cols 2c, 2c+1, 2c+8, 2c+9 of row r) in PACK's rows: hi | mid (r < 4), lo | 0 (r >= 4) */
-__device__ __forceinline__ void kq_a_pack(const float *v, int lo_rows, uint32_t *a) {
-    uint32_t h[4], m[4], l[4];
-#pragma unroll
-    for (int t = 0; t < 4; t++) mma_split3<__nv_bfloat16>(v[t], &h[t], &m[t], &l[t]);
-    a[0] = lo_rows ? l[0] | l[1] << 16 : h[0] | h[1] << 16;
-    a[1] = lo_rows ? 0u : m[0] | m[1] << 16;
-    a[2] = lo_rows ? l[2] | l[3] << 16 : h[2] | h[3] << 16;
-    a[3] = lo_rows ? 0u : m[2] | m[3] << 16;
-}
 /* the dim of column j of P V's n-tile n (permuted, see above) */
 template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
@@ -503,10 +496,10 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
     typedef kq_tc_geo<HD, BITS> G;
     constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16, WG = GROUP / 8;
     constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
-    constexpr int SBN = NG * (SDT == BE_F32 ? 4 : 2);   /* bytes of a row's scales (and of its biases): 4, 8 or 16 */
-    constexpr int VB = GROUP / 16;                      /* 4-bit V: bytes of a key and group a lane reads (2, 4, 8) */
+    constexpr int SBN = kq_sbn(HD, GROUP, SDT);
+    constexpr int VB = GROUP * BITS / 64, VW = VB < 4 ? 1 : VB / 4;   /* V: bytes (words) of a key and group a lane reads */
     static_assert(KQ_THREADS == 128 && KQ_GMAX == 8 && GROUP % 16 == 0 && PER >= 1, "four warps; q heads in rows 0-7");
-    static_assert(SBN == 4 || SBN == 8 || SBN == 16, "a row's scales: 4, 8 or 16 bytes");
+    static_assert(kq_sbn_ok(SBN), "a row's scales: 4, 8 or 16 bytes");
     extern __shared__ __align__(16) unsigned char dsm[];
     __shared__ float wm[4][KQ_GMAX], wl[4][KQ_GMAX], mh[KQ_GMAX], lh[KQ_GMAX];
     PDL_ENTRY();
@@ -540,7 +533,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     qv[t] = hr < g ? qh[d] * scale : 0.0f;
                     qsum[16 * ks / GROUP] += qv[t];
                 }
-                if (PACK) kq_a_pack(qv, lo_rows, aq[ks]);
+                if (PACK) mma_a_pack<__nv_bfloat16>(qv, lo_rows, aq[ks]);
                 else mma_a_split<__nv_bfloat16>(qv, aq[ks], aql[PACK ? 0 : ks]);
             }
 #pragma unroll
@@ -629,20 +622,6 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                 }
             }
             float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv);
-            uint32_t vw[4][BITS == 4 ? (VB == 8 ? 2 * NG : NG) : 1];   /* 4-bit: keys 2c, 2c+1, 2c+8, 2c+9, VB bytes a group */
-            if (BITS == 4) {
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    int kk = 2 * c + (k & 1) + (k >> 1) * 8;
-#pragma unroll
-                    for (int gi = 0; gi < NG; gi++) {
-                        const unsigned char *p = vc + cb(kk, gi * GROUP / 2 + r * VB);
-                        if (VB == 2) vw[k][gi] = *(const uint16_t *)p;
-                        else if (VB == 4) vw[k][gi] = *(const uint32_t *)p;
-                        else *(uint2 *)&vw[k][2 * gi] = *(const uint2 *)p;
-                    }
-                }
-            }
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) {   /* P V over the group's n-tiles gi * WG .. */
                 uint32_t ap[4], apl[4];
@@ -655,18 +634,25 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                         bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, SDT, gi);
                     }
                     ob[gi] = ob[gi] * al + bsum;
-                    if (PACK) kq_a_pack(ps, lo_rows, ap);
+                    if (PACK) mma_a_pack<__nv_bfloat16>(ps, lo_rows, ap);
                     else mma_a_split<__nv_bfloat16>(ps, ap, apl);
                 }
-                if (BITS == 4) {   /* tiles 2j, 2j+1 of the group: byte j of the lane's VB bytes of each key */
+                uint32_t vw[4][VW];   /* keys 2c, 2c+1, 2c+8, 2c+9: the codes of dims gi*G + r*G/8 .. + G/8 - 1 */
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const unsigned char *p = vc + cb(2 * c + (k & 1) + (k >> 1) * 8, (gi * GROUP + r * WG) * BITS / 8);
+                    if (VB == 2) vw[k][0] = *(const uint16_t *)p;
+                    else if (VB == 4) vw[k][0] = *(const uint32_t *)p;
+                    else if (VB == 8) *(uint2 *)&vw[k][0] = *(const uint2 *)p;
+                    else *(uint4 *)&vw[k][0] = *(const uint4 *)p;
+                }
+                if (BITS == 4) {   /* tiles 2j, 2j+1 of the group: byte j of each key's VB bytes */
 #pragma unroll
                     for (int j = 0; j < WG / 2; j++) {
-                        constexpr uint32_t SEL0 = 0x0400u;
-                        const uint32_t sel = SEL0 | (uint32_t)(j & 3) * 0x0101u;
-                        const int wi = VB == 8 ? 2 * gi + (j >> 2) : gi;
+                        const uint32_t sel = 0x0400u | (uint32_t)(j & 3) * 0x0101u;
                         uint32_t b0l, b0h, b1l, b1h;
-                        kq_bf2_nib(vw[0][wi], vw[1][wi], sel, b0l, b0h);
-                        kq_bf2_nib(vw[2][wi], vw[3][wi], sel, b1l, b1h);
+                        kq_bf2_nib(vw[0][j >> 2], vw[1][j >> 2], sel, b0l, b0h);
+                        kq_bf2_nib(vw[2][j >> 2], vw[3][j >> 2], sel, b1l, b1h);
                         float *o0 = o[gi * WG + 2 * j], *o1 = o[gi * WG + 2 * j + 1];
                         mma16816_bf16(o0, ap, b0l, b1l);
                         mma16816_bf16(o1, ap, b0h, b1h);
@@ -675,19 +661,11 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                             mma16816_bf16(o1, apl, b0h, b1h);
                         }
                     }
-                } else {   /* tile wt of the group: byte wt of the lane's WG bytes of each key */
-                    uint32_t v8[4][WG / 4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const unsigned char *p = vc + cb(2 * c + (k & 1) + (k >> 1) * 8, gi * GROUP + r * WG);
-                        if (WG == 4) v8[k][0] = *(const uint32_t *)p;
-                        else if (WG == 8) *(uint2 *)&v8[k][0] = *(const uint2 *)p;
-                        else *(uint4 *)&v8[k][0] = *(const uint4 *)p;
-                    }
+                } else {   /* tile wt of the group: byte wt of each key's VB bytes */
 #pragma unroll
                     for (int wt = 0; wt < WG; wt++) {
                         const int wq = wt >> 2, i = wt & 3;
-                        uint32_t b0 = kq_bf2_f32(v8[0][wq], i, v8[1][wq], i), b1 = kq_bf2_f32(v8[2][wq], i, v8[3][wq], i);
+                        uint32_t b0 = kq_bf2_f32(vw[0][wq], i, vw[1][wq], i), b1 = kq_bf2_f32(vw[2][wq], i, vw[3][wq], i);
                         mma16816_bf16(o[gi * WG + wt], ap, b0, b1);
                         if (!PACK) mma16816_bf16(o[gi * WG + wt], apl, b0, b1);
                     }
@@ -731,30 +709,31 @@ enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
  * present form (byte-permuted codes, PACK) has run on a GPU: it was written and checked by host emulation
  * (tests/gpu/emu-kvq-tc.py) in a session that got no device; tests/gpu/run.sh runs it (DEC_TC=1). */
 static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
-    int sbn = hd / group * (sdt == BE_F32 ? 4 : 2);
-    return c->dec_tc == 2 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && (sbn == 4 || sbn == 8 || sbn == 16);
+    return c->dec_tc == 2 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
 }
 
-/* one k_kvq_tc instance; formats whose scales are not 4, 8 or 16 bytes a row (kq_tc_takes refuses them) instantiate nothing */
+/* a record's geometry as l_kvq_attention decodes it, for the k_kvq_tc instance it picks */
+struct kq_geo {
+    int L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk;
+};
+/* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing */
 template <int HD, int BITS, int GROUP, int SDT, bool PACK>
-static void kq_tc_go(be_ctx *c, const cu_rec *r, dim3 grid) {
-    constexpr int SBN = HD / GROUP * (SDT == BE_F32 ? 4 : 2);
-    if constexpr (SBN == 4 || SBN == 8 || SBN == 16) {
+static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
+    if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT))) {
         size_t sm = kq_tc_geo<HD, BITS>::SMEM;
         if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
                       "kvq attention: shared memory attribute"))
             cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
-                      r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], (int)r->i[CU_A_L], (int)r->i[CU_A_H], (int)r->i[CU_A_NKV],
-                      (const int32_t *)r->p[12], (int)r->i[CU_A_NPT], (int)r->i[CU_A_PSH], (int)r->i[CU_A_WIN], (int)r->i[CU_A_KEEP], r->f[0],
-                      r->f[2], (int)(r->i[CU_A_OP + 2] >> 8 & 1), (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
-                      (const int *)r->p[11], (int)r->i[CU_A_OP + 3], (int)r->f[1], c->part, c->cnt, (float *)r->p[1]);
+                      r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
+                      k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
+                      (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
     }
 }
 template <int HD, int BITS, int GROUP>
-static void kq_tc_sdt(be_ctx *c, const cu_rec *r, dim3 grid, int sdt, int pack) {
-    if (sdt == BE_F32) pack ? kq_tc_go<HD, BITS, GROUP, BE_F32, true>(c, r, grid) : kq_tc_go<HD, BITS, GROUP, BE_F32, false>(c, r, grid);
-    else if (sdt == BE_F16) pack ? kq_tc_go<HD, BITS, GROUP, BE_F16, true>(c, r, grid) : kq_tc_go<HD, BITS, GROUP, BE_F16, false>(c, r, grid);
-    else pack ? kq_tc_go<HD, BITS, GROUP, BE_BF16, true>(c, r, grid) : kq_tc_go<HD, BITS, GROUP, BE_BF16, false>(c, r, grid);
+static void kq_tc_sdt(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid, int sdt, int pack) {
+    if (sdt == BE_F32) pack ? kq_tc_go<HD, BITS, GROUP, BE_F32, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F32, false>(c, r, k, grid);
+    else if (sdt == BE_F16) pack ? kq_tc_go<HD, BITS, GROUP, BE_F16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F16, false>(c, r, k, grid);
+    else pack ? kq_tc_go<HD, BITS, GROUP, BE_BF16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_BF16, false>(c, r, k, grid);
 }
 
 /* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
@@ -770,9 +749,10 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
     if (kq_tc_takes(c, bits, hd, group, sdt)) {
         int pack = c->kq_pack && g <= 4;
-#define KT_G(HD, BITS) do { if (group == 32) kq_tc_sdt<HD, BITS, 32>(c, r, grid, sdt, pack); \
-                            else if (group == 64) kq_tc_sdt<HD, BITS, 64>(c, r, grid, sdt, pack); \
-                            else kq_tc_sdt<HD, BITS, HD>(c, r, grid, sdt, pack); } while (0)   /* 128: HD 128 only */
+        const kq_geo k = {L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk};
+#define KT_G(HD, BITS) do { if (group == 32) kq_tc_sdt<HD, BITS, 32>(c, r, k, grid, sdt, pack); \
+                            else if (group == 64) kq_tc_sdt<HD, BITS, 64>(c, r, k, grid, sdt, pack); \
+                            else kq_tc_sdt<HD, BITS, HD>(c, r, k, grid, sdt, pack); } while (0)   /* 128: HD 128 only */
 #define KT_B(HD) do { if (bits == 4) KT_G(HD, 4); else KT_G(HD, 8); } while (0)
         if (hd == 64) KT_B(64);
         else KT_B(128);

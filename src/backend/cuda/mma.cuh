@@ -87,21 +87,37 @@ __device__ __forceinline__ void mma_split3(float x, uint32_t *hi, uint32_t *mid,
     x -= r;
     *lo = mma_t<KT>::bits(x, &r);
 }
-/* A operands of values v[4] of row r: cols 2c, 2c+1 (v[0], v[1]) and 2c+8, 2c+9 (v[2], v[3]):
- * a[] = hi in rows 0-7 and mid in rows 8-15, al[] = lo in rows 0-7 and zeros */
+/* the three parts of values v[4] of row r (cols 2c, 2c+1, 2c+8, 2c+9) as packed pairs: p[0] hi, p[1] mid,
+ * p[2] lo; p[i][0] cols 2c, 2c+1, p[i][1] cols 2c+8, 2c+9 */
+template <typename KT>
+__device__ __forceinline__ void mma_a_parts(const float *v, uint32_t (*p)[2]) {
+    uint32_t x[3][4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) mma_split3<KT>(v[t], &x[0][t], &x[1][t], &x[2][t]);
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        p[i][0] = x[i][0] | x[i][1] << 16;
+        p[i][1] = x[i][2] | x[i][3] << 16;
+    }
+}
+/* A operands of v[4]: a[] = hi in rows 0-7 and mid in rows 8-15, al[] = lo in rows 0-7 and zeros */
 template <typename KT>
 __device__ __forceinline__ void mma_a_split(const float *v, uint32_t *a, uint32_t *al) {
-    uint32_t h[4], m[4], l[4];
-#pragma unroll
-    for (int t = 0; t < 4; t++) mma_split3<KT>(v[t], &h[t], &m[t], &l[t]);
-    a[0] = h[0] | h[1] << 16;
-    a[1] = m[0] | m[1] << 16;
-    a[2] = h[2] | h[3] << 16;
-    a[3] = m[2] | m[3] << 16;
-    al[0] = l[0] | l[1] << 16;
-    al[1] = 0;
-    al[2] = l[2] | l[3] << 16;
-    al[3] = 0;
+    uint32_t p[3][2];
+    mma_a_parts<KT>(v, p);
+    a[0] = p[0][0]; a[1] = p[1][0]; a[2] = p[0][1]; a[3] = p[1][1];
+    al[0] = p[2][0]; al[1] = 0; al[2] = p[2][1]; al[3] = 0;
+}
+/* ... all three in one operand for rows of at most 4 values (decode's g <= 4): a lane of rows 0-3 gives hi
+ * (rows 0-3) and mid (rows 8-11), one of rows 4-7 (lo_rows) the lo of row r - 4 (rows 4-7) and zeros */
+template <typename KT>
+__device__ __forceinline__ void mma_a_pack(const float *v, int lo_rows, uint32_t *a) {
+    uint32_t p[3][2];
+    mma_a_parts<KT>(v, p);
+    a[0] = lo_rows ? p[2][0] : p[0][0];
+    a[1] = lo_rows ? 0u : p[1][0];
+    a[2] = lo_rows ? p[2][1] : p[0][1];
+    a[3] = lo_rows ? 0u : p[1][1];
 }
 
 /* wgmma (sm_90a): a warpgroup (4 warps) computes a 64 x N tile asynchronously. A comes from registers:
