@@ -56,9 +56,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 run() { echo "== $*" | tee -a $O/tests.log; "$@" >>$O/tests.log 2>&1 || fails=$((fails + 1)); }
 if [ "$PART" != score ]; then
 run $B/test-backend-ops
-# every attention case through both decode kernels of each pool kind (by default a 16-bit pool takes the
-# tensor-core one from 8192 keys, a 4-/8-bit one only when forced): forced on (quantized: PACK, then two
-# products a k-step), then off
+# every attention case through both decode kernels of each pool kind (by default 16-bit and 4-/8-bit pools
+# take the tensor-core one from 8192 keys): forced on (quantized: PACK, then two products a k-step), then off
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_PACK=0 CINFER_TEST_ONLY=kvq_attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops

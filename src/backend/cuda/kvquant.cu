@@ -12,9 +12,9 @@
  *
  * kvq_attention, two paths:
  * - split (decode, and any query count where flash does not run) on tensor
- *   cores for 4- and 8-bit pools of head_dim 64/128 with CINFER_CUDA_DEC_TC=1
- *   (k_kvq_tc, below; its slices: runs of 64 keys, at most a wave of blocks;
- *   opt-in until its present form has run on a GPU); otherwise: grid
+ *   cores for 4- and 8-bit pools of head_dim 64/128 over spans the 16-bit
+ *   pools' rule gives them (kq_tc_takes; k_kvq_tc, below; its slices: runs
+ *   of 64 keys, at most a wave of blocks); otherwise: grid
  *   (slices, kv heads, queries); a block serves every q head of its kv head
  *   (g <= 8), so each packed row is read once per step. A slice is scored
  *   whole before its softmax: a thread per key dequantizes on the fly,
@@ -703,13 +703,13 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
     kq_merge<HD, KQ_GMAX, NB>(part, nsplit, g, bi, H, kvh, n_kv, valid, (float *)(void *)dsm, mh, lh, cnt, out);
 }
 
-enum { KQ_SPLIT = 0, KQ_FLASH = 1 };
+enum { KQ_SPLIT = 0, KQ_FLASH = 1, KQ_TC = 2 };
 
-/* 1 when k_kvq_tc serves this format (else k_kvq_split). Only with CINFER_CUDA_DEC_TC=1 (dec_tc 2) until its
- * present form (byte-permuted codes, PACK) has run on a GPU: it was written and checked by host emulation
- * (tests/gpu/emu-kvq-tc.py) in a session that got no device; tests/gpu/run.sh runs it (DEC_TC=1). */
-static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
-    return c->dec_tc == 2 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
+/* 1 when k_kvq_tc serves this format over this span (else k_kvq_split): the 16-bit pools' rule
+ * (cu_attn_decode_tc: from DEC_TC_SPAN keys; CINFER_CUDA_DEC_TC=0|1 never / always). H100, llama-3.1-8b
+ * decode: KV4 at 32k 7.55 ms a step against the split kernel's 9.91, at 128k 1.52x the bf16 pool's rate. */
+static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt, int span) {
+    return cu_attn_decode_tc(c, span) && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
 }
 
 /* a record's geometry as l_kvq_attention decodes it, for the k_kvq_tc instance it picks */
@@ -747,7 +747,7 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     int tiled = (int)(r->i[CU_A_OP + 2] >> 8 & 1), nsplit = (int)r->i[CU_A_OP + 3], chunk = (int)r->f[1];
     int g = H / n_kv;
     dim3 grid((unsigned)nsplit, (unsigned)n_kv, (unsigned)(B * L));
-    if (kq_tc_takes(c, bits, hd, group, sdt)) {
+    if (path == KQ_TC) {
         int pack = c->kq_pack && g <= 4;
         const kq_geo k = {L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk};
 #define KT_G(HD, BITS) do { if (group == 32) kq_tc_sdt<HD, BITS, 32>(c, r, k, grid, sdt, pack); \
@@ -793,10 +793,11 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     /* flash rounds to f16 (not in batch-invariant mode, see cu_op_attention); softcap: the split path */
     int flash = a->L >= 16 && a->head_dim >= 64 && !c->batch_inv && !(a->softcap > 0);
     int span = cu_span_bucket(a->max_span), tiled = kernel == BE_KVQ_TILED, chunk, nsplit;
+    int tc = !flash && kq_tc_takes(c, k->bits, a->head_dim, k->group, k->sdt, span);
     if (tiled) {   /* the tiles: a range of n keys spans at most n / TILE + 2 of them; sinks and run */
         chunk = BE_KVQ_TILE;
         nsplit = span / BE_KVQ_TILE + 4;
-    } else if (kq_tc_takes(c, k->bits, a->head_dim, k->group, k->sdt) && !c->batch_inv) {
+    } else if (tc && !c->batch_inv) {
         /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks
          * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
         int pieces = (span + 63) / 64, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
@@ -823,7 +824,7 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     cu_rec_attn(c, &r, a, 8);
     r.i[CU_A_OP] = k->bits;
     r.i[CU_A_OP + 1] = k->group;
-    r.i[CU_A_OP + 2] = k->sdt | (flash ? KQ_FLASH : KQ_SPLIT) << 4 | tiled << 8;
+    r.i[CU_A_OP + 2] = k->sdt | (flash ? KQ_FLASH : tc ? KQ_TC : KQ_SPLIT) << 4 | tiled << 8;
     r.i[CU_A_OP + 3] = nsplit;
     r.f[0] = a->scale;
     r.f[1] = (float)chunk;
