@@ -7,8 +7,14 @@
  * KT_W at a time against the queries, and p.V into o — take the width, so
  * each output lane sums the same terms in the same key order at both widths
  * (the scores' dot products are split into partial sums differently).
+ * An includer may bring its own scores kernel (KT_SCORES) and a prologue and
+ * epilogue per tiles call (KT_BEGIN, KT_END): attention-kvq.c's AMX instance.
  */
 #define KINL static inline __attribute__((always_inline, target(KT_TGT)))
+#ifndef KT_BEGIN   /* per call of a tiles kernel: the AMX instance configures its tiles and packs the queries */
+#define KT_BEGIN(x) ((void)(x))
+#define KT_END() ((void)0)
+#endif
 
 #if KT_W == 16
 typedef __m512 KT(vec);
@@ -33,6 +39,14 @@ typedef __m256 KT(vec);
 #define KV_CB(bits) ((bits) * KT_W / 8)   /* bytes of KT_W codes */
 
 /* S[jj][HB] = the scores of keys slot[0..n) for the NH heads (pad lanes 0) */
+#ifdef KT_SCORES   /* the includer's own scores kernel (AMX tiles) */
+KINL void KT(tile_scores)(const unit_in *x, const dec8 *dc, const int64_t *slot, int n, float *S, const int bits,
+                          const int NH) {
+    (void)dc;
+    (void)NH;
+    KT_SCORES(x, slot, n, S, bits);
+}
+#else
 KINL void KT(tile_scores)(const unit_in *x, const dec8 *dc, const int64_t *slot, int n, float *S, const int bits,
                           const int NH) {
     const uint8_t *codes = x->k->codes;
@@ -61,6 +75,7 @@ KINL void KT(tile_scores)(const unit_in *x, const dec8 *dc, const int64_t *slot,
         _mm256_storeu_ps(S + (size_t)jj * HB, sv);
     }
 }
+#endif
 
 /* o[h][hd] += sum_jj E[jj][h] s_jg c_j, ob[g][h] += sum_jj E[jj][h] b_jg; W[n][HB] scratch */
 KINL void KT(tile_pv)(const unit_in *x, const dec8 *dc, const int64_t *slot, int n, const float *E, float *W, float *o,
@@ -123,6 +138,7 @@ KINL void KT(tile_run)(const unit_in *x, const dec8 *dc, const int64_t *slot, in
         float *ob, __m256 *m, __m256 *l, int bits_rt) {                                                          \
         const int bits = BITS ? BITS : bits_rt;                                                                  \
         dec8 dc = dec_init(bits);                                                                                \
+        KT_BEGIN(x);                                                                                             \
         for (int g = 0, t = 0; g < 4 && t < t1; g += 2)                                                          \
             for (int j0 = r[g], j1; j0 < r[g + 1] && t < t1; j0 = j1, t++) {                                     \
                 j1 = (j0 / BE_KVQ_TILE + 1) * BE_KVQ_TILE;                                                       \
@@ -131,6 +147,7 @@ KINL void KT(tile_run)(const unit_in *x, const dec8 *dc, const int64_t *slot, in
                 fill_slots(a, pt, kh, j0, j1, slot);                                                             \
                 KT(tile_run)(x, &dc, slot, j1 - j0, a->softcap, S, W, o, ob, m, l, bits, NHC);                   \
             }                                                                                                    \
+        KT_END();                                                                                                \
     }
 TILES_FN(tiles_q4_h8, 4, 8)
 TILES_FN(tiles_q4_h4, 4, 4)
@@ -153,3 +170,5 @@ TILES_FN(tiles_qn_h1, 0, 1)
 #undef KV_FOLD
 #undef KV_CB
 #undef KINL
+#undef KT_BEGIN
+#undef KT_END

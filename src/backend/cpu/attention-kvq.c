@@ -41,6 +41,7 @@ typedef struct kvq_job {
     float *out;
     int grp, nhb, nblk;   /* query heads per kv head; head blocks of HB; key blocks per query */
     int wide;             /* 4- and 8-bit codes 16 at a time (AVX-512) */
+    int amx;              /* ... and their scores on AMX tiles */
     size_t units;         /* B * L * n_kv * nhb * nblk */
     float *ws;            /* [nth][ws_per] */
     size_t ws_per;
@@ -126,6 +127,7 @@ typedef struct unit_in {
     int hd, ng, G;
     const be_kvq *k, *v;
     size_t rb;          /* bytes of one row of codes */
+    uint8_t *amx;       /* the AMX instance's scratch (amx_ws_bytes, 64-byte aligned) */
 } unit_in;
 
 /* slot[j - j0] = be_kv_off's slot of keys j0..j1-1, a page at a time (page is a power of two) */
@@ -169,6 +171,117 @@ static inline __attribute__((always_inline, target(AVX512_TGT))) __m512 dec16(co
 #undef KT_W
 #undef KT
 
+/* AMX (Sapphire Rapids and later, where gemm_amx_available): the scores of 16 keys at a time as one tile product per
+ * 32 dims, A = the keys' codes as bf16 (exact: integers below 256), B = the 8 query heads' qs split into three bf16
+ * parts (hi + mid + lo: qs to within 2^-24 of itself, so the products and their f32 sums are the f32 dot product's
+ * to rounding), the group's sums C_hm (columns 0-7 hi, 8-15 mid) and C_lo (0-7 lo) added per key; p.V stays on
+ * AVX-512. Scratch: B [hd/32][2][16 pairs][16 columns] u32, A [16 keys][hd] bf16, C [2][16][16] f32. */
+#define AMX_TGT AVX512_TGT ",amx-tile,amx-bf16,avx512bf16"
+static size_t amx_ws_bytes(int hd) { return (size_t)hd / 32 * 2 * 1024 + 16 * (size_t)hd * 2 + 2 * 1024; }
+
+/* the tiles' shapes (A, B hm, B lo, C hm, C lo: 16 rows of 64 bytes), the queries' B tiles packed */
+static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
+    struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 5; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    uint32_t *B = (uint32_t *)(void *)x->amx;
+    for (int ks = 0; ks < x->hd / 32; ks++)
+        for (int pr = 0; pr < 16; pr++)
+            for (int h = 0; h < HB; h++) {
+                uint16_t part[3][2];
+                for (int e = 0; e < 2; e++) {
+                    float v = x->qs[h * x->hd + 32 * ks + 2 * pr + e];
+                    part[0][e] = be_f32_to_bf16(v);
+                    float r = v - be_bf16_to_f32(part[0][e]);
+                    part[1][e] = be_f32_to_bf16(r);
+                    part[2][e] = be_f32_to_bf16(r - be_bf16_to_f32(part[1][e]));
+                }
+                uint32_t *hm = B + (size_t)ks * 512 + pr * 16, *lo = hm + 256;
+                hm[h] = part[0][0] | (uint32_t)part[0][1] << 16;
+                hm[HB + h] = part[1][0] | (uint32_t)part[1][1] << 16;
+                lo[h] = part[2][0] | (uint32_t)part[2][1] << 16;
+                lo[HB + h] = 0;
+            }
+}
+
+/* 32 codes of 4 or 8 bits at p as bf16 (exact) to d: 4 bits by a 16-entry table (a byte holds codes 2i, 2i + 1) */
+static inline __attribute__((always_inline, target(AMX_TGT))) void amx_dec32(const uint8_t *p, const int bits, __m512i tab,
+                                                                             void *d) {
+    if (bits == 4) {
+        __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        __m512i idx = _mm512_and_si512(_mm512_or_si512(w, _mm512_slli_epi32(w, 12)), _mm512_set1_epi32(0x000F000F));
+        _mm512_storeu_si512(d, _mm512_permutexvar_epi16(idx, tab));
+    } else {
+        __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+        _mm512_storeu_si512(d, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+}
+
+static inline __attribute__((always_inline, target(AMX_TGT))) void amx_scores(const unit_in *x, const int64_t *slot, int n,
+                                                                              float *S, const int bits) {
+    int hd = x->hd, ks_g = x->G / 32;
+    const uint8_t *codes = x->k->codes;
+    uint8_t *B = x->amx, *A = B + (size_t)hd / 32 * 2 * 1024;
+    float *C = (float *)(void *)(A + 16 * (size_t)hd * 2);
+    uint16_t t16[32] = {0};
+    for (int i = 0; i < 16; i++) t16[i] = be_f32_to_bf16((float)i);
+    const __m512i tab = _mm512_loadu_si512(t16);
+    for (int jb = 0; jb < n; jb += 16) {
+        int nk = n - jb < 16 ? n - jb : 16;
+        for (int r = 0; r < 16; r++) {
+            uint8_t *ar = A + (size_t)r * hd * 2;
+            if (r >= nk) { memset(ar, 0, (size_t)hd * 2); continue; }
+            const uint8_t *row = codes + (size_t)slot[jb + r] * x->rb;
+            if (bits == 8) {   /* as tile_scores: this key's V row, the K row 16 keys on */
+                if (jb + r + 16 < n) _mm_prefetch((const char *)(codes + (size_t)slot[jb + r + 16] * x->rb), _MM_HINT_T0);
+                _mm_prefetch((const char *)(x->v->codes + (size_t)slot[jb + r] * x->rb), _MM_HINT_T0);
+            }
+            for (int ks = 0; ks < hd / 32; ks++) amx_dec32(row + (size_t)ks * 4 * bits, bits, tab, ar + (size_t)ks * 64);
+        }
+        for (int g = 0; g < x->ng; g++) {
+            _tile_zero(3);
+            _tile_zero(4);
+            for (int ks = g * ks_g; ks < (g + 1) * ks_g; ks++) {
+                _tile_loadd(0, A + (size_t)ks * 64, hd * 2);
+                _tile_loadd(1, B + (size_t)ks * 2048, 64);
+                _tile_loadd(2, B + (size_t)ks * 2048 + 1024, 64);
+                _tile_dpbf16ps(3, 0, 1);
+                _tile_dpbf16ps(4, 0, 2);
+            }
+            _tile_stored(3, C, 64);
+            _tile_stored(4, C + 256, 64);
+            __m256 sq = _mm256_loadu_ps(x->sq + g * HB);
+            for (int r = 0; r < nk; r++) {
+                int64_t si = slot[jb + r] * x->ng + g;
+                __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(C + r * 16), _mm256_loadu_ps(C + r * 16 + 8)),
+                                         _mm256_loadu_ps(C + 256 + r * 16));
+                __m256 sv = _mm256_fmadd_ps(_mm256_set1_ps(ld_sb(x->k->scales, x->k->sdt, si)), v,
+                                            _mm256_mul_ps(_mm256_set1_ps(ld_sb(x->k->biases, x->k->sdt, si)), sq));
+                float *Sr = S + (size_t)(jb + r) * HB;
+                _mm256_storeu_ps(Sr, g ? _mm256_add_ps(_mm256_loadu_ps(Sr), sv) : sv);
+            }
+        }
+    }
+}
+
+#define KT_TGT AMX_TGT
+#define KT_W 16
+#define KT(name) name##_amx
+#define KT_SCORES amx_scores
+#define KT_BEGIN(x) amx_begin(x)
+#define KT_END() _tile_release()
+#include "backend/cpu/attention-kvq-tiles.h"
+#undef KT_TGT
+#undef KT_W
+#undef KT
+#undef KT_SCORES
+
 typedef void (*tiles_fn)(const unit_in *, const be_attn *, const int32_t *, int, const int *, int, int, float *,
                          float *, int64_t *, float *, float *, __m256 *, __m256 *, int);
 
@@ -179,7 +292,8 @@ static __attribute__((target(TGT))) void unit_task(void *arg, int ith, int nth) 
     float *qs = j->ws + (size_t)ith * j->ws_per, *sq = qs + HB * hd, *o = sq + ng * HB, *ob = o + HB * hd;
     float *S = ob + ng * HB, *W = S + BE_KVQ_TILE * HB;
     int64_t *slot = (int64_t *)(W + BE_KVQ_TILE * HB);
-    unit_in x = {qs, sq, hd, ng, G, j->k, j->v, aq_row_bytes(hd, bits)};
+    uint8_t *amx = (uint8_t *)(((uintptr_t)(slot + BE_KVQ_TILE) + 63) & ~(uintptr_t)63);
+    unit_in x = {qs, sq, hd, ng, G, j->k, j->v, aq_row_bytes(hd, bits), amx};
     size_t u0 = j->units * ith / nth, u1 = j->units * (ith + 1) / nth;
     for (size_t u = u0; u < u1; u++) {
         int blk = (int)(u % j->nblk), hb = (int)(u / j->nblk % j->nhb);
@@ -211,13 +325,15 @@ static __attribute__((target(TGT))) void unit_task(void *arg, int ith, int nth) 
         memset(ob, 0, sizeof(float) * ng * HB);
         __m256 m = _mm256_set1_ps(-INFINITY), l = _mm256_setzero_ps();
         int NH = nh > 4 ? 8 : nh > 1 ? 4 : 1, bk = bits == 4 ? 0 : bits == 8 ? 1 : 2;
-        static const tiles_fn fns[5][3] = {{tiles_q4_h1_avx2, tiles_q4_h4_avx2, tiles_q4_h8_avx2},
+        static const tiles_fn fns[7][3] = {{tiles_q4_h1_avx2, tiles_q4_h4_avx2, tiles_q4_h8_avx2},
                                            {tiles_q8_h1_avx2, tiles_q8_h4_avx2, tiles_q8_h8_avx2},
                                            {tiles_qn_h1_avx2, tiles_qn_h4_avx2, tiles_qn_h8_avx2},
                                            {tiles_q4_h1_avx512, tiles_q4_h4_avx512, tiles_q4_h8_avx512},
-                                           {tiles_q8_h1_avx512, tiles_q8_h4_avx512, tiles_q8_h8_avx512}};
+                                           {tiles_q8_h1_avx512, tiles_q8_h4_avx512, tiles_q8_h8_avx512},
+                                           {tiles_q4_h1_amx, tiles_q4_h4_amx, tiles_q4_h8_amx},
+                                           {tiles_q8_h1_amx, tiles_q8_h4_amx, tiles_q8_h8_amx}};
         if (t0 < t1)
-            fns[j->wide && bk < 2 ? bk + 3 : bk][NH == 1 ? 0 : NH == 4 ? 1 : 2](&x, a, a->pt_host + (size_t)a->seq[b] * a->n_pt, kh, r, t0, t1, S, W,
+            fns[bk < 2 && j->wide ? bk + 3 + 2 * j->amx : bk][NH == 1 ? 0 : NH == 4 ? 1 : 2](&x, a, a->pt_host + (size_t)a->seq[b] * a->n_pt, kh, r, t0, t1, S, W,
                                                    slot, o, ob, &m, &l, bits);
         float ms[HB], ls[HB];
         _mm256_storeu_ps(ms, m);
@@ -241,7 +357,7 @@ static __attribute__((target(TGT))) void unit_task(void *arg, int ith, int nth) 
 void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel,
                        float *out) {
     int hd = a->head_dim, span = a->max_span > 0 ? a->max_span : 1, nth = c->n_threads;
-    kvq_job j = {a, q, k, v, kernel, out, a->n_head / a->n_kv_head, 0, 1, 0, 0, NULL, 0, NULL};
+    kvq_job j = {a, q, k, v, kernel, out, a->n_head / a->n_kv_head, 0, 1, 0, 0, 0, NULL, 0, NULL};
     j.nhb = (j.grp + HB - 1) / HB;
     double work = (double)a->B * a->L * a->n_head * hd * span;
     int fast = 0;
@@ -249,6 +365,7 @@ void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq
     fast = strcmp(gemv_pick()->isa, "scalar") != 0 && hd % 8 == 0 && k->group == v->group && k->bits == v->bits &&
            k->sdt == v->sdt;
     j.wide = fast && att_avx512_available() && k->group % 16 == 0;
+    j.amx = j.wide && k->group % 32 == 0 && hd <= 256 && gemm_amx_available();
 #endif
     size_t need;
     if (fast) {
@@ -261,6 +378,9 @@ void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq
         j.units = base * j.nblk;
         int ng = hd / k->group;
         j.ws_per = (2 * (size_t)HB * hd + 2 * (size_t)ng * HB + 2 * (size_t)BE_KVQ_TILE * HB + 2 * BE_KVQ_TILE + 15) / 16 * 16;
+#ifdef GEMV_X86
+        if (j.amx) j.ws_per += (amx_ws_bytes(hd) + 64) / sizeof(float);
+#endif
         need = (size_t)nth * j.ws_per + (j.nblk > 1 ? j.units * (2 * HB + (size_t)HB * hd) : 0);
     } else {
         j.ws_per = ((size_t)span + 2 * hd + 15) / 16 * 16;
