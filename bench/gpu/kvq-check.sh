@@ -8,7 +8,12 @@
 #               KV8, each with the CUDA-core split kernel, then k_kvq_tc in one process
 #               (BENCH_KVQ_AB=CINFER_CUDA_DEC_TC), and KV4 with PACK off / on; then
 #   PART=128k:  the same at 131000 tokens (bf16 and KV4: each row prefills 131k tokens, 50-90 s).
-# PART=all (default) runs the three in that order; logs in $OUT (tests.log, kvq-32k.log, kvq-128k.log).
+#   PART=table: issue 15's table with the defaults (quantized pools on tensor cores from 8192 keys): 128k bf16 and
+#               KV4 first (the ratio goal), 32k bf16/KV8/KV4, 4k with BENCH_KVQ_AB=CINFER_CUDA_DEC_TC (whether
+#               quantized pools should take tensor cores below 8192 keys too), 128k KV8 (kvq-table.log, ~6 min on an H200);
+#   PART=ncu:   one k_kvq_tc launch at 32k KV4 under Nsight Compute, if the machine has ncu (ncu.txt: issue
+#               efficiency, warp stalls, occupancy).
+# PART=all (default) runs the first three in that order; logs in $OUT (tests.log, kvq-32k.log, kvq-128k.log).
 # Fails (exit 1) on a FAIL line or a failing program in the tests.
 # Carrying the binaries (two unstripped ones and the tracked tree pass the 64 MiB a call takes): here,
 #   sh tests/gpu/build.sh; mkdir -p /tmp/bn .carry; cp build-gpu/bench-cuda build-gpu/test-backend-ops /tmp/bn;
@@ -46,5 +51,21 @@ fi
 if [ "$PART" = 128k ] || [ "$PART" = all ]; then
   long 131000 kvq-128k.log BENCH_KVQ_BITS=4 CINFER_CUDA_DEC_TC=1
   grep -E '^==|^long-context|bf16-KV|^A/B' $O/kvq-128k.log | cut -c1-300
+fi
+if [ "$PART" = table ]; then
+  long 131000 kvq-table.log BENCH_KVQ_BITS=4
+  long 32768 kvq-table.log
+  long 4096 kvq-table.log BENCH_KVQ_AB=CINFER_CUDA_DEC_TC
+  long 131000 kvq-table.log BENCH_KVQ_BITS=8 BENCH_KVQ_BF16=0
+  grep -E '^==|^long-context|^A/B|^KV[48] at' $O/kvq-table.log | cut -c1-300
+fi
+if [ "$PART" = ncu ]; then
+  NCU=$(command -v ncu || find /usr/local /opt -name ncu -type f 2>/dev/null | head -1)
+  [ -n "$NCU" ] && env BENCH_ONLY=1 BENCH_KVQ=32768 BENCH_KVQ_BITS=4 BENCH_KVQ_BF16=0 $NCU --kernel-name regex:kvq_tc \
+    --launch-skip 64 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section InstructionStats \
+    --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis \
+    $B/bench-cuda llama-3.1-8b ${WORK:-/tmp/b31} 2048 4 >$O/ncu.txt 2>&1
+  grep -E 'Duration|Throughput|Executed Ipc|Issue Slots|Warp Cycles Per Issued|Achieved Occupancy|No Eligible|Stall' \
+    $O/ncu.txt 2>/dev/null | head -40
 fi
 [ $fails -eq 0 ] && ! grep -q '^FAIL' $O/tests.log 2>/dev/null
