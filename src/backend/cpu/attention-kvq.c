@@ -238,7 +238,7 @@ static inline __attribute__((always_inline, target(AMX_TGT))) void amx_scores(co
             uint8_t *ar = A + (size_t)r * hd * 2;
             if (r >= nk) { memset(ar, 0, (size_t)hd * 2); continue; }
             const uint8_t *row = codes + (size_t)slot[jb + r] * x->rb;
-            if (bits == 8) {   /* as tile_scores: this key's V row, the K row 16 keys on */
+            {   /* this key's V row (tile_pv reads it next), the K row 16 keys on */
                 if (jb + r + 16 < n) _mm_prefetch((const char *)(codes + (size_t)slot[jb + r + 16] * x->rb), _MM_HINT_T0);
                 _mm_prefetch((const char *)(x->v->codes + (size_t)slot[jb + r] * x->rb), _MM_HINT_T0);
             }
