@@ -52,10 +52,7 @@ KINL void KT(tile_scores)(const unit_in *x, const dec8 *dc, const int64_t *slot,
     const uint8_t *codes = x->k->codes;
     for (int jj = 0; jj < n; jj++) {
         const uint8_t *row = codes + (size_t)slot[jj] * x->rb, *end = row + x->rb;
-        if (bits == 8) {   /* rows of a cache line or more: this key's V row for tile_pv, the K row 16 keys on */
-            if (jj + 16 < n) _mm_prefetch((const char *)(codes + (size_t)slot[jj + 16] * x->rb), _MM_HINT_T0);
-            _mm_prefetch((const char *)(x->v->codes + (size_t)slot[jj] * x->rb), _MM_HINT_T0);
-        }
+        if (bits == 8) prefetch_rows(x, slot, jj, n);   /* rows of a cache line or more (4-bit: no gain here) */
         (void)end;   /* read by the 8-wide decoder only */
         int64_t si = slot[jj] * x->ng;
         __m256 sv = _mm256_setzero_ps();

@@ -130,6 +130,12 @@ typedef struct unit_in {
     uint8_t *amx;       /* the AMX instance's scratch (amx_ws_bytes, 64-byte aligned) */
 } unit_in;
 
+/* ahead of the scores of key j of a tile of n: its V row (p.V reads it next) and the K row 16 keys on */
+static inline __attribute__((always_inline)) void prefetch_rows(const unit_in *x, const int64_t *slot, int j, int n) {
+    if (j + 16 < n) _mm_prefetch((const char *)(x->k->codes + (size_t)slot[j + 16] * x->rb), _MM_HINT_T0);
+    _mm_prefetch((const char *)(x->v->codes + (size_t)slot[j] * x->rb), _MM_HINT_T0);
+}
+
 /* slot[j - j0] = be_kv_off's slot of keys j0..j1-1, a page at a time (page is a power of two) */
 static void fill_slots(const be_attn *a, const int32_t *pt, int kh, int j0, int j1, int64_t *slot) {
     int sh = __builtin_ctz((unsigned)a->page);
@@ -177,7 +183,8 @@ static inline __attribute__((always_inline, target(AVX512_TGT))) __m512 dec16(co
  * to rounding), the group's sums C_hm (columns 0-7 hi, 8-15 mid) and C_lo (0-7 lo) added per key; p.V stays on
  * AVX-512. Scratch: B [hd/32][2][16 pairs][16 columns] u32, A [16 keys][hd] bf16, C [2][16][16] f32. */
 #define AMX_TGT AVX512_TGT ",amx-tile,amx-bf16,avx512bf16"
-static size_t amx_ws_bytes(int hd) { return (size_t)hd / 32 * 2 * 1024 + 16 * (size_t)hd * 2 + 2 * 1024; }
+static size_t amx_b_bytes(int hd) { return (size_t)hd / 32 * 2 * 1024; }   /* then A: 16 * hd * 2, C: 2 * 1024 */
+static size_t amx_ws_bytes(int hd) { return amx_b_bytes(hd) + 16 * (size_t)hd * 2 + 2 * 1024; }
 
 /* the tiles' shapes (A, B hm, B lo, C hm, C lo: 16 rows of 64 bytes), the queries' B tiles packed */
 static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
@@ -227,7 +234,7 @@ static inline __attribute__((always_inline, target(AMX_TGT))) void amx_scores(co
                                                                               float *S, const int bits) {
     int hd = x->hd, ks_g = x->G / 32;
     const uint8_t *codes = x->k->codes;
-    uint8_t *B = x->amx, *A = B + (size_t)hd / 32 * 2 * 1024;
+    uint8_t *B = x->amx, *A = B + amx_b_bytes(hd);
     float *C = (float *)(void *)(A + 16 * (size_t)hd * 2);
     uint16_t t16[32] = {0};
     for (int i = 0; i < 16; i++) t16[i] = be_f32_to_bf16((float)i);
@@ -238,10 +245,7 @@ static inline __attribute__((always_inline, target(AMX_TGT))) void amx_scores(co
             uint8_t *ar = A + (size_t)r * hd * 2;
             if (r >= nk) { memset(ar, 0, (size_t)hd * 2); continue; }
             const uint8_t *row = codes + (size_t)slot[jb + r] * x->rb;
-            {   /* this key's V row (tile_pv reads it next), the K row 16 keys on */
-                if (jb + r + 16 < n) _mm_prefetch((const char *)(codes + (size_t)slot[jb + r + 16] * x->rb), _MM_HINT_T0);
-                _mm_prefetch((const char *)(x->v->codes + (size_t)slot[jb + r] * x->rb), _MM_HINT_T0);
-            }
+            prefetch_rows(x, slot, jb + r, n);   /* every width: with the scores on tiles the loads show */
             for (int ks = 0; ks < hd / 32; ks++) amx_dec32(row + (size_t)ks * 4 * bits, bits, tab, ar + (size_t)ks * 64);
         }
         for (int g = 0; g < x->ng; g++) {
