@@ -28,22 +28,28 @@ int att_avx512_available(void) {
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
 
 /* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] (+ c[r][n] when add) for r < rows (<= 4), n < cols: blocks of
- * 4 rows x 64 columns (16 accumulators), b's rows loaded whole, a's values broadcast */
+ * 4 rows x 64 columns (16 accumulators), b's rows loaded whole, a's values broadcast; pf (or NULL): a matrix laid
+ * out as b whose lines are prefetched as b's are read (the next segment's values) */
 TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb, int cols, int kk, float alpha,
-                      float *c, int ldc, int add) {
+                      float *c, int ldc, int add, const float *pf) {
     const float *ar[4];
     for (int i = 0; i < 4; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * lda;
     for (int c0 = 0; c0 < cols; c0 += 64) {
         __mmask16 m[4];
         for (int j = 0; j < 4; j++) m[j] = tail_mask(cols - c0 - 16 * j);
         __m512 acc[4][4];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 acc[i][j] = add && i < rows ? _mm512_maskz_loadu_ps(m[j], c + (size_t)i * ldc + c0 + 16 * j) : _mm512_setzero_ps();
         const float *bp = b + c0;
         for (int p = 0; p < kk; p++, bp += ldb) {
+            if (pf)
+                for (int j = 0; j < 4 && c0 + 16 * j < cols; j++) _mm_prefetch((const char *)(pf + (bp - b) + 16 * j), _MM_HINT_T1);
             __m512 b0 = _mm512_maskz_loadu_ps(m[0], bp), b1 = _mm512_maskz_loadu_ps(m[1], bp + 16);
             __m512 b2 = _mm512_maskz_loadu_ps(m[2], bp + 32), b3 = _mm512_maskz_loadu_ps(m[3], bp + 48);
+#pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
                 __m512 x = _mm512_set1_ps(ar[i][p]);
                 acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
@@ -53,9 +59,11 @@ TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb
             }
         }
         __m512 al = _mm512_set1_ps(alpha);
-        for (int i = 0; i < rows && i < 4; i++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)   /* (unrolled whole, with the rows test inside: acc stays in registers) */
+#pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
-                _mm512_mask_storeu_ps(c + (size_t)i * ldc + c0 + 16 * j, m[j], alpha == 1.0f ? acc[i][j] : _mm512_mul_ps(acc[i][j], al));
+                if (i < rows) _mm512_mask_storeu_ps(c + (size_t)i * ldc + c0 + 16 * j, m[j], alpha == 1.0f ? acc[i][j] : _mm512_mul_ps(acc[i][j], al));
     }
 }
 
@@ -90,7 +98,7 @@ TGT void att_scale_avx512(float *s, int n, float f) {
 
 void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds) {
-    rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds, 0);
+    rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds, 0, NULL);
 }
 
 /* dst[i] = the f16 or bf16 src[i] widened, i < n: 16 at a time */
@@ -104,12 +112,14 @@ TGT void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) {
     for (; i < n; i++) dst[i] = bf16 ? be_bf16_to_f32(h[i]) : be_f16_to_f32(h[i]);
 }
 
-/* dst[d][t] = src[t][d] for t < n, d < hd (dst's rows ldd apart): 16 x 16 blocks in registers, the edges one by one */
-TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd) {
+/* dst[d][t] = src[t][d] for t < n, d < hd (dst's rows ldd apart): 16 x 16 blocks in registers, the edges one by one;
+ * pf (or NULL): n x hd floats laid out as src (the next segment's keys), each block's lines prefetched there */
+TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf) {
     int n16 = n / 16 * 16, h16 = hd / 16 * 16;
     for (int t0 = 0; t0 < n16; t0 += 16)
         for (int d0 = 0; d0 < h16; d0 += 16) {
             __m512 r[16], u[16];
+            for (int i = 0; pf && i < 16; i++) _mm_prefetch((const char *)(pf + (size_t)(t0 + i) * hd + d0), _MM_HINT_T1);
             for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)(t0 + i) * hd + d0);
             for (int i = 0; i < 16; i += 2) {   /* pairs of rows interleaved by element, */
                 u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -135,8 +145,9 @@ TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_
         for (int d = t < n16 ? h16 : 0; d < hd; d++) dst[(size_t)d * ldd + t] = src[(size_t)t * hd + d];
 }
 
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
-    rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo, add);
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+                   const float *pf) {
+    rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo, add, pf);
 }
 #else
 int att_avx512_available(void) { return 0; }
@@ -147,11 +158,12 @@ void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, 
                    float *s, int lds) {
     (void)q; (void)ldq; (void)rows; (void)kt; (void)ldk; (void)cols; (void)hd; (void)scale; (void)s; (void)lds;
 }
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add) {
-    (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add;
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+                   const float *pf) {
+    (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add; (void)pf;
 }
-void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd) {
-    (void)src; (void)n; (void)hd; (void)dst; (void)ldd;
+void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf) {
+    (void)src; (void)n; (void)hd; (void)dst; (void)ldd; (void)pf;
 }
 void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) { (void)src; (void)bf16; (void)n; (void)dst; }
 #endif

@@ -129,7 +129,7 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
     size_t ld = (size_t)a->n_head * hd;
     for (int e = 0; e < ns; e++) {
-        att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T);
+        att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T, NULL);
         if (sg[e].v != vf + (size_t)sg[e].col * hd)
             memcpy(vf + (size_t)sg[e].col * hd, sg[e].v, sizeof(float) * (size_t)sg[e].n * hd);
     }
@@ -156,7 +156,7 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
                 int cb = blk_end(a, b, i0, r0, M, rng[2], n1, T), n = cb - c0 < ATT_CH ? cb - c0 : ATT_CH;
                 if (n > 0)
                     att_pv_avx512(S + (size_t)r0 * T + c0, T, M - r0 < 4 ? M - r0 : 4, n, vf + (size_t)c0 * hd, hd,
-                                  O + (size_t)r0 * ld, (int)ld, c0 > 0);
+                                  O + (size_t)r0 * ld, (int)ld, c0 > 0, NULL);
             }
     }
 }
@@ -164,6 +164,12 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
 /* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
  * segment's keys transposed into kt[hd][n] (in cache: a segment lies in one page), then the same products as
  * many_queries, 4 heads at a time */
+/* segment e + 1's keys or values (f32 pages read in place) when it is as long as segment e: prefetched while
+ * segment e's are read */
+static const float *next_seg(const ag_job *j, const seg *sg, int e, int ns, int v) {
+    if (j->dt != BE_F32 || e + 1 >= ns || sg[e + 1].n < sg[e].n) return NULL;
+    return v ? sg[e + 1].v : sg[e + 1].k;
+}
 static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], int n1, int T, const seg *sg, int ns,
                       float *S, float *kt) {
     const be_attn *a = j->a;
@@ -173,7 +179,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     float *O = j->out + at;
     for (int e = 0; e < ns; e++) {
         int n = sg[e].n;
-        att_transpose_avx512(sg[e].k, n, hd, kt, (size_t)n);
+        att_transpose_avx512(sg[e].k, n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
         for (int r0 = 0; r0 < grp; r0 += 4)
             att_qk_avx512(Q + (size_t)r0 * hd, hd, grp - r0 < 4 ? grp - r0 : 4, kt, n, n, hd, a->scale,
                           S + (size_t)r0 * T + sg[e].col, T);
@@ -186,7 +192,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     for (int e = 0; e < ns; e++)
         for (int r0 = 0; r0 < grp; r0 += 4)
             att_pv_avx512(S + (size_t)r0 * T + sg[e].col, T, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, sg[e].v, hd,
-                          O + (size_t)r0 * hd, hd, e > 0);
+                          O + (size_t)r0 * hd, hd, e > 0, r0 ? NULL : next_seg(j, sg, e, ns, 1));
 }
 
 static void item(const ag_job *j, int b, int kh, int qb, float *ws) {

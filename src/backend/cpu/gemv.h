@@ -98,7 +98,9 @@ void gemm_amx_pack_rows(const float *w, int rows, int64_t k, uint32_t *wv);
 void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y, int64_t ldy);
 
 /* attention-avx512.c: attention-gemm.c's products for blocks of up to 4 queries (rows), f32:
- * s[r][c] = scale * q[r] . kt[.][c] for c < cols; o[r] = sum_{c < cols} s[r][c] v[c] (+ o[r] when add) */
+ * s[r][c] = scale * q[r] . kt[.][c] for c < cols; o[r] = sum_{c < cols} s[r][c] v[c] (+ o[r] when add).
+ * pf (or NULL): the next segment's values (att_pv_avx512) or keys (att_transpose_avx512), laid out as v or src,
+ * prefetched into L2 line by line as this segment's are read */
 int att_avx512_available(void);
 /* s[i] = exp(s[i] - mx) for i < n (glibc's libmvec expf on 16 lanes); returns their sum */
 float att_exp_avx512(float *s, int n, float mx);
@@ -107,9 +109,10 @@ float att_max_avx512(const float *s, int n, float mx);
 void att_scale_avx512(float *s, int n, float f);
 void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds);
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add);
+void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+                   const float *pf);
 /* dst[d][t] = src[t][d] for t < n, d < hd, dst's rows ldd apart (keys [n][hd] into kt[hd][ldd]) */
-void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd);
+void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf);
 /* dst[i] = src[i] for i < n, src f16 (bf16 = 0) or bf16 (1) */
 void att_widen_avx512(const void *src, int bf16, size_t n, float *dst);
 
