@@ -9,6 +9,9 @@
 #      -ctk KV -ctv KV (one invocation per KV type; jsonl lines land as each test finishes).
 # Partial results stay in $OUT (log.txt, results.jsonl, build.log, gen.log, summary.md).
 # usage (GPU machine): TAR=llama-src.tar.xz GEN_PY=gen_random_gguf.py OUT=dir bash bench/gpu/llama-cpp-kvq.sh
+# STAGE=build does 1-2 only, at nice 19 with the GGUF's random numbers from the CPU (it can run beside a GPU
+# benchmark of cinfer in the same call); STAGE=bench does 3 only, with the SRC and MD a build stage left (a later
+# call on the same warm machine: point SRC and MD at git-ignored folders of the tree, which the machine keeps).
 set -u
 START=$(date +%s)
 BUDGET=${BUDGET:-460}                 # seconds of wall time this script may use
@@ -18,6 +21,7 @@ GEN_PY=${GEN_PY:-gen_random_gguf.py}
 SRC=${SRC:-/tmp/llama}
 MD=${MD:-/tmp/models}
 KVS=${KVS:-"f16 q4_0 q8_0"}
+STAGE=${STAGE:-all}
 DEPTHS=${DEPTHS:-4096,32768,131072}
 NP=$(nproc)
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -29,13 +33,16 @@ grep -m1 "model name" /proc/cpuinfo
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,driver_version,power.limit,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 nvcc --version | tail -1
 
+if [ "$STAGE" != bench ]; then
+GEN_ENV=env; NICE=
+[ "$STAGE" = build ] && { GEN_ENV="env CUDA_VISIBLE_DEVICES="; NICE="nice -n 19"; }
 ts "unpack $TAR"
 bash "$(dirname "$0")/llama-src.sh" unpack "$TAR" "$SRC" llama-bench || { ts "FATAL: untar failed"; exit 1; }
 
 mkdir -p "$MD"
 ts "start model generation (Llama-3-8B F16, n_ctx_train 131072) -> $MD"
 GEN_DIR=$(cd "$(dirname "$GEN_PY")" && pwd)
-( cd /tmp && PYTHONPATH="$SRC/gguf-py:$GEN_DIR" PYTHONUNBUFFERED=1 python3 - "$MD" > "$OUT/gen.log" 2>&1 <<'PY'
+( cd /tmp && $GEN_ENV PYTHONPATH="$SRC/gguf-py:$GEN_DIR" PYTHONUNBUFFERED=1 python3 - "$MD" > "$OUT/gen.log" 2>&1 <<'PY'
 import sys
 import gen_random_gguf as g
 g.SHAPES["8b"]["ctx"] = 131072          # Llama-3.1-8B's context
@@ -49,13 +56,17 @@ bash "$(dirname "$0")/llama-src.sh" configure "$SRC" "$OUT/build.log" || ts "FAT
 ( while sleep 30; do echo "  [build t=$(( $(date +%s) - START ))s] $(grep -E '^\[[0-9]+/[0-9]+\]' "$OUT/build.log" | tail -1 | cut -c1-90)"; tail -1 "$OUT/gen.log" 2>/dev/null; done ) &
 MON_PID=$!
 ts "ninja -j $(( NP + 2 )) llama-bench"
-timeout $(( $(left) - 60 )) ninja -C "$SRC/build" -j $(( NP + 2 )) llama-bench >> "$OUT/build.log" 2>&1
+timeout $(( $(left) - 60 )) $NICE ninja -C "$SRC/build" -j $(( NP + 2 )) llama-bench >> "$OUT/build.log" 2>&1
 rc=$?
 kill "$MON_PID" 2>/dev/null
 BIN="$SRC/build/bin"
 [ -x "$BIN/llama-bench" ] || { ts "FATAL: no llama-bench (rc=$rc)"; grep -E "error|FAILED" "$OUT/build.log" | head; wait "$GEN_PID"; cat "$OUT/gen.log"; exit 1; }
 ts "build done"
 ts "waiting for generation"; wait "$GEN_PID"; cat "$OUT/gen.log"; ls -la "$MD"
+[ "$STAGE" = build ] && { ts "build stage done"; exit 0; }
+fi
+BIN="$SRC/build/bin"
+[ -x "$BIN/llama-bench" ] || { ts "FATAL: no llama-bench in $BIN"; exit 1; }
 M=$MD/llama-8b-f16.gguf
 : > "$OUT/results.jsonl"
 for kv in $KVS; do
