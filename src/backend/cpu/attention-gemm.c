@@ -80,10 +80,15 @@ static void masked_softmax(float *s, int T, int a0, int a1, int b0, int b1, floa
     for (int t = 0; t < T; t++) s[t] *= inv;
 }
 
-typedef struct seg { int col, n; const float *k, *v; } seg;
+typedef struct seg {
+    int col, n;
+    const float *k, *v;   /* f32 rows: the pool's, or 16-bit pages widened (NULL: not widened, see off) */
+    size_t off;           /* the segment's first element in the pools */
+} seg;
 
 /* the item's key columns as segments inside one page each; 16-bit pages are
- * widened into kf/vf at their column. Returns the number of segments. */
+ * widened into kf/vf at their column, unless kf is NULL (one_query widens a
+ * segment at a time). Returns the number of segments. */
 static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4], float *kf, float *vf, seg *sg) {
     const be_attn *a = j->a;
     int hd = a->head_dim, el = (int)be_dtype_size(j->dt), ns = 0, col = 0;
@@ -92,8 +97,9 @@ static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4]
             int n = a->page - t % a->page;
             if (n > rng[g + 1] - t) n = rng[g + 1] - t;
             size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, kh, t, el) / el;
-            seg s = {col, n, (const float *)j->k + off, (const float *)j->v + off};
-            if (j->dt != BE_F32) {
+            seg s = {col, n, (const float *)j->k + off, (const float *)j->v + off, off};
+            if (j->dt != BE_F32 && !kf) s.k = s.v = NULL;
+            else if (j->dt != BE_F32) {
                 if (j->vec) {
                     att_widen_avx512((const uint16_t *)j->k + off, j->dt == BE_BF16, (size_t)n * hd, kf + (size_t)col * hd);
                     att_widen_avx512((const uint16_t *)j->v + off, j->dt == BE_BF16, (size_t)n * hd, vf + (size_t)col * hd);
@@ -161,25 +167,32 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     }
 }
 
-/* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
- * segment's keys transposed into kt[hd][n] (in cache: a segment lies in one page), then the same products as
- * many_queries, 4 heads at a time */
 /* segment e + 1's keys or values (f32 pages read in place) when it is as long as segment e: prefetched while
  * segment e's are read */
 static const float *next_seg(const ag_job *j, const seg *sg, int e, int ns, int v) {
     if (j->dt != BE_F32 || e + 1 >= ns || sg[e + 1].n < sg[e].n) return NULL;
     return v ? sg[e + 1].v : sg[e + 1].k;
 }
+
+/* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
+ * segment's keys transposed into kt[hd][n] (in cache: a segment lies in one page), then the same products as
+ * many_queries, 4 heads at a time. f32 pages are read in place, the next segment's prefetched while one is read;
+ * 16-bit pages are widened a segment at a time into wk (keys, then values: n x hd floats, in cache). */
 static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], int n1, int T, const seg *sg, int ns,
-                      float *S, float *kt) {
+                      float *S, float *kt, float *wk) {
     const be_attn *a = j->a;
-    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, p = a->pos0[b] + i0, sp[3];
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, p = a->pos0[b] + i0, sp[3], bf = j->dt == BE_BF16;
     size_t at = ((size_t)b * a->L + i0) * a->n_head * hd + (size_t)kh * grp * hd;
     const float *Q = j->q + at;
     float *O = j->out + at;
     for (int e = 0; e < ns; e++) {
         int n = sg[e].n;
-        att_transpose_avx512(sg[e].k, n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
+        const float *k = sg[e].k;
+        if (!k) {
+            att_widen_avx512((const uint16_t *)j->k + sg[e].off, bf, (size_t)n * hd, wk);
+            k = wk;
+        }
+        att_transpose_avx512(k, n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
         for (int r0 = 0; r0 < grp; r0 += 4)
             att_qk_avx512(Q + (size_t)r0 * hd, hd, grp - r0 < 4 ? grp - r0 : 4, kt, n, n, hd, a->scale,
                           S + (size_t)r0 * T + sg[e].col, T);
@@ -189,10 +202,16 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     if (c1 < c0) c1 = c0;
     for (int r = 0; r < grp; r++)
         masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap, 1);
-    for (int e = 0; e < ns; e++)
+    for (int e = 0; e < ns; e++) {
+        const float *v = sg[e].v;
+        if (!v) {
+            att_widen_avx512((const uint16_t *)j->v + sg[e].off, bf, (size_t)sg[e].n * hd, wk);
+            v = wk;
+        }
         for (int r0 = 0; r0 < grp; r0 += 4)
-            att_pv_avx512(S + (size_t)r0 * T + sg[e].col, T, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, sg[e].v, hd,
+            att_pv_avx512(S + (size_t)r0 * T + sg[e].col, T, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, v, hd,
                           O + (size_t)r0 * hd, hd, e > 0, r0 ? NULL : next_seg(j, sg, e, ns, 1));
+    }
 }
 
 static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
@@ -214,14 +233,14 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     float *S = ws, *kf = ws + (size_t)ATT_QB * j->tmax, *vf = kf + (size_t)j->tmax * hd;
     seg *sg = (seg *)(vf + 2 * (size_t)j->tmax * hd);   /* (after vf: kt, many_queries' transposed keys) */
     const int32_t *pt = a->pt_host + (size_t)a->seq[b] * a->n_pt;
-    int ns = segments(j, pt, kh, rng, kf, vf, sg);
     int M = live - i0, vec = j->vec;
+    int ns = segments(j, pt, kh, rng, M == 1 && vec ? NULL : kf, vf, sg);   /* one_query widens as it goes */
     if (M > 1 && vec) {
         many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf);
         return;
     }
     if (vec) {
-        one_query(j, b, kh, i0, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd);
+        one_query(j, b, kh, i0, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, kf);
         return;
     }
     /* one query per row: the group's heads are adjacent rows of q with one mask */
