@@ -308,11 +308,10 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");
     c->dec_blocks = db ? atoi(db) : 1;
     c->dec_many = cf_knob_on("CINFER_CUDA_DEC_MANY");
-    const char *tc = getenv("CINFER_CUDA_DEC_TC");   /* 0: never; 1: always; unset: spans from DEC_TC_SPAN keys (attn-decode.cu) */
+    const char *tc = getenv("CINFER_CUDA_DEC_TC");   /* 0: never; 1: always; unset: see cuda.cuh */
     c->dec_tc = tc && !strcmp(tc, "0") ? 0 : tc && !strcmp(tc, "1") ? 2 : 1;
     c->batched = cf_knob_on("CINFER_CUDA_BATCHED");
     c->kq_pack = cf_knob_on("CINFER_CUDA_KQ_PACK");
-    c->kq_duo = getenv("CINFER_CUDA_KQ_DUO") && !strcmp(getenv("CINFER_CUDA_KQ_DUO"), "1");
     c->aff_gemv = cf_knob_on("CINFER_CUDA_AFF_GEMV");
     c->aff_tc = cf_knob_on("CINFER_CUDA_AFF_TC");
     c->aff_dp = cf_knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */

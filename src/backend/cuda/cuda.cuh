@@ -118,11 +118,10 @@ struct be_ctx {
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
-    int dec_tc;              /* decode attention on tensor cores (16-bit and 4-/8-bit pools): 0 never, 1 from DEC_TC_SPAN
-                                keys, 2 always (CINFER_CUDA_DEC_TC=0|1) */
+    int dec_tc;              /* decode attention on tensor cores: 0 never, 1 (default) 16-bit pools from DEC_TC_SPAN keys and
+                                4-/8-bit pools always, 2 always (CINFER_CUDA_DEC_TC=0|1) */
     int kq_pack;             /* quantized decode on tensor cores, g <= 4: one mma a k-step, lo rows beside hi and mid
                                 (CINFER_CUDA_KQ_PACK=0: two) */
-    int kq_duo;              /* ... two runs of 16 keys a softmax step, their scores in flight together (CINFER_CUDA_KQ_DUO=1; off: one) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
     int aff_gemv;            /* 4/8-bit affine decode through gemv-affine.cu (CINFER_CUDA_AFF_GEMV=0: affine.cu's GEMV, one matrix a launch) */
     int aff_tc;              /* one token's 4-bit rows through gemv-affine.cu's tensor-core form (CINFER_CUDA_AFF_TC=0: its CUDA-core kernel) */

@@ -13,45 +13,37 @@
 #include <math.h>
 #include "backend/cuda/mma.cuh"
 
-/* A warp's cp.async pipeline over its `mine` runs, ST stages, RN runs a step: dec_pipe_start loads runs
- * 0 .. ST-RN-1 (one commit group each, empty past the end); dec_pipe_next(t), before runs t .. t+RN-1 are
- * read, loads runs t + ST - RN .. t + ST - 1 and waits until runs t .. t+RN-1 have landed (and are visible to
- * the warp). load(t) issues run t's copies into stage t % ST. */
-template <int ST, int RN = 1, typename LD>
+/* A warp's cp.async pipeline over its `mine` runs, ST stages: dec_pipe_start loads runs 0 .. ST-2 (one
+ * commit group each, empty past the end); dec_pipe_next(t), before run t is read, loads run t + ST - 1 and
+ * waits until run t has landed (and is visible to the warp). load(t) issues run t's copies into stage t % ST. */
+template <int ST, typename LD>
 __device__ __forceinline__ void dec_pipe_start(int mine, LD &load) {
 #pragma unroll
-    for (int t = 0; t < ST - RN; t++) {
+    for (int t = 0; t < ST - 1; t++) {
         if (t < mine) load(t);
         cp_async_commit();
     }
 }
-template <int ST, int RN = 1, typename LD>
+template <int ST, typename LD>
 __device__ __forceinline__ void dec_pipe_next(int t, int mine, LD &load) {
-#pragma unroll
-    for (int u = 0; u < RN; u++) {
-        if (t + ST - RN + u < mine) load(t + ST - RN + u);
-        cp_async_commit();
-    }
-    cp_async_wait<ST - RN>();
+    if (t + ST - 1 < mine) load(t + ST - 1);
+    cp_async_commit();
+    cp_async_wait<ST - 1>();
     __syncwarp();
 }
 
-/* one step's online softmax: x[N] the lane's scores (-inf: not a key), m_r / l_r the running max and
- * (lane-partial) sum, o rescaled; pv[N] = exp(x - m). The rescale is skipped (a warp vote) when no lane's
+/* one run's online softmax step: x[4] the lane's scores (-inf: not a key), m_r / l_r the running max and
+ * (lane-partial) sum, o rescaled; pv[4] = exp(x - m). The rescale is skipped (a warp vote) when no lane's
  * max moved: its factor would be exactly 1. */
-template <int NT, int N = 4>
+template <int NT>
 __device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l_r, float (*o)[4], float *pv) {
-    float mx = x[0];
-#pragma unroll
-    for (int t = 1; t < N; t++) mx = fmaxf(mx, x[t]);
+    float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float mn = fmaxf(m_r, mx), al = m_r == -INFINITY ? 0.0f : expf(m_r - mn), sum = 0.0f;
+    float mn = fmaxf(m_r, mx), al = m_r == -INFINITY ? 0.0f : expf(m_r - mn);
 #pragma unroll
-    for (int t = 0; t < N; t++) pv[t] = x[t] == -INFINITY ? 0.0f : expf(x[t] - mn);
-#pragma unroll
-    for (int t = 0; t < N; t += 4) sum += (pv[t] + pv[t + 1]) + (pv[t + 2] + pv[t + 3]);
-    l_r = l_r * al + sum;
+    for (int t = 0; t < 4; t++) pv[t] = x[t] == -INFINITY ? 0.0f : expf(x[t] - mn);
+    l_r = l_r * al + ((pv[0] + pv[1]) + (pv[2] + pv[3]));
     m_r = mn;
     if (__any_sync(0xffffffffu, al != 1.0f)) {
 #pragma unroll

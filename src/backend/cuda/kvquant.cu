@@ -12,8 +12,8 @@
  *
  * kvq_attention, two paths:
  * - split (decode, and any query count where flash does not run) on tensor
- *   cores for 4- and 8-bit pools of head_dim 64/128 over spans the 16-bit
- *   pools' rule gives them (kq_tc_takes; k_kvq_tc, below; its slices: runs
+ *   cores for 4- and 8-bit pools of head_dim 64/128 at every span unless
+ *   CINFER_CUDA_DEC_TC=0 (kq_tc_takes; k_kvq_tc, below; its slices: runs
  *   of 64 keys, at most a wave of blocks); otherwise: grid
  *   (slices, kv heads, queries); a block serves every q head of its kv head
  *   (g <= 8), so each packed row is read once per step. A slice is scored
@@ -487,7 +487,7 @@ template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
     return n / WG * GROUP + j * WG + n % WG;
 }
-template <int HD, int BITS, int GROUP, int SDT, bool PACK, bool DUO>
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
 __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
@@ -572,10 +572,13 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
             }
             if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * 64) = okm;
         };
-        auto scores = [&](int t, float *x) {   /* head hr's scores of keys 2c, 2c+1, 8+2c, 9+2c of run t */
-            const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *sb = kc + 2 * KT_TK * RB;
+        dec_pipe_start<ST>(mine, load);
+        for (int t = 0; t < mine; t++) {
+            dec_pipe_next<ST>(t, mine, load);
+            const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *vc = kc + KT_TK * RB, *sb = vc + KT_TK * RB;
             unsigned okm = *(const unsigned *)(sb + KT_TK * 64);
             int jb = j0 + (warp + 4 * t) * KT_TK;
+            float x[4];   /* head hr's scores of keys 2c, 2c+1, 8+2c, 9+2c of the run */
             {
                 float sacc[NG][2][4];
 #pragma unroll
@@ -618,9 +621,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
             }
-        };
-        auto pv_run = [&](int t, const float *pv, float al) {   /* O += P V over run t (pv: its exp(x - m)) */
-            const unsigned char *vc = wst + (size_t)(t % ST) * G::STAGE + KT_TK * RB, *sb = vc + KT_TK * RB;
+            float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv);
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) {   /* P V over the group's n-tiles gi * WG .. */
                 uint32_t ap[4], apl[4];
@@ -632,7 +633,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                         ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, SDT, gi);
                         bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, SDT, gi);
                     }
-                    ob[gi] = ob[gi] * al + bsum;   /* al: 1 for a step's second run */
+                    ob[gi] = ob[gi] * al + bsum;
                     if (PACK) mma_a_pack<__nv_bfloat16>(ps, lo_rows, ap);
                     else mma_a_split<__nv_bfloat16>(ps, ap, apl);
                 }
@@ -670,22 +671,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     }
                 }
             }
-        };
-        constexpr int RN = DUO ? 2 : 1;   /* runs a step: DUO, two runs' scores in flight, one softmax step */
-        dec_pipe_start<ST, RN>(mine, load);
-        for (int t = 0; t < mine; t += RN) {
-            dec_pipe_next<ST, RN>(t, mine, load);
-            float x[4 * RN], pv[4 * RN];
-            scores(t, x);
-            if constexpr (DUO) {
-                if (t + 1 < mine) scores(t + 1, x + 4);
-                else x[4] = x[5] = x[6] = x[7] = -INFINITY;
-            }
-            float al = dec_online<NT, 4 * RN>(x, m_r, l_r, o, pv);
-            pv_run(t, pv, al);
-            if constexpr (DUO)
-                if (t + 1 < mine) pv_run(t + 1, pv + 4, 1.0f);
-            __syncwarp();   /* every lane is done with these stages before they are loaded again */
+            __syncwarp();   /* every lane is done with this stage before it is loaded again */
         }
         cp_async_wait<0>();
         l_r += __shfl_xor_sync(0xffffffffu, l_r, 1);
@@ -719,11 +705,12 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
 
 enum { KQ_SPLIT = 0, KQ_FLASH = 1, KQ_TC = 2 };
 
-/* 1 when k_kvq_tc serves this format over this span (else k_kvq_split): the 16-bit pools' rule
- * (cu_attn_decode_tc: from DEC_TC_SPAN keys; CINFER_CUDA_DEC_TC=0|1 never / always). H100, llama-3.1-8b
- * decode: KV4 at 32k 7.55 ms a step against the split kernel's 9.91, at 128k 1.52x the bf16 pool's rate. */
-static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt, int span) {
-    return cu_attn_decode_tc(c, span) && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
+/* 1 when k_kvq_tc serves this format (else k_kvq_split): at every span unless CINFER_CUDA_DEC_TC=0 (the
+ * 16-bit pools take tensor cores from DEC_TC_SPAN keys; quantized ones gain at every span measured). H100,
+ * llama-3.1-8b decode, tensor cores against the split kernel: KV4 1.029x at 1k keys, 1.052x at 2k, 1.068x at 4k,
+ * 32k 7.55 ms a step against 9.91; 128k at 1.50x the bf16 pool's rate. */
+static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
+    return c->dec_tc != 0 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
 }
 
 /* a record's geometry as l_kvq_attention decodes it, for the k_kvq_tc instance it picks */
@@ -731,28 +718,23 @@ struct kq_geo {
     int L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk;
 };
 /* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing */
-template <int HD, int BITS, int GROUP, int SDT, bool PACK, bool DUO>
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
 static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
     if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT))) {
         size_t sm = kq_tc_geo<HD, BITS>::SMEM;
-        if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK, DUO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
+        if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
                       "kvq attention: shared memory attribute"))
-            cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK, DUO>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
+            cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
                       (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
     }
 }
-template <int HD, int BITS, int GROUP, int SDT>
-static void kq_tc_form(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid, int pack, int duo) {
-    if (duo) pack ? kq_tc_go<HD, BITS, GROUP, SDT, true, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, SDT, false, true>(c, r, k, grid);
-    else pack ? kq_tc_go<HD, BITS, GROUP, SDT, true, false>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, SDT, false, false>(c, r, k, grid);
-}
 template <int HD, int BITS, int GROUP>
-static void kq_tc_sdt(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid, int sdt, int pack, int duo) {
-    if (sdt == BE_F32) kq_tc_form<HD, BITS, GROUP, BE_F32>(c, r, k, grid, pack, duo);
-    else if (sdt == BE_F16) kq_tc_form<HD, BITS, GROUP, BE_F16>(c, r, k, grid, pack, duo);
-    else kq_tc_form<HD, BITS, GROUP, BE_BF16>(c, r, k, grid, pack, duo);
+static void kq_tc_sdt(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid, int sdt, int pack) {
+    if (sdt == BE_F32) pack ? kq_tc_go<HD, BITS, GROUP, BE_F32, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F32, false>(c, r, k, grid);
+    else if (sdt == BE_F16) pack ? kq_tc_go<HD, BITS, GROUP, BE_F16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F16, false>(c, r, k, grid);
+    else pack ? kq_tc_go<HD, BITS, GROUP, BE_BF16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_BF16, false>(c, r, k, grid);
 }
 
 /* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
@@ -769,9 +751,9 @@ static void l_kvq_attention(be_ctx *c, const cu_rec *r) {
     if (path == KQ_TC) {
         int pack = c->kq_pack && g <= 4;
         const kq_geo k = {L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk};
-#define KT_G(HD, BITS) do { if (group == 32) kq_tc_sdt<HD, BITS, 32>(c, r, k, grid, sdt, pack, c->kq_duo); \
-                            else if (group == 64) kq_tc_sdt<HD, BITS, 64>(c, r, k, grid, sdt, pack, c->kq_duo); \
-                            else kq_tc_sdt<HD, BITS, HD>(c, r, k, grid, sdt, pack, c->kq_duo); } while (0)   /* 128: HD 128 only */
+#define KT_G(HD, BITS) do { if (group == 32) kq_tc_sdt<HD, BITS, 32>(c, r, k, grid, sdt, pack); \
+                            else if (group == 64) kq_tc_sdt<HD, BITS, 64>(c, r, k, grid, sdt, pack); \
+                            else kq_tc_sdt<HD, BITS, HD>(c, r, k, grid, sdt, pack); } while (0)   /* 128: HD 128 only */
 #define KT_B(HD) do { if (bits == 4) KT_G(HD, 4); else KT_G(HD, 8); } while (0)
         if (hd == 64) KT_B(64);
         else KT_B(128);
@@ -812,7 +794,7 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     /* flash rounds to f16 (not in batch-invariant mode, see cu_op_attention); softcap: the split path */
     int flash = a->L >= 16 && a->head_dim >= 64 && !c->batch_inv && !(a->softcap > 0);
     int span = cu_span_bucket(a->max_span), tiled = kernel == BE_KVQ_TILED, chunk, nsplit;
-    int tc = !flash && kq_tc_takes(c, k->bits, a->head_dim, k->group, k->sdt, span);
+    int tc = !flash && kq_tc_takes(c, k->bits, a->head_dim, k->group, k->sdt);
     if (tiled) {   /* the tiles: a range of n keys spans at most n / TILE + 2 of them; sinks and run */
         chunk = BE_KVQ_TILE;
         nsplit = span / BE_KVQ_TILE + 4;
