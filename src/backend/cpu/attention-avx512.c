@@ -102,10 +102,11 @@ void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, 
 }
 
 /* dst[i] = the f16 or bf16 src[i] widened, i < n: 16 at a time */
-TGT void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) {
+TGT void att_widen_avx512(const void *src, int bf16, size_t n, float *dst, const void *pf) {
     const uint16_t *h = src;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        if (pf && !(i & 31)) _mm_prefetch((const char *)((const uint16_t *)pf + i), _MM_HINT_T1);
         __m256i x = _mm256_loadu_si256((const __m256i *)(h + i));
         _mm512_storeu_ps(dst + i, bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)) : _mm512_cvtph_ps(x));
     }
@@ -165,5 +166,7 @@ void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, 
 void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf) {
     (void)src; (void)n; (void)hd; (void)dst; (void)ldd; (void)pf;
 }
-void att_widen_avx512(const void *src, int bf16, size_t n, float *dst) { (void)src; (void)bf16; (void)n; (void)dst; }
+void att_widen_avx512(const void *src, int bf16, size_t n, float *dst, const void *pf) {
+    (void)src; (void)bf16; (void)n; (void)dst; (void)pf;
+}
 #endif

@@ -101,8 +101,8 @@ static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4]
             if (j->dt != BE_F32 && !kf) s.k = s.v = NULL;
             else if (j->dt != BE_F32) {
                 if (j->vec) {
-                    att_widen_avx512((const uint16_t *)j->k + off, j->dt == BE_BF16, (size_t)n * hd, kf + (size_t)col * hd);
-                    att_widen_avx512((const uint16_t *)j->v + off, j->dt == BE_BF16, (size_t)n * hd, vf + (size_t)col * hd);
+                    att_widen_avx512((const uint16_t *)j->k + off, j->dt == BE_BF16, (size_t)n * hd, kf + (size_t)col * hd, NULL);
+                    att_widen_avx512((const uint16_t *)j->v + off, j->dt == BE_BF16, (size_t)n * hd, vf + (size_t)col * hd, NULL);
                 } else {
                     for (size_t e = 0; e < (size_t)n * hd; e++) {
                         kf[(size_t)col * hd + e] = be_kv_get(j->k, j->dt, off + e);
@@ -167,11 +167,15 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     }
 }
 
-/* segment e + 1's keys or values (f32 pages read in place) when it is as long as segment e: prefetched while
- * segment e's are read */
+/* segment e + 1's keys or values in the pool (f32 or 16-bit) when it is as long as segment e: prefetched
+ * while segment e's are read */
+static const void *next_raw(const ag_job *j, const seg *sg, int e, int ns, int v) {
+    if (e + 1 >= ns || sg[e + 1].n < sg[e].n) return NULL;
+    return (const char *)(v ? j->v : j->k) + sg[e + 1].off * be_dtype_size(j->dt);
+}
+/* the same for f32 pools only (read in place; 16-bit ones prefetch as they are widened) */
 static const float *next_seg(const ag_job *j, const seg *sg, int e, int ns, int v) {
-    if (j->dt != BE_F32 || e + 1 >= ns || sg[e + 1].n < sg[e].n) return NULL;
-    return v ? sg[e + 1].v : sg[e + 1].k;
+    return j->dt == BE_F32 ? (const float *)next_raw(j, sg, e, ns, v) : NULL;
 }
 
 /* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
@@ -189,7 +193,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
         int n = sg[e].n;
         const float *k = sg[e].k;
         if (!k) {
-            att_widen_avx512((const uint16_t *)j->k + sg[e].off, bf, (size_t)n * hd, wk);
+            att_widen_avx512((const uint16_t *)j->k + sg[e].off, bf, (size_t)n * hd, wk, next_raw(j, sg, e, ns, 0));
             k = wk;
         }
         att_transpose_avx512(k, n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
@@ -205,7 +209,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     for (int e = 0; e < ns; e++) {
         const float *v = sg[e].v;
         if (!v) {
-            att_widen_avx512((const uint16_t *)j->v + sg[e].off, bf, (size_t)sg[e].n * hd, wk);
+            att_widen_avx512((const uint16_t *)j->v + sg[e].off, bf, (size_t)sg[e].n * hd, wk, next_raw(j, sg, e, ns, 1));
             v = wk;
         }
         for (int r0 = 0; r0 < grp; r0 += 4)

@@ -114,7 +114,7 @@ void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, 
 /* dst[d][t] = src[t][d] for t < n, d < hd, dst's rows ldd apart (keys [n][hd] into kt[hd][ldd]) */
 void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf);
 /* dst[i] = src[i] for i < n, src f16 (bf16 = 0) or bf16 (1) */
-void att_widen_avx512(const void *src, int bf16, size_t n, float *dst);
+void att_widen_avx512(const void *src, int bf16, size_t n, float *dst, const void *pf);
 
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
