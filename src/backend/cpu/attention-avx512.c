@@ -121,17 +121,21 @@ TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_
         for (int d0 = 0; d0 < h16; d0 += 16) {
             __m512 r[16], u[16];
             for (int i = 0; pf && i < 16; i++) _mm_prefetch((const char *)(pf + (size_t)(t0 + i) * hd + d0), _MM_HINT_T1);
+#pragma GCC unroll 16   /* every loop over r and u unrolled whole: they stay in registers */
             for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)(t0 + i) * hd + d0);
+#pragma GCC unroll 8
             for (int i = 0; i < 16; i += 2) {   /* pairs of rows interleaved by element, */
                 u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
                 u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
             }
+#pragma GCC unroll 4
             for (int i = 0; i < 16; i += 4) {   /* then by element pair: 4 rows' column in each 128-bit lane, */
                 r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
                 r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
                 r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
                 r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
             }
+#pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {   /* then the 128-bit lanes of the four groups of 4 rows gathered */
                 __m512 a0 = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88), a1 = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
                 __m512 b0 = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88), b1 = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
@@ -140,6 +144,7 @@ TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_
                 u[4 + i] = _mm512_shuffle_f32x4(a1, b1, 0x88);
                 u[12 + i] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
             }
+#pragma GCC unroll 16
             for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)(d0 + i) * ldd + t0, u[i]);   /* u[i]: column i */
         }
     for (int t = 0; t < n; t++)
