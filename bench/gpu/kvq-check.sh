@@ -8,9 +8,10 @@
 #               KV8, each with the CUDA-core split kernel, then k_kvq_tc in one process
 #               (BENCH_KVQ_AB=CINFER_CUDA_DEC_TC), and KV4 with PACK off / on; then
 #   PART=128k:  the same at 131000 tokens (bf16 and KV4: each row prefills 131k tokens, 50-90 s).
-#   PART=table: issue 15's table with the defaults (quantized pools on tensor cores from 8192 keys): 128k bf16 and
-#               KV4 first (the ratio goal), 32k bf16/KV8/KV4, 4k with BENCH_KVQ_AB=CINFER_CUDA_DEC_TC (whether
-#               quantized pools should take tensor cores below 8192 keys too), 128k KV8 (kvq-table.log, ~6 min on an H200);
+#   PART=table: issue 15's table with the defaults (quantized pools on tensor cores at every span, 16-bit ones from
+#               8192 keys): 128k bf16 and KV4 first (the ratio goal), 32k bf16/KV8/KV4, 4k with
+#               BENCH_KVQ_AB=CINFER_CUDA_DEC_TC (each pool's split kernel against its tensor-core one), 128k KV8
+#               (kvq-table.log, ~5 min on an H100);
 #   PART=ncu:   one k_kvq_tc launch at 32k KV4 under Nsight Compute, if the machine has ncu (ncu.txt: issue
 #               efficiency, warp stalls, occupancy).
 # PART=all (default) runs the first three in that order; logs in $OUT (tests.log, kvq-32k.log, kvq-128k.log).

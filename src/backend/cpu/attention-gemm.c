@@ -98,8 +98,9 @@ static int segments(const ag_job *j, const int32_t *pt, int kh, const int rng[4]
             if (n > rng[g + 1] - t) n = rng[g + 1] - t;
             size_t off = (size_t)be_kv_off(pt, a->page, a->n_kv_head, hd, kh, t, el) / el;
             seg s = {col, n, (const float *)j->k + off, (const float *)j->v + off, off};
-            if (j->dt != BE_F32 && !kf) s.k = s.v = NULL;
-            else if (j->dt != BE_F32) {
+            if (j->dt != BE_F32 && !kf) {
+                s.k = s.v = NULL;
+            } else if (j->dt != BE_F32) {
                 if (j->vec) {
                     att_widen_avx512((const uint16_t *)j->k + off, j->dt == BE_BF16, (size_t)n * hd, kf + (size_t)col * hd, NULL);
                     att_widen_avx512((const uint16_t *)j->v + off, j->dt == BE_BF16, (size_t)n * hd, vf + (size_t)col * hd, NULL);
@@ -177,6 +178,15 @@ static const void *next_raw(const ag_job *j, const seg *sg, int e, int ns, int v
 static const float *next_seg(const ag_job *j, const seg *sg, int e, int ns, int v) {
     return j->dt == BE_F32 ? (const float *)next_raw(j, sg, e, ns, v) : NULL;
 }
+/* segment e's keys (v = 0) or values (1) as f32 rows: the pool's, or 16-bit pages widened into wk (the next
+ * segment's prefetched meanwhile) */
+static const float *seg_rows(const ag_job *j, const seg *sg, int e, int ns, int v, float *wk) {
+    const float *r = v ? sg[e].v : sg[e].k;
+    if (r) return r;
+    att_widen_avx512((const uint16_t *)(v ? j->v : j->k) + sg[e].off, j->dt == BE_BF16, (size_t)sg[e].n * j->a->head_dim, wk,
+                     next_raw(j, sg, e, ns, v));
+    return wk;
+}
 
 /* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
  * segment's keys transposed into kt[hd][n] (in cache: a segment lies in one page), then the same products as
@@ -185,18 +195,13 @@ static const float *next_seg(const ag_job *j, const seg *sg, int e, int ns, int 
 static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], int n1, int T, const seg *sg, int ns,
                       float *S, float *kt, float *wk) {
     const be_attn *a = j->a;
-    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, p = a->pos0[b] + i0, sp[3], bf = j->dt == BE_BF16;
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, p = a->pos0[b] + i0, sp[3];
     size_t at = ((size_t)b * a->L + i0) * a->n_head * hd + (size_t)kh * grp * hd;
     const float *Q = j->q + at;
     float *O = j->out + at;
     for (int e = 0; e < ns; e++) {
         int n = sg[e].n;
-        const float *k = sg[e].k;
-        if (!k) {
-            att_widen_avx512((const uint16_t *)j->k + sg[e].off, bf, (size_t)n * hd, wk, next_raw(j, sg, e, ns, 0));
-            k = wk;
-        }
-        att_transpose_avx512(k, n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
+        att_transpose_avx512(seg_rows(j, sg, e, ns, 0, wk), n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
         for (int r0 = 0; r0 < grp; r0 += 4)
             att_qk_avx512(Q + (size_t)r0 * hd, hd, grp - r0 < 4 ? grp - r0 : 4, kt, n, n, hd, a->scale,
                           S + (size_t)r0 * T + sg[e].col, T);
@@ -207,11 +212,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     for (int r = 0; r < grp; r++)
         masked_softmax(S + (size_t)r * T, T, c0, c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap, 1);
     for (int e = 0; e < ns; e++) {
-        const float *v = sg[e].v;
-        if (!v) {
-            att_widen_avx512((const uint16_t *)j->v + sg[e].off, bf, (size_t)sg[e].n * hd, wk, next_raw(j, sg, e, ns, 1));
-            v = wk;
-        }
+        const float *v = seg_rows(j, sg, e, ns, 1, wk);
         for (int r0 = 0; r0 < grp; r0 += 4)
             att_pv_avx512(S + (size_t)r0 * T + sg[e].col, T, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, v, hd,
                           O + (size_t)r0 * hd, hd, e > 0, r0 ? NULL : next_seg(j, sg, e, ns, 1));
