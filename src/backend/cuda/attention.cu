@@ -521,7 +521,7 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     /* decode over a 16-bit pool (attn-decode.cu): its own slices */
     int tc = cu_attn_decode_tc(c, span);
     int decode = !flash && !(a->softcap > 0) && cu_attn_decode_fits(a, dt, span, c->batch_inv ? 0 : c->dec_blocks * c->n_sm,
-                                                                     c->batch_inv || !tc ? 0 : c->n_sm, &chunk, &nsplit);
+                                                                     c->batch_inv || !tc ? 0 : c->n_sm, c->slice_real, &chunk, &nsplit);
     if (!flash && !cu_split_ws(c, a, nsplit)) return;
     cu_rec r;
     memset(&r, 0, sizeof r);

@@ -34,13 +34,12 @@ template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
 
 /* The end of a decode block: its partial (m, l in mrun, lrun; o in osh for a cluster, else already in
  * part) merged with its slices' (cluster: after a cluster barrier, from the peers' shared memory;
- * else by the last block to arrive, through part). wt_, lt_: DEC_GMAX x DEC_SMAX floats of shared
- * scratch; last: a shared int. */
+ * else by the last block to arrive, through part: dec_merge). wt_, lt_: DEC_GMAX x DEC_SMAX floats of
+ * shared scratch. */
 template <int HD, bool CL>
 __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H, int kvh, int n_kv, int valid, const float *part,
-                                         float *mrun, float *lrun, float *osh, float *wt_, float *lt_, int *last, int *cnt, float *out) {
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const size_t pstride = (size_t)nsplit * (HD + 2);
+                                         float *mrun, float *lrun, float *osh, float *wt_, float *lt_, int *cnt, float *out) {
+    int tid = threadIdx.x;
     if (CL) {   /* the slices of a (query, kv head) are one cluster: each block merges a share of the outputs
                  * from every block's shared memory, all of an output's loads issued together */
         cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
@@ -71,62 +70,7 @@ __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H
         cl.sync();   /* every block's shared memory stays until all have read it */
         return;
     }
-    __threadfence();
-    __syncthreads();
-    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
-    if (tid == 0) *last = atomicAdd(ctr, 1) == nsplit - 1;
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    {   /* the merge in two rounds of loads: every slice's (m, l) per head into shared memory,
-         * each head's slice weights exp(m_s - M) / sum_s by a warp, then each output's slices */
-        float (*wt)[DEC_SMAX] = (float (*)[DEC_SMAX])wt_;
-        float (*lt)[DEC_SMAX] = (float (*)[DEC_SMAX])lt_;
-        const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
-        for (int e = tid; e < g * nsplit; e += DEC_THREADS) {
-            const float *pp = prow + (e / nsplit) * pstride + (size_t)(e % nsplit) * (HD + 2);
-            float mm = __ldcg(pp), ll = __ldcg(pp + 1);
-            wt[e / nsplit][e % nsplit] = mm;
-            lt[e / nsplit][e % nsplit] = ll;
-        }
-        __syncthreads();
-        for (int h = warp; h < g; h += DEC_THREADS / 32) {
-            float m0 = lane < nsplit ? wt[h][lane] : -INFINITY, m1 = lane + 32 < nsplit ? wt[h][lane + 32] : -INFINITY;
-            float M = fmaxf(m0, m1);
-#pragma unroll
-            for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-            float w0 = m0 == -INFINITY ? 0.0f : expf(m0 - M), w1 = m1 == -INFINITY ? 0.0f : expf(m1 - M);
-            float t = (w0 > 0 ? w0 * lt[h][lane] : 0.0f) + (w1 > 0 ? w1 * lt[h][lane + 32] : 0.0f);
-#pragma unroll
-            for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-            float inv = t > 0 ? 1.0f / t : 0.0f;
-            __syncwarp();
-            if (lane < nsplit) wt[h][lane] = w0 * inv;
-            if (lane + 32 < nsplit) wt[h][lane + 32] = w1 * inv;
-        }
-        __syncthreads();
-        constexpr int OUTS = DEC_GMAX * HD / DEC_THREADS;
-        float o[OUTS];
-#pragma unroll
-        for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
-#pragma unroll 8
-        for (int s2 = 0; s2 < nsplit; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
-#pragma unroll
-            for (int u = 0; u < OUTS; u++) {
-                int e = tid + u * DEC_THREADS, h = e / HD;
-                if (h >= g) break;
-                float w = wt[h][s2], v = __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2) + 2 + e % HD);
-                o[u] += w > 0 ? w * v : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < OUTS; u++) {
-            int e = tid + u * DEC_THREADS, h = e / HD;
-            if (h >= g) break;
-            out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
-        }
-        if (tid == 0) *ctr = 0;
-    }
+    dec_merge<HD, DEC_GMAX, DEC_GMAX * DEC_SMAX, DEC_THREADS>(part, nsplit, g, bi, H, kvh, n_kv, valid, wt_, lt_, lt_ + DEC_GMAX, cnt, out);
 }
 
 
@@ -167,14 +111,14 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
     __shared__ __align__(16) float qs[DEC_GMAX * HD];
     __shared__ float ps[DEC_GMAX][C];
     __shared__ float mrun[DEC_GMAX], lrun[DEC_GMAX], alpha[DEC_GMAX];
-    __shared__ int last;
     int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
     int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int first = pos0[b], p = first + i, valid = i < len[b];
     /* key numbers [j0, j1) of this slice (cu_span_of); the staged row data and the page
      * table were written before the step, so they are read before the wait */
     cu_span sp = cu_span_of(p, window, keep, run0[b]);
-    int j0 = s * chunk, j1 = min(sp.n, (s + 1) * chunk);
+    int j0, j1;
+    cu_slice(sp.n, s, nsplit, chunk, &j0, &j1);
     const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
     uint4 kr[LOADS], vr[LOADS];
     int64_t rowu[LOADS];   /* pool row of each load's key (-1: none) */
@@ -322,7 +266,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
             pbase[tid * pstride + 1] = 0.0f;
         }
     }
-    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, (float *)(void *)ks, &ps[0][0], (float *)(void *)ks, &last, cnt,
+    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, (float *)(void *)ks, &ps[0][0], (float *)(void *)ks, cnt,
                      out);
 }
 
@@ -360,12 +304,12 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
     float *osh = wo + 4 * DEC_GMAX * HD;               /* [DEC_GMAX][HD] the block's o */
     float *wt = osh + DEC_GMAX * HD, *lt = wt + DEC_GMAX * DEC_SMAX;
     __shared__ float mrun[DEC_GMAX], lrun[DEC_GMAX], wm[4][DEC_GMAX], wl[4][DEC_GMAX];
-    __shared__ int last;
     int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
     int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, c = lane & 3;
     int first = pos0[b], p = first + i, valid = i < len[b];
     cu_span sp = cu_span_of(p, window, keep, run0[b]);
-    int j0 = s * chunk, j1 = min(sp.n, (s + 1) * chunk);
+    int j0, j1;
+    cu_slice(sp.n, s, nsplit, chunk, &j0, &j1);
     const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
     PDL_ENTRY();
     const size_t pstride = (size_t)nsplit * (HD + 2);
@@ -468,14 +412,14 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
         md[tid * ms] = -INFINITY;
         ld[tid * ms] = 0.0f;
     }
-    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, osh, wt, lt, &last, cnt, out);
+    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, osh, wt, lt, cnt, out);
 }
 
 /* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most
  * DEC_SMAX; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
  * slices must not depend on its batch); tc_sm > 0: the tensor-core kernel runs, on that many SMs (0 in
- * batch-invariant mode too) */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int *chunk, int *nsplit) {
+ * batch-invariant mode too), and with real its slices are sized from each query's span (cu_slice) */
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int *chunk, int *nsplit) {
     int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
     if (span < 1) span = 1;
     if (!((dt == BE_F16 || dt == BE_BF16) && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
@@ -494,9 +438,15 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
     /* the tensor-core kernel (3 or 4 blocks an SM by its shared memory): at most one wave of blocks
      * (H200, llama-3.1-8b decode: 64 slices of one piece at 4k, 512 blocks for 396 places, ran
      * 0.95x the CUDA-core kernel's step) */
-    if (tc_sm > 0)
+    if (tc_sm > 0) {
         want = cu_one_wave(want, tc_sm * (a->head_dim == 128 ? dec_tc_geo<128>::BLOCKS_SM : dec_tc_geo<64>::BLOCKS_SM),
                            (long)a->B * a->L * a->n_kv_head);
+        if (real) {   /* the same blocks, each query's keys spread over them in runs of DEC_TK (cu_slice) */
+            *chunk = -DEC_TK;
+            *nsplit = want;
+            return 1;
+        }
+    }
     *chunk = DEC_SUB * ((pieces + want - 1) / want);
     *nsplit = (span + *chunk - 1) / *chunk;
     return 1;

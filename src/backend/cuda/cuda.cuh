@@ -120,6 +120,9 @@ struct be_ctx {
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
     int dec_tc;              /* decode attention on tensor cores: 0 never, 1 (default) 16-bit pools from DEC_TC_SPAN keys and
                                 4-/8-bit pools always, 2 always (CINFER_CUDA_DEC_TC=0|1) */
+    int slice_real;          /* tensor-core decode slices sized from the query's own span on the device, not the bucket
+                                (cu_slice; not in batch-invariant mode; CINFER_CUDA_SLICE_REAL=0: off) */
+    int kq_sbpad;            /* quantized decode on tensor cores: scale records padded in shared memory (KT_SB; CINFER_CUDA_KQ_SBPAD=0: off) */
     int kq_pack;             /* quantized decode on tensor cores, g <= 4: one mma a k-step, lo rows beside hi and mid
                                 (CINFER_CUDA_KQ_PACK=0: two) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
@@ -213,7 +216,7 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
 void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int *chunk, int *nsplit);
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int *chunk, int *nsplit);
 int cu_attn_decode_tc(const be_ctx *c, int span);
 /* the tensor-core decode kernels' slices: want, capped so that rows x slices blocks fit in one wave of
  * `slots` resident blocks (at least one slice) */
@@ -328,6 +331,18 @@ __device__ __forceinline__ cu_span cu_span_of(int p, int window, int keep, int r
     return s;
 }
 __device__ __forceinline__ int cu_span_key(const cu_span &s, int t) { return t < s.n_s ? s.s_lo + t : s.r_lo + (t - s.n_s); }
+/* the key numbers [*j0, *j1) of slice s of a query's n keys: runs of chunk keys (chunk > 0: sized for the bucketed span
+ * bound, cu_span_bucket), or, chunk <= 0, the n keys spread evenly over the nsplit slices in runs of a multiple of -chunk
+ * keys (sized on the device from the query's own span: a span just past a bucket boundary would otherwise leave up to a
+ * fifth of the slices empty and make the others longer). Either way the geometry of the launch depends on the bucket only. */
+__device__ __forceinline__ void cu_slice(int n, int s, int nsplit, int chunk, int *j0, int *j1) {
+    if (chunk <= 0) {
+        const int run = -chunk, per = (n + nsplit - 1) / nsplit;
+        chunk = (per + run - 1) / run * run;
+    }
+    *j0 = s * chunk;
+    *j1 = min(n, (s + 1) * chunk);
+}
 
 /* a score op's result row, stored whole (its padding zeroed: the copy to the host reads initialized bytes) */
 static_assert(sizeof(be_score_row) == 32, "be_score_row is two 16-byte words");

@@ -1,6 +1,7 @@
 /*
- * dec-tc.cuh — what the two tensor-core decode kernels share (attn-decode.cu
- * over 16-bit pools, kvquant.cu over quantized ones): four warps a block, each
+ * dec-tc.cuh — what the decode kernels share (attn-decode.cu over 16-bit pools,
+ * kvquant.cu over quantized ones): the merge of a query's slices (dec_merge);
+ * and in the two tensor-core kernels four warps a block, each
  * walking every fourth run of 16 keys of the block's slice with its own
  * cp.async pipeline and online softmax, the lane of a quad holding head
  * r = lane / 4's scores of keys 2c, 2c+1, 8+2c, 9+2c (c = lane % 4) and its
@@ -94,5 +95,77 @@ __device__ __forceinline__ void dec_warps_merge(int walk, int g, float m_r, floa
         md[tid * ms] = M;
         ld[tid * ms] = l;
     }
+}
+
+/* The end of a split decode block whose partial is in part (per head of the kv head's g: m, l, o[HD] of slice s at
+ * s * (HD + 2), heads nsplit * (HD + 2) apart): the last block of the (query, kv head) to arrive merges the nsplit
+ * slices into out: per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of NB / GM slices
+ * (buf: NB floats of shared scratch; mh, lh: GM floats). The merge is the kernel's tail, so its cost is its rounds of
+ * L2 latency: a lane's m of all its slices issue together, then their (m, l), a piece's weights, then 8 slices of
+ * every output of a thread at once. Empty slices (m = -inf) add exact zeros: the result does not depend on how many
+ * there are (batch-invariant mode, where their number follows the batch). NTH threads a block. */
+template <int HD, int GM, int NB, int NTH>
+__device__ __forceinline__ void dec_merge(const float *part, int nsplit, int g, int bi, int H, int kvh, int n_kv, int valid, float *buf,
+                                          float *mh, float *lh, int *cnt, float *out) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const size_t pstride = (size_t)nsplit * (HD + 2);
+    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
+    if (!cu_arrive_last(ctr, nsplit)) return;
+    const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
+    for (int h = warp; h < g; h += NTH / 32) {
+        const float *ph = prow + h * pstride;
+        float M = -INFINITY, l = 0.0f;
+#pragma unroll 4
+        for (int s2 = lane; s2 < nsplit; s2 += 32) M = fmaxf(M, __ldcg(ph + (size_t)s2 * (HD + 2)));
+#pragma unroll
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll 4
+        for (int s2 = lane; s2 < nsplit; s2 += 32) {
+            const float m = __ldcg(ph + (size_t)s2 * (HD + 2)), ls = __ldcg(ph + (size_t)s2 * (HD + 2) + 1);
+            if (m != -INFINITY) l += ls * expf(m - M);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) { mh[h] = M; lh[h] = l > 0 ? 1.0f / l : 0.0f; }
+    }
+    __syncthreads();
+    constexpr int PIECE = NB / GM, OUTS = (GM * HD + NTH - 1) / NTH, SB = OUTS > 8 ? 4 : 8;   /* SB x OUTS loads a round */
+    float o[OUTS];
+#pragma unroll
+    for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
+    for (int s0 = 0; s0 < nsplit; s0 += PIECE) {
+        const int np = min(PIECE, nsplit - s0);
+        for (int e = tid; e < g * PIECE; e += NTH) {
+            const int h = e / PIECE, s2 = e % PIECE;
+            const float m = s2 < np ? __ldcg(prow + h * pstride + (size_t)(s0 + s2) * (HD + 2)) : -INFINITY;
+            buf[e] = m == -INFINITY ? 0.0f : expf(m - mh[h]) * lh[h];
+        }
+        __syncthreads();
+        for (int sb = 0; sb < np; sb += SB) {   /* SB slices of every output: their loads in flight together */
+            float v[SB][OUTS];
+#pragma unroll
+            for (int k = 0; k < SB; k++)
+#pragma unroll
+                for (int u = 0; u < OUTS; u++) {
+                    const int e = tid + u * NTH, h = e / HD;
+                    v[k][u] = h < g && sb + k < np ? __ldcg(prow + h * pstride + (size_t)(s0 + sb + k) * (HD + 2) + 2 + e % HD) : 0.0f;
+                }
+#pragma unroll
+            for (int k = 0; k < SB; k++)
+#pragma unroll
+                for (int u = 0; u < OUTS; u++) {
+                    const int e = tid + u * NTH, h = e / HD;
+                    const float w = h < g && sb + k < np ? buf[h * PIECE + sb + k] : 0.0f;
+                    o[u] += w > 0 ? w * v[k][u] : 0.0f;
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int u = 0; u < OUTS; u++) {
+        const int e = tid + u * NTH, h = e / HD;
+        if (h < g) out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
+    }
+    if (tid == 0) *ctr = 0;
 }
 #endif

@@ -153,12 +153,11 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
 #define KQ_CHUNK 512     /* keys of a slice at most (its scores stay in shared memory) */
 #define KQ_GMAX 8        /* q heads per kv head at most */
 
-/* the slice [*j0, *j1) of key numbers (cu_span_of) of slice s. Unfused: runs of `chunk`. Tiled: tile s of
+/* the slice [*j0, *j1) of key numbers (cu_span_of) of slice s. Unfused: cu_slice's runs. Tiled: tile s of
  * the definition's tiles (the sinks, then the run, each cut at multiples of BE_KVQ_TILE positions) */
-__device__ __forceinline__ void kq_slice(const cu_span &sp, int p, int tiled, int s, int chunk, int *j0, int *j1) {
+__device__ __forceinline__ void kq_slice(const cu_span &sp, int p, int tiled, int s, int nsplit, int chunk, int *j0, int *j1) {
     if (!tiled) {
-        *j0 = s * chunk;
-        *j1 = min(sp.n, (s + 1) * chunk);
+        cu_slice(sp.n, s, nsplit, chunk, j0, j1);
         return;
     }
     const int T = BE_KVQ_TILE;
@@ -198,75 +197,12 @@ __device__ __forceinline__ kq_blk kq_block(int HD, int L, int H, int n_kv, const
     k.g = H / n_kv;
     k.valid = i < len[b];
     k.sp = cu_span_of(p, window, keep, run0[b]);
-    kq_slice(k.sp, p, tiled, k.s, chunk, &k.j0, &k.j1);
+    kq_slice(k.sp, p, tiled, k.s, nsplit, chunk, &k.j0, &k.j1);
     if (!k.valid) k.j1 = k.j0;
     k.ptr = pt + (size_t)seq[b] * n_pt;
     k.pstride = (size_t)nsplit * (HD + 2);
     k.pbase = part + ((size_t)k.bi * H + (size_t)k.kvh * k.g) * k.pstride + (size_t)k.s * (HD + 2);
     return k;
-}
-
-/* The end of a split block (its partial in part): the last block of a (query, kv head) to arrive merges
- * the slices, per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices
- * (buf: NB floats of shared scratch; mh, lh: GM). */
-template <int HD, int GM, int NB>
-__device__ __forceinline__ void kq_merge(const float *part, int nsplit, int g, int bi, int H, int kvh, int n_kv, int valid, float *buf,
-                                         float *mh, float *lh, int *cnt, float *out) {
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const size_t pstride = (size_t)nsplit * (HD + 2);
-    int *ctr = &cnt[(size_t)bi * n_kv + kvh];
-    if (!cu_arrive_last(ctr, nsplit)) return;
-    /* the merge: per head M = max m_s, weights exp(m_s - M) / sum_s l_s exp(m_s - M), in pieces of slices */
-    const float *prow = part + ((size_t)bi * H + (size_t)kvh * g) * pstride;
-    for (int h = warp; h < g; h += KQ_THREADS / 32) {
-        float M = -INFINITY, l = 0.0f;
-        for (int s2 = lane; s2 < nsplit; s2 += 32) M = fmaxf(M, __ldcg(prow + h * pstride + (size_t)s2 * (HD + 2)));
-#pragma unroll
-        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        for (int s2 = lane; s2 < nsplit; s2 += 32) {
-            const float *pp = prow + h * pstride + (size_t)s2 * (HD + 2);
-            float m = __ldcg(pp);
-            if (m != -INFINITY) l += __ldcg(pp + 1) * expf(m - M);
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) { mh[h] = M; lh[h] = l > 0 ? 1.0f / l : 0.0f; }
-    }
-    __syncthreads();
-    constexpr int PIECE = NB / GM, OUTS = (GM * HD + KQ_THREADS - 1) / KQ_THREADS;
-    float o[OUTS];
-#pragma unroll
-    for (int u = 0; u < OUTS; u++) o[u] = 0.0f;
-    for (int s0 = 0; s0 < nsplit; s0 += PIECE) {
-        int np = min(PIECE, nsplit - s0);
-        for (int e = tid; e < g * PIECE; e += KQ_THREADS) {
-            int h = e / PIECE, s2 = e % PIECE;
-            float m = s2 < np ? __ldcg(prow + h * pstride + (size_t)(s0 + s2) * (HD + 2)) : -INFINITY;
-            buf[e] = m == -INFINITY ? 0.0f : expf(m - mh[h]) * lh[h];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < OUTS; u++) {
-            int e = tid + u * KQ_THREADS, h = e / HD;
-            if (h >= g) break;
-            const float *po = prow + h * pstride + (size_t)s0 * (HD + 2) + 2 + e % HD;
-            float a = 0.0f;
-#pragma unroll 8
-            for (int s2 = 0; s2 < np; s2++) {   /* loads unconditional (an empty slice's o is stale: selected away) */
-                float w = buf[h * PIECE + s2], v = __ldcg(po + (size_t)s2 * (HD + 2));
-                a += w > 0 ? w * v : 0.0f;
-            }
-            o[u] += a;
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int u = 0; u < OUTS; u++) {
-        int e = tid + u * KQ_THREADS, h = e / HD;
-        if (h >= g) break;
-        out[((size_t)bi * H + (size_t)kvh * g + h) * HD + e % HD] = valid ? o[u] : 0.0f;
-    }
-    if (tid == 0) *ctr = 0;
 }
 
 /* One block per (slice, kv head, query) serving the kv head's g <= GM q heads. Shared: qs [GM][HD] the
@@ -429,7 +365,7 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
         pbase[tid * pstride] = -INFINITY;
         pbase[tid * pstride + 1] = 0.0f;
     }
-    kq_merge<HD, GM, NB>(part, nsplit, g, bi, H, kvh, n_kv, valid, buf, mh, lh, cnt, out);
+    dec_merge<HD, GM, NB, KQ_THREADS>(part, nsplit, g, bi, H, kvh, n_kv, valid, buf, mh, lh, cnt, out);
 }
 
 /* The split path on tensor cores (the default for 4- and 8-bit pools, head_dim 64 or 128, a group's scales
@@ -454,10 +390,14 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  *   mid in rows 0-7 and 8-15, lo in a second product. CINFER_CUDA_KQ_PACK=0 keeps two products. */
 #define KT_TK 16
 #define KT_BLOCKS_SM 3   /* resident blocks per SM */
+/* bytes a key's scale record (Ks|Kb|Vs|Vb, 16 B each) takes in a stage: 64 + 16 of padding, so that the four keys
+ * 2c + e (c = 0..3) that a quad's lanes read at once lie 160 bytes apart, in banks 0, 8, 16, 24 (at 64 bytes they
+ * were all in one bank: four wavefronts a read); CINFER_CUDA_KQ_SBPAD=0 reads them 64 bytes apart (the stage the same) */
+#define KT_SB 80
 template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
     static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
-    static constexpr int STAGE = 2 * KT_TK * RB + KT_TK * 64 + 16;            /* K, V codes; per key Ks|Kb|Vs|Vb 16 B each; key mask */
+    static constexpr int STAGE = 2 * KT_TK * RB + KT_TK * KT_SB + 16;         /* K, V codes; per key Ks|Kb|Vs|Vb 16 B each; key mask */
     static constexpr size_t SMEM = (size_t)ST * 4 * STAGE;
 };
 static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
@@ -492,7 +432,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
-                                                         int chunk, float *part, int *cnt, float *out) {
+                                                         int chunk, int sbs, float *part, int *cnt, float *out) {
     typedef kq_tc_geo<HD, BITS> G;
     constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16, WG = GROUP / 8;
     constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
@@ -564,19 +504,19 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
             unsigned okm = __ballot_sync(0xffffffffu, row >= 0);
             if (lane < KT_TK) {
                 size_t so = (size_t)(row < 0 ? 0 : row) * SBN;
-                unsigned char *d = st + 2 * KT_TK * RB + lane * 64;
+                unsigned char *d = st + 2 * KT_TK * RB + lane * sbs;
                 const unsigned char *src[4] = {(const unsigned char *)Ks + so, (const unsigned char *)Kb + so, (const unsigned char *)Vs + so,
                                                (const unsigned char *)Vb + so};
 #pragma unroll
                 for (int k = 0; k < 4; k++) cp_async_ca<SBN>(d + 16 * k, src[k], row >= 0);
             }
-            if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * 64) = okm;
+            if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * KT_SB) = okm;
         };
         dec_pipe_start<ST>(mine, load);
         for (int t = 0; t < mine; t++) {
             dec_pipe_next<ST>(t, mine, load);
             const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *vc = kc + KT_TK * RB, *sb = vc + KT_TK * RB;
-            unsigned okm = *(const unsigned *)(sb + KT_TK * 64);
+            unsigned okm = *(const unsigned *)(sb + KT_TK * KT_SB);
             int jb = j0 + (warp + 4 * t) * KT_TK;
             float x[4];   /* head hr's scores of keys 2c, 2c+1, 8+2c, 9+2c of the run */
             {
@@ -613,10 +553,10 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     int nt = t2 >> 1, e = t2 & 1, kk = nt * 8 + 2 * c + e;
                     float v = 0.0f;
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64, SDT, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
+                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * sbs, SDT, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
                     if (PACK) v += __shfl_xor_sync(0xffffffffu, v, 16);   /* + the other half's parts */
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64 + 16, SDT, gi) * qsum[gi];
+                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * sbs + 16, SDT, gi) * qsum[gi];
                     if (cap > 0) v = be_softcap(v, cap);
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
@@ -630,8 +570,8 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
 #pragma unroll
                     for (int t2 = 0; t2 < 4; t2++) {
                         int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
-                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, SDT, gi);
-                        bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, SDT, gi);
+                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * sbs + 32, SDT, gi);
+                        bsum += pv[t2] * cu_mat_get(sb + kk * sbs + 48, SDT, gi);
                     }
                     ob[gi] = ob[gi] * al + bsum;
                     if (PACK) mma_a_pack<__nv_bfloat16>(ps, lo_rows, ap);
@@ -700,7 +640,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
         pbase[tid * pstride + 1] = 0.0f;
     }
     __syncthreads();   /* the partials are read: the merge's scratch goes there */
-    kq_merge<HD, KQ_GMAX, NB>(part, nsplit, g, bi, H, kvh, n_kv, valid, (float *)(void *)dsm, mh, lh, cnt, out);
+    dec_merge<HD, KQ_GMAX, NB, KQ_THREADS>(part, nsplit, g, bi, H, kvh, n_kv, valid, (float *)(void *)dsm, mh, lh, cnt, out);
 }
 
 enum { KQ_SPLIT = 0, KQ_FLASH = 1, KQ_TC = 2 };
@@ -727,7 +667,7 @@ static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
             cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
-                      (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
+                      (const int *)r->p[11], k.nsplit, k.chunk, c->kq_sbpad ? KT_SB : 64, c->part, c->cnt, (float *)r->p[1]);
     }
 }
 template <int HD, int BITS, int GROUP>
@@ -804,6 +744,10 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
         int pieces = (span + 63) / 64, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
         chunk = 64 * ((pieces + want - 1) / want);
         nsplit = (span + chunk - 1) / chunk;
+        if (c->slice_real) {   /* the same blocks, each query's keys spread over them in runs of 16 (cu_slice) */
+            nsplit = want;
+            chunk = -KT_TK;
+        }
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
         chunk = (span + 255) / 256;
         chunk = (chunk + 127) / 128 * 128;
