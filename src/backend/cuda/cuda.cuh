@@ -122,7 +122,6 @@ struct be_ctx {
                                 4-/8-bit pools always, 2 always (CINFER_CUDA_DEC_TC=0|1) */
     int slice_real;          /* tensor-core decode slices sized from the query's own span on the device, not the bucket
                                 (cu_slice; not in batch-invariant mode; CINFER_CUDA_SLICE_REAL=0: off) */
-    int kq_occ4;             /* 4-bit HD 128 quantized decode on tensor cores four blocks an SM (CINFER_CUDA_KQ_OCC4=1; experiment) */
     int kq_sbpad;            /* quantized decode on tensor cores: scale records padded in shared memory (KT_SB; CINFER_CUDA_KQ_SBPAD=0: off) */
     int kq_pack;             /* quantized decode on tensor cores, g <= 4: one mma a k-step, lo rows beside hi and mid
                                 (CINFER_CUDA_KQ_PACK=0: two) */

@@ -394,15 +394,11 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  * 2c + e (c = 0..3) that a quad's lanes read at once lie 160 bytes apart, in banks 0, 8, 16, 24 (at 64 bytes they
  * were all in one bank: four wavefronts a read); CINFER_CUDA_KQ_SBPAD=0 reads them 64 bytes apart (the stage the same) */
 #define KT_SB 80
-/* BSM 4 (CINFER_CUDA_KQ_OCC4=1, 4-bit HD 128 with PACK only, an experiment): four blocks an SM (16 warps, at most
- * 128 registers a thread), the query's A operands in shared memory (AQ bytes after the stages; the same for every
- * warp) instead of 32 registers a lane, a stage less */
-template <int HD, int BITS, int BSM = KT_BLOCKS_SM> struct kq_tc_geo {
+template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
-    static constexpr int ST = BITS == 8 || BSM == 4 ? 3 : 4;                  /* stages per warp */
+    static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
     static constexpr int STAGE = 2 * KT_TK * RB + KT_TK * KT_SB + 16;         /* K, V codes; per key Ks|Kb|Vs|Vb 16 B each; key mask */
-    static constexpr int AQ = BSM == 4 ? HD / 16 * 32 * 16 : 0;               /* the A operands: [ks][lane] 16 bytes */
-    static constexpr size_t SMEM = (size_t)ST * 4 * STAGE + AQ;
+    static constexpr size_t SMEM = (size_t)ST * 4 * STAGE;
 };
 static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
 /* bytes of a row's scales (and of its biases); k_kvq_tc takes rows of 4, 8 or 16 */
@@ -431,14 +427,13 @@ template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
     return n / WG * GROUP + j * WG + n % WG;
 }
-template <int HD, int BITS, int GROUP, int SDT, bool PACK, int BSM>
-__global__ void __launch_bounds__(KQ_THREADS, BSM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
+__global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
                                                          int chunk, int sbs, float *part, int *cnt, float *out) {
-    typedef kq_tc_geo<HD, BITS, BSM> G;
-    static_assert(BSM != 4 || (PACK && BITS == 4), "four blocks an SM: 4-bit codes with PACK");
+    typedef kq_tc_geo<HD, BITS> G;
     constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16, WG = GROUP / 8;
     constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
     constexpr int SBN = kq_sbn(HD, GROUP, SDT);
@@ -480,13 +475,6 @@ __global__ void __launch_bounds__(KQ_THREADS, BSM) k_kvq_tc(const float *q, cons
                 }
                 if (PACK) mma_a_pack<__nv_bfloat16>(qv, lo_rows, aq[ks]);
                 else mma_a_split<__nv_bfloat16>(qv, aq[ks], aql[PACK ? 0 : ks]);
-            }
-            if constexpr (BSM == 4) {   /* to shared memory: every warp's are the same */
-                uint4 *aqs = (uint4 *)(dsm + (size_t)ST * 4 * G::STAGE);
-                if (warp == 0)
-#pragma unroll
-                    for (int ks = 0; ks < KS; ks++) aqs[ks * 32 + lane] = make_uint4(aq[ks][0], aq[ks][1], aq[ks][2], aq[ks][3]);
-                __syncthreads();
             }
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) {
@@ -556,13 +544,7 @@ __global__ void __launch_bounds__(KQ_THREADS, BSM) k_kvq_tc(const float *q, cons
                             b0 = kq_bf2_f32(wd[ks], 0, wd[ks], 1);
                             b1 = kq_bf2_f32(wd[ks], 2, wd[ks], 3);
                         }
-                        if constexpr (BSM == 4) {
-                            const uint4 a = ((const uint4 *)(dsm + (size_t)ST * 4 * G::STAGE))[ks * 32 + lane];
-                            const uint32_t a4[4] = {a.x, a.y, a.z, a.w};
-                            mma16816_bf16(sacc[16 * ks / GROUP][nt], a4, b0, b1);
-                        } else {
-                            mma16816_bf16(sacc[16 * ks / GROUP][nt], aq[ks], b0, b1);
-                        }
+                        mma16816_bf16(sacc[16 * ks / GROUP][nt], aq[ks], b0, b1);
                         if (!PACK) mma16816_bf16(sacc[16 * ks / GROUP][nt], aql[PACK ? 0 : ks], b0, b1);
                     }
                 }
@@ -675,21 +657,14 @@ static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
 struct kq_geo {
     int L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk;
 };
-/* blocks an SM of the k_kvq_tc instance that serves this format (g: q heads a kv head) */
-static int kq_tc_bsm(const be_ctx *c, int bits, int hd, int g) { return c->kq_occ4 && bits == 4 && hd == 128 && c->kq_pack && g <= 4 ? 4 : KT_BLOCKS_SM; }
 /* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing */
-template <int HD, int BITS, int GROUP, int SDT, bool PACK, int BSM = KT_BLOCKS_SM>
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
 static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
-    if constexpr (BSM == KT_BLOCKS_SM && BITS == 4 && HD == 128 && PACK)
-        if (kq_tc_bsm(c, BITS, HD, 1) == 4) {
-            kq_tc_go<HD, BITS, GROUP, SDT, PACK, 4>(c, r, k, grid);
-            return;
-        }
     if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT))) {
-        size_t sm = kq_tc_geo<HD, BITS, BSM>::SMEM;
-        if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK, BSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
+        size_t sm = kq_tc_geo<HD, BITS>::SMEM;
+        if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
                       "kvq attention: shared memory attribute"))
-            cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK, BSM>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
+            cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
                       (const int *)r->p[11], k.nsplit, k.chunk, c->kq_sbpad ? KT_SB : 64, c->part, c->cnt, (float *)r->p[1]);
@@ -766,8 +741,7 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     } else if (tc && !c->batch_inv) {
         /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks
          * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
-        int pieces = (span + 63) / 64,
-            want = cu_one_wave(pieces, kq_tc_bsm(c, k->bits, a->head_dim, a->n_head / a->n_kv_head) * c->n_sm, (long)a->B * a->L * a->n_kv_head);
+        int pieces = (span + 63) / 64, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
         chunk = 64 * ((pieces + want - 1) / want);
         nsplit = (span + chunk - 1) / chunk;
         if (c->slice_real) {   /* the same blocks, each query's keys spread over them in runs of 16 (cu_slice) */
