@@ -313,7 +313,6 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->batched = cf_knob_on("CINFER_CUDA_BATCHED");
     c->kq_pack = cf_knob_on("CINFER_CUDA_KQ_PACK");
     c->slice_real = cf_knob_on("CINFER_CUDA_SLICE_REAL");
-    c->kq_sbpad = cf_knob_on("CINFER_CUDA_KQ_SBPAD");
     c->aff_gemv = cf_knob_on("CINFER_CUDA_AFF_GEMV");
     c->aff_tc = cf_knob_on("CINFER_CUDA_AFF_TC");
     c->aff_dp = cf_knob_on("CINFER_CUDA_AFF_DP");   /* 0: one token's 4-bit rows in f32 (tensor-core or CUDA-core form) */

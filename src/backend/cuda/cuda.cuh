@@ -122,7 +122,6 @@ struct be_ctx {
                                 4-/8-bit pools always, 2 always (CINFER_CUDA_DEC_TC=0|1) */
     int slice_real;          /* tensor-core decode slices sized from the query's own span on the device, not the bucket
                                 (cu_slice; not in batch-invariant mode; CINFER_CUDA_SLICE_REAL=0: off) */
-    int kq_sbpad;            /* quantized decode on tensor cores: scale records padded in shared memory (KT_SB; CINFER_CUDA_KQ_SBPAD=0: off) */
     int kq_pack;             /* quantized decode on tensor cores, g <= 4: one mma a k-step, lo rows beside hi and mid
                                 (CINFER_CUDA_KQ_PACK=0: two) */
     int batched;             /* gate/up through cuBLAS in one batched launch (CINFER_CUDA_BATCHED=0: one GEMM each) */
@@ -332,9 +331,12 @@ __device__ __forceinline__ cu_span cu_span_of(int p, int window, int keep, int r
 }
 __device__ __forceinline__ int cu_span_key(const cu_span &s, int t) { return t < s.n_s ? s.s_lo + t : s.r_lo + (t - s.n_s); }
 /* the key numbers [*j0, *j1) of slice s of a query's n keys: runs of chunk keys (chunk > 0: sized for the bucketed span
- * bound, cu_span_bucket), or, chunk <= 0, the n keys spread evenly over the nsplit slices in runs of a multiple of -chunk
- * keys (sized on the device from the query's own span: a span just past a bucket boundary would otherwise leave up to a
- * fifth of the slices empty and make the others longer). Either way the geometry of the launch depends on the bucket only. */
+ * bound, cu_span_bucket), or, chunk <= 0, the n keys spread over the nsplit slices in as few rounds of -chunk keys each
+ * as they take, the last slices left empty (sized on the device from the query's own span: a span just past a bucket
+ * boundary would otherwise leave up to a fifth of the slices empty and make the others longer). The tensor-core kernels
+ * take rounds of 64 keys (their four warps' runs of 16): H100, llama-3.1-8b, KV4 at 4,096 keys, rounds of 16 (more
+ * slices non-empty, the same rounds a block) decoded at 0.984x the bucket's slices, at 32,768 at 1.038x. Either way the
+ * geometry of the launch depends on the bucket only. */
 __device__ __forceinline__ void cu_slice(int n, int s, int nsplit, int chunk, int *j0, int *j1) {
     if (chunk <= 0) {
         const int run = -chunk, per = (n + nsplit - 1) / nsplit;

@@ -390,14 +390,10 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  *   mid in rows 0-7 and 8-15, lo in a second product. CINFER_CUDA_KQ_PACK=0 keeps two products. */
 #define KT_TK 16
 #define KT_BLOCKS_SM 3   /* resident blocks per SM */
-/* bytes a key's scale record (Ks|Kb|Vs|Vb, 16 B each) takes in a stage: 64 + 16 of padding, so that the four keys
- * 2c + e (c = 0..3) that a quad's lanes read at once lie 160 bytes apart, in banks 0, 8, 16, 24 (at 64 bytes they
- * were all in one bank: four wavefronts a read); CINFER_CUDA_KQ_SBPAD=0 reads them 64 bytes apart (the stage the same) */
-#define KT_SB 80
 template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
     static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
-    static constexpr int STAGE = 2 * KT_TK * RB + KT_TK * KT_SB + 16;         /* K, V codes; per key Ks|Kb|Vs|Vb 16 B each; key mask */
+    static constexpr int STAGE = 2 * KT_TK * RB + KT_TK * 64 + 16;            /* K, V codes; per key Ks|Kb|Vs|Vb 16 B each; key mask */
     static constexpr size_t SMEM = (size_t)ST * 4 * STAGE;
 };
 static_assert(kq_tc_geo<64, 4>::SMEM >= 4 * 8 * 128 * 4, "the merge's scratch fits");
@@ -432,7 +428,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
-                                                         int chunk, int sbs, float *part, int *cnt, float *out) {
+                                                         int chunk, float *part, int *cnt, float *out) {
     typedef kq_tc_geo<HD, BITS> G;
     constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16, WG = GROUP / 8;
     constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
@@ -504,19 +500,19 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
             unsigned okm = __ballot_sync(0xffffffffu, row >= 0);
             if (lane < KT_TK) {
                 size_t so = (size_t)(row < 0 ? 0 : row) * SBN;
-                unsigned char *d = st + 2 * KT_TK * RB + lane * sbs;
+                unsigned char *d = st + 2 * KT_TK * RB + lane * 64;
                 const unsigned char *src[4] = {(const unsigned char *)Ks + so, (const unsigned char *)Kb + so, (const unsigned char *)Vs + so,
                                                (const unsigned char *)Vb + so};
 #pragma unroll
                 for (int k = 0; k < 4; k++) cp_async_ca<SBN>(d + 16 * k, src[k], row >= 0);
             }
-            if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * KT_SB) = okm;
+            if (lane == 0) *(unsigned *)(st + 2 * KT_TK * RB + KT_TK * 64) = okm;
         };
         dec_pipe_start<ST>(mine, load);
         for (int t = 0; t < mine; t++) {
             dec_pipe_next<ST>(t, mine, load);
             const unsigned char *kc = wst + (size_t)(t % ST) * G::STAGE, *vc = kc + KT_TK * RB, *sb = vc + KT_TK * RB;
-            unsigned okm = *(const unsigned *)(sb + KT_TK * KT_SB);
+            unsigned okm = *(const unsigned *)(sb + KT_TK * 64);
             int jb = j0 + (warp + 4 * t) * KT_TK;
             float x[4];   /* head hr's scores of keys 2c, 2c+1, 8+2c, 9+2c of the run */
             {
@@ -553,10 +549,10 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     int nt = t2 >> 1, e = t2 & 1, kk = nt * 8 + 2 * c + e;
                     float v = 0.0f;
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * sbs, SDT, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
+                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64, SDT, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
                     if (PACK) v += __shfl_xor_sync(0xffffffffu, v, 16);   /* + the other half's parts */
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * sbs + 16, SDT, gi) * qsum[gi];
+                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64 + 16, SDT, gi) * qsum[gi];
                     if (cap > 0) v = be_softcap(v, cap);
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
@@ -570,8 +566,8 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
 #pragma unroll
                     for (int t2 = 0; t2 < 4; t2++) {
                         int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
-                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * sbs + 32, SDT, gi);
-                        bsum += pv[t2] * cu_mat_get(sb + kk * sbs + 48, SDT, gi);
+                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, SDT, gi);
+                        bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, SDT, gi);
                     }
                     ob[gi] = ob[gi] * al + bsum;
                     if (PACK) mma_a_pack<__nv_bfloat16>(ps, lo_rows, ap);
@@ -667,7 +663,7 @@ static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
             cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
-                      (const int *)r->p[11], k.nsplit, k.chunk, c->kq_sbpad ? KT_SB : 64, c->part, c->cnt, (float *)r->p[1]);
+                      (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
     }
 }
 template <int HD, int BITS, int GROUP>
@@ -744,9 +740,9 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
         int pieces = (span + 63) / 64, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
         chunk = 64 * ((pieces + want - 1) / want);
         nsplit = (span + chunk - 1) / chunk;
-        if (c->slice_real) {   /* the same blocks, each query's keys spread over them in runs of 16 (cu_slice) */
+        if (c->slice_real) {   /* the same blocks, each query's keys spread over them in rounds of the four warps' runs (cu_slice) */
             nsplit = want;
-            chunk = -KT_TK;
+            chunk = -4 * KT_TK;
         }
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
         chunk = (span + 255) / 256;
