@@ -440,17 +440,11 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
     /* the tensor-core kernel (3 or 4 blocks an SM by its shared memory): at most one wave of blocks
      * (H200, llama-3.1-8b decode: 64 slices of one piece at 4k, 512 blocks for 396 places, ran
      * 0.95x the CUDA-core kernel's step) */
-    if (tc_sm > 0) {
+    if (tc_sm > 0)
         want = cu_one_wave(want, tc_sm * (a->head_dim == 128 ? dec_tc_geo<128>::BLOCKS_SM : dec_tc_geo<64>::BLOCKS_SM),
                            (long)a->B * a->L * a->n_kv_head);
-        if (real) {   /* the same blocks, each query's keys spread over them in rounds of the four warps' runs (cu_slice) */
-            *chunk = -4 * DEC_TK;
-            *nsplit = want;
-            return 1;
-        }
-    }
-    *chunk = DEC_SUB * ((pieces + want - 1) / want);
-    *nsplit = (span + *chunk - 1) / *chunk;
+    static_assert(DEC_SUB == CU_DEC_RUN && 4 * DEC_TK == CU_DEC_RUN, "slices in pieces, and in the four warps' runs");
+    cu_dec_slices(span, want, tc_sm > 0 && real, chunk, nsplit);
     return 1;
 }
 

@@ -223,6 +223,20 @@ static inline int cu_one_wave(int want, int slots, long rows) {
     long fit = rows > 0 ? slots / rows : want;
     return want < fit ? want : fit > 1 ? (int)fit : 1;
 }
+/* the decode kernels' slices of a span bound (cu_span_bucket) over `want` blocks a query, in runs of CU_DEC_RUN keys
+ * (attn-decode.cu's pieces; the tensor-core kernels' four warps' runs of 16): sized for the bound, or with real the same
+ * blocks sized on the device from each query's own span (cu_slice: chunk -CU_DEC_RUN) */
+#define CU_DEC_RUN 64
+static inline void cu_dec_slices(int span, int want, int real, int *chunk, int *nsplit) {
+    if (real) {
+        *chunk = -CU_DEC_RUN;
+        *nsplit = want;
+        return;
+    }
+    int pieces = (span + CU_DEC_RUN - 1) / CU_DEC_RUN;
+    *chunk = CU_DEC_RUN * ((pieces + want - 1) / want);
+    *nsplit = (span + *chunk - 1) / *chunk;
+}
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r);
 /* affine.cu: MLX affine-quantized weights (upload, matmul, embedding rows) */
 int cu_affine_upload(be_ctx *c, be_mat *m);

@@ -737,13 +737,9 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     } else if (tc && !c->batch_inv) {
         /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks
          * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
-        int pieces = (span + 63) / 64, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
-        chunk = 64 * ((pieces + want - 1) / want);
-        nsplit = (span + chunk - 1) / chunk;
-        if (c->slice_real) {   /* the same blocks, each query's keys spread over them in rounds of the four warps' runs (cu_slice) */
-            nsplit = want;
-            chunk = -4 * KT_TK;
-        }
+        static_assert(4 * KT_TK == CU_DEC_RUN, "a slice's rounds are the four warps' runs");
+        int pieces = (span + CU_DEC_RUN - 1) / CU_DEC_RUN, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
+        cu_dec_slices(span, want, c->slice_real, &chunk, &nsplit);
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
         chunk = (span + 255) / 256;
         chunk = (chunk + 127) / 128 * 128;
