@@ -376,12 +376,34 @@ static int argmax(const float *x, int n) {
  * graph captured and replayed), then one step between cudaProfilerStart and
  * Stop, for `ncu --profile-from-start off --graph-profiling node`; no
  * ceilings, prefill or timing. */
+#ifdef CINFER_CUDA_TRACE
+int cu_afr_trace(unsigned cap, unsigned long long *host, unsigned *n);   /* gemv-affine.cu */
+#endif
 static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
     for (int i = 0; i < NP; i++) ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
     int32_t tok = 0;
     int bad = ctx_eval_greedy(ctx, ids, NP, &tok);
     for (int i = 0; i < 4 && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
     cudaDeviceSynchronize();
+#ifdef CINFER_CUDA_TRACE
+    /* BENCH_TRACE=FILE (a build with -DCINFER_CUDA_TRACE, bench/gpu/trace.sh): the ring GEMV's block timeline of
+     * two steps, as text lines "globaltimer clock64 tag" */
+    const char *trf = getenv("BENCH_TRACE");
+    unsigned cap = 1u << 20;
+    if (trf && cu_afr_trace(cap, NULL, NULL)) return fprintf(stderr, "trace: no buffer\n"), 1;
+    for (int i = 0; trf && i < 2 && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
+    if (trf && !bad) {
+        unsigned long long *ev = malloc((size_t)cap * 16);
+        unsigned n = cap;
+        FILE *f = fopen(trf, "w");
+        if (!ev || !f || cu_afr_trace(0, ev, &n)) return fprintf(stderr, "trace: read back failed\n"), 1;
+        for (unsigned i = 0; i < n; i++) fprintf(f, "%llu %llu %llu\n", ev[2 * i], ev[2 * i + 1] >> 32, ev[2 * i + 1] & 0xffffffffu);
+        fclose(f);
+        free(ev);
+        fprintf(stderr, "trace: %u events in %s\n", n, trf);
+        return 0;
+    }
+#endif
     cudaProfilerStart();
     if (!bad) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
     cudaDeviceSynchronize();

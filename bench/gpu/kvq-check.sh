@@ -32,6 +32,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a $O/tests.log
 fails=0
 if [ "$PART" = tests ] || [ "$PART" = all ]; then
+  export CINFER_TEST_DEVICE=cuda   # test-backend-ops tests the CPU backend without it
   for e in "CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=kvq" "CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_PACK=0 CINFER_TEST_ONLY=kvq" \
            "CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention"; do
     echo "== $e" >>$O/tests.log

@@ -141,9 +141,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
     int rpg = GEMV_WARPS / ks, seg = warp % ks, ngroups = st.gend[2];
     constexpr int V = 16 / sizeof(WT);
     if (st.prefetch && seg == 0 && lane == 0) gemv_prefetch<WT>(st, rpg, warp / ks, k);
+    float4 nw[GEMV_NORM_PER];
+    if (st.norm) gemv_norm_fetch(st, k, nw);
     PDL_ENTRY();
     if (st.norm) {
-        gemv_norm_prologue<N>(st, x, k, xs, red, 0);
+        gemv_norm_prologue<N>(st, x, k, xs, red, 0, nw);
         x = xs;
     }
     int nv = k / V, slice = (nv + ks - 1) / ks;

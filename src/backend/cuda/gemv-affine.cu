@@ -123,35 +123,29 @@ __device__ __forceinline__ void aff_piece(const uint4 *q, const float *sc, const
  * k_gemv_aff_ring (below) runs the same arithmetic with its weights streamed, where it takes the set. */
 #define AFF_DPW 28
 __device__ __forceinline__ void aff_dp_make(const float *v, uint32_t *o) {
-    float m = 0.0f;
-    bool bad = false;
+    float m = 0.0f;   /* max |x|, NaN when one is (max.NaN), Inf when one is */
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
-        m = fmaxf(m, fabsf(v[i]));
-        bad |= !isfinite(v[i]);
-    }
+    for (int i = 0; i < 32; i++) asm("max.NaN.f32 %0, %0, %1;" : "+f"(m) : "f"(fabsf(v[i])));
+    const bool bad = !(m <= 3.402823466e38f);
     int E;
     frexpf(m, &E);
     int e = ldexpf(m, 7 - E) <= 127.0f ? E - 7 : E - 6;
     e = e < -100 ? -100 : e;   /* (|x| below 2^-93: 2^(16 - e) stays finite; such values round to 0) */
     const float sc = bad || m == 0.0f ? 0.0f : ldexpf(1.0f, 16 - e);
+    /* |X| <= 127 2^16, so X = 2^16 d0 + 2^8 d1 + d2 in signed digits is X + 0x808080 in unsigned bytes d + 128
+     * (no carries): each digit is a byte of that sum with its top bit flipped; bytes gathered by byte permutes */
 #pragma unroll
     for (int u = 0; u < 4; u++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            uint32_t w0 = 0, w1 = 0, w2 = 0;
+            uint32_t V[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int X = __float2int_rn(v[8 * u + 2 * i + h] * sc);
-                int d2 = (int)(signed char)(X & 0xff), X1 = (X - d2) >> 8;
-                int d1 = (int)(signed char)(X1 & 0xff), d0 = (X1 - d1) >> 8;
-                w0 |= (uint32_t)(d0 & 0xff) << (8 * i);
-                w1 |= (uint32_t)(d1 & 0xff) << (8 * i);
-                w2 |= (uint32_t)(d2 & 0xff) << (8 * i);
-            }
-            o[0 * 8 + 2 * u + h] = w0;
-            o[1 * 8 + 2 * u + h] = w1;
-            o[2 * 8 + 2 * u + h] = w2;
+            for (int i = 0; i < 4; i++) V[i] = (uint32_t)__float2int_rn(v[8 * u + 2 * i + h] * sc) + 0x808080u;
+            const uint32_t a = __byte_perm(V[0], V[1], 0x5140), b = __byte_perm(V[2], V[3], 0x5140);   /* bytes 0 and 1 */
+            const uint32_t c = __byte_perm(V[0], V[1], 0x0062), d = __byte_perm(V[2], V[3], 0x0062);   /* bytes 2 */
+            o[0 * 8 + 2 * u + h] = __byte_perm(c, d, 0x5410) ^ 0x80808080u;
+            o[1 * 8 + 2 * u + h] = __byte_perm(a, b, 0x7632) ^ 0x80808080u;
+            o[2 * 8 + 2 * u + h] = __byte_perm(a, b, 0x5410) ^ 0x80808080u;
         }
     ((float *)o)[24] = bad ? __int_as_float(0x7fc00000) : m == 0.0f ? 0.0f : ldexpf(1.0f, e - 16);
 }
@@ -188,9 +182,9 @@ __device__ __forceinline__ void aff_dp_piece(const uint4 *q, const float *sc, co
 }
 
 /* xs[t] = the N tokens' activations (the rmsnorm prologue's output, or a copy) in xs_index's layout, rows xs_row apart */
-template <int N> __device__ __forceinline__ void aff_x_in(const gemv_set &st, const float *x, int k, float *xs, float *red) {
+template <int N> __device__ __forceinline__ void aff_x_in(const gemv_set &st, const float *x, int k, float *xs, float *red, const float4 *nw) {
     if (st.norm) {
-        gemv_norm_prologue<N>(st, x, k, xs, red, 1);
+        gemv_norm_prologue<N>(st, x, k, xs, red, 1, nw);
     } else {
         for (int e = threadIdx.x * 4; e < N * k; e += GEMV_WARPS * 32 * 4)
             *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = *(const float4 *)(x + e);
@@ -231,8 +225,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     __shared__ float red[GEMV_WARPS];
     extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations; then [N][k/V] their pieces' sums */
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    float4 nw[GEMV_NORM_PER];
+    if (st.norm) gemv_norm_fetch(st, k, nw);
     PDL_ENTRY();
-    aff_x_in<N>(st, x, k, xs, red);
+    aff_x_in<N>(st, x, k, xs, red, nw);
     const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
     float *xp = xs + (size_t)N * xrow;
     uint32_t *dg = (uint32_t *)xs;   /* DP: the pieces' digits, over x once every thread holds its pieces */
@@ -363,6 +359,40 @@ __device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu
     cp_async_commit();
 }
 
+/* A diagnostic timeline of the ring kernel's blocks, compiled in only with -DCINFER_CUDA_TRACE (bench-cuda
+ * BENCH_TRACE=FILE): thread 0 of each block records (globaltimer, clock64, tag) at its start, after the wait on the
+ * kernel before, after the prologue (x, its digits) and at its end; tag = event | GLU << 2 | block << 3 | (k / 32) << 16 */
+#ifdef CINFER_CUDA_TRACE
+static __device__ unsigned long long *afr_tr;   /* [cap][2]: globaltimer, clock64 << 32 | tag */
+static __device__ unsigned afr_trn, afr_trcap;
+__device__ __forceinline__ void afr_trace(int ev, int glu, int k) {
+    if (threadIdx.x) return;
+    unsigned long long t, ck = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned i = atomicAdd(&afr_trn, 1u);
+    if (afr_tr && i < afr_trcap)
+        afr_tr[2 * i] = t, afr_tr[2 * i + 1] = ck << 32 | (unsigned)(ev | glu << 2 | blockIdx.x << 3 | (k / 32) << 16);
+}
+/* cap > 0: a buffer of cap events, the count reset; cap 0: copies the events (at most *n) to host, *n their count */
+extern "C" int cu_afr_trace(unsigned cap, unsigned long long *host, unsigned *n) {
+    static unsigned long long *buf;
+    unsigned zero = 0;
+    if (cap) {
+        if (!buf && cudaMalloc((void **)&buf, (size_t)cap * 16) != cudaSuccess) return 1;
+        return cudaMemcpyToSymbol(afr_tr, &buf, sizeof buf) != cudaSuccess || cudaMemcpyToSymbol(afr_trcap, &cap, sizeof cap) != cudaSuccess ||
+               cudaMemcpyToSymbol(afr_trn, &zero, sizeof zero) != cudaSuccess;
+    }
+    unsigned got = 0;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&got, afr_trn, sizeof got) != cudaSuccess) return 1;
+    if (got > *n) got = *n;
+    *n = got;
+    return cudaMemcpy(host, buf, (size_t)got * 16, cudaMemcpyDeviceToHost) != cudaSuccess;
+}
+#define AFR_TRACE(ev) afr_trace(ev, GLU, k)
+#else
+#define AFR_TRACE(ev) ((void)0)
+#endif
+
 template <int D, int GLU, int SDT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
     constexpr int RW = GLU ? 1 : AFF_RW, SSZ = SDT == BE_F32 ? 4 : 2;
@@ -371,15 +401,20 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nu = k / 32, ng = k >> st.gshift, gsh = st.gshift;
     float *xp = xs + xs_row(k, 1);
     char *ring = (char *)xs + afr_ring_at(k, nu) + (size_t)warp * D * AFR_STAGE;
+    AFR_TRACE(0);
     afr_src src;
     src.grp = blockIdx.x, src.r = 0;
     afr_src_at<GLU, SSZ>(src, st, nu, ng, gsh);
     int qi = 0;   /* the stage of the next item to issue */
     for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);   /* weights: no wait on the kernel before */
+    float4 nw[GEMV_NORM_PER];
+    if (st.norm) gemv_norm_fetch(st, k, nw);
     PDL_ENTRY();
-    aff_x_in<1>(st, x, k, xs, red);
+    AFR_TRACE(1);
+    aff_x_in<1>(st, x, k, xs, red, nw);
     aff_dp_digits(xs, nu, xp);
     __syncthreads();
+    AFR_TRACE(2);
     const uint32_t *dg = (const uint32_t *)xs;
     const int gi = (lane << 5) >> gsh;   /* the lane's group in a round */
     int q = 0;                           /* the stage of the next item to compute */
@@ -413,6 +448,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
             }
     }
     cp_async_wait<0>();   /* no copy outlives the block */
+    AFR_TRACE(3);
 }
 
 /* ---------------------------------------------------- one token on the tensor cores */
@@ -613,9 +649,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     aft_src_tile<GLU>(src, st, g, t, rowb, ng, s0, gpl, ssz);
     unsigned qi = 0;   /* the stage of the next item to issue */
     for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, ng, rowb, ring);   /* weights: no wait on the kernel before */
+    float4 nw[GEMV_NORM_PER];
+    if (st.norm) gemv_norm_fetch(st, k, nw);
     PDL_ENTRY();
     if (st.norm) {
-        gemv_norm_prologue<1>(st, x, k, xs, red, 0);
+        gemv_norm_prologue<1>(st, x, k, xs, red, 0, nw);
     } else {
         for (int e = threadIdx.x * 4; e < k; e += GEMV_WARPS * 32 * 4) *(float4 *)(xs + e) = *(const float4 *)(x + e);
         __syncthreads();
@@ -675,7 +713,15 @@ template <int D> static size_t aff_tc_smem(int k, int group) {
  * SM as fit (at most cap when cap > 0), else grid (the affine GEMV kernels' one launch path) */
 static void aff_go(be_ctx *c, void (*kern)(gemv_set, const float *, int), unsigned groups, int cap, dim3 grid, size_t smem,
                    const gemv_set &st, const float *x, int k) {
-    if (smem > 48 * 1024 && cu_check(c, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "gemv smem"))
+    /* one instance launches with different amounts (k differs between matrices): its limit is the device's, not this
+     * launch's, so that a graph node captured with more than the last launch set still launches (as ncu replays it) */
+    int most_smem = 0;
+    cudaFuncAttributes fa;
+    if (smem > 48 * 1024 &&
+        (cu_check(c, cudaDeviceGetAttribute(&most_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device), "gemv smem") ||
+         cu_check(c, cudaFuncGetAttributes(&fa, kern), "gemv smem") ||
+         cu_check(c, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most_smem - (int)fa.sharedSizeBytes),
+                  "gemv smem")))
         return;
     if (groups) {
         int per = 0;

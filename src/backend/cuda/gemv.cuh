@@ -43,11 +43,34 @@ typedef struct gemv_set {
 __device__ __forceinline__ int xs_index(int i, int pad) { return pad ? i + (i >> 5) * 4 : i; }
 __host__ __device__ __forceinline__ int xs_row(int k, int pad) { return pad ? k + (k >> 5) * 4 : k; }
 
-/* xs[t][..] = x[t] / rms(x[t]) * (norm + add) for the block: x read once in
+#define GEMV_NORM_PER (GEMV_NORM_MAX / 4 / (GEMV_WARPS * 32))   /* 4-element pieces of a row a thread normalizes */
+
+/* elements 4j..4j+3 of a vector of dtype dt (f32/f16/bf16) */
+__device__ __forceinline__ float4 cu_get4(const void *p, int dt, int j) {
+    if (dt == BE_F32) return ((const float4 *)p)[j];
+    const uint2 u = ((const uint2 *)p)[j];
+    float2 a, b;
+    if (dt == BE_F16) a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+    else a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+/* the norm's weights (+ norm_add) this thread applies in gemv_norm_prologue; a kernel loads them before its wait
+ * on the kernel before (they do not depend on it), so that the one round trip of the prologue after it is x's */
+__device__ __forceinline__ void gemv_norm_fetch(const gemv_set &st, int k, float4 *w) {
+#pragma unroll
+    for (int u = 0; u < GEMV_NORM_PER; u++) {
+        const int j = threadIdx.x + u * GEMV_WARPS * 32;
+        float4 v = j < k / 4 ? cu_get4(st.norm, st.norm_dt, j) : make_float4(0, 0, 0, 0);
+        w[u] = make_float4(v.x + st.norm_add, v.y + st.norm_add, v.z + st.norm_add, v.w + st.norm_add);
+    }
+}
+
+/* xs[t][..] = x[t] / rms(x[t]) * nw for the block (nw: gemv_norm_fetch's): x read once in
  * 16-byte loads, all issued before the first use (k % 4 == 0, k <= 8192); rows xs_row(k, pad) apart */
 template <int N>
-__device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, float *xs, float *red, int pad) {
-    constexpr int PER = GEMV_NORM_MAX / 4 / (GEMV_WARPS * 32);
+__device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, float *xs, float *red, int pad, const float4 *nw) {
+    constexpr int PER = GEMV_NORM_PER;
     int nv = k / 4;
 #pragma unroll
     for (int t = 0; t < N; t++) {
@@ -73,10 +96,10 @@ __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, fl
             int j = threadIdx.x + u * GEMV_WARPS * 32;
             if (j >= nv) continue;
             float *o = xs + (size_t)t * xs_row(k, pad) + xs_index(4 * j, pad);
-            o[0] = v[u].x * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j) + st.norm_add);
-            o[1] = v[u].y * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 1) + st.norm_add);
-            o[2] = v[u].z * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 2) + st.norm_add);
-            o[3] = v[u].w * inv * (cu_mat_get(st.norm, st.norm_dt, 4 * j + 3) + st.norm_add);
+            o[0] = v[u].x * inv * nw[u].x;
+            o[1] = v[u].y * inv * nw[u].y;
+            o[2] = v[u].z * inv * nw[u].z;
+            o[3] = v[u].w * inv * nw[u].w;
         }
         __syncthreads();   /* red is reused by the next row; xs complete */
     }
