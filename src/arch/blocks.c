@@ -113,6 +113,8 @@ void blk_branch_out(const be_ops *be, be_ctx *bc, const model_config *c, const f
 void blk_layer(const be_ops *be, be_ctx *bc, const model_config *c, const layer_weights *lw, kv_group *g, kv_cache *kc, be_attn *a,
                int T, float *x, const blk_bufs *s) {
     blk_attend(be, bc, c, lw, g, kc, a, T, x, s);
+    const be_mat *wgu[2] = {&lw->w_gate, &lw->w_up};
+    if (be->prefetch_next) be->prefetch_next(bc, 2, wgu);   /* read after o_proj: a backend may fetch ahead while it waits */
     blk_branch_out(be, bc, c, s->att, T, &lw->wo, blk_opt(&lw->bo), blk_opt(&lw->post_attn_norm), x, s->tmp);
     blk_mlp_in(be, bc, c, lw, T, x, s);
     blk_branch_out(be, bc, c, s->gate, T, &lw->w_down, blk_opt(&lw->b_down), blk_opt(&lw->post_ffn_norm), x, s->tmp);

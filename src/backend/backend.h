@@ -343,6 +343,10 @@ typedef struct be_ops {
                         const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);
     /* y[n][m] += x . w^T (+ bias): the residual add folded into the matmul; tmp[n][m] scratch */
     void (*matmul_add)(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp);
+    /* optional: a hint that count matrices w are read soon after the next matmul op (gate/up after o_proj): the
+     * backend may start moving them toward the compute units while that op waits (CUDA: a prefix of each into L2,
+     * issued by the next GEMV launch before its wait on the attention). Never changes a result. */
+    void (*prefetch_next)(be_ctx *c, int count, const be_mat *const *w);
     /* the rope op on q[B][L][n_head][hd] and k[B][L][n_kv][hd] (in place, a->pos, a->inv_freq),
      * then kv_write of k and v: one pass */
     void (*rope_kv_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,

@@ -194,6 +194,7 @@ void cu_rec_attn(be_ctx *c, cu_rec *r, const be_attn *a, int slot) {
 }
 
 void cu_submit(be_ctx *c, const cu_rec *r) {
+    c->pf_bytes[0] = c->pf_bytes[1] = 0;   /* a prefetch_next hint goes with the next record only (submit_multi's) */
     if (c->err) return;
     if (r->fn != cu_matmul_launcher) c->act16_src = NULL;   /* the rounded copy may be stale now */
     if (c->mode == CU_REPLAY) {
@@ -324,10 +325,13 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->afr_d = ad ? atoi(ad) : 0;
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
     c->afr_blocks = ab ? atoi(ab) : 0;
+    const char *l2n = getenv("CINFER_CUDA_L2_NEXT");
+    c->l2_next = l2n && atoi(l2n) >= 0 && atoi(l2n) <= 8 ? atoi(l2n) : 4;
     c->score_head_k = cf_knob_on("CINFER_CUDA_SCORE_HEAD") ? 256 : 0;   /* 0: never; else bf16 heads of hidden <= 256 */
     int bad = !c->recs;
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");
+    bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, c->device), "device attributes");
     bad = bad || cu_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
     bad = bad || cu_check_blas(c, cublasCreate(&c->blas), "cublasCreate");
     bad = bad || cu_check(c, cudaMalloc(&c->blas_ws, BLAS_WS_BYTES), "cuBLAS workspace");
@@ -610,6 +614,7 @@ static be_ops make_ops(void) {
     o.matmul_multi = cu_op_matmul_multi;
     o.norm_matmul = cu_op_norm_matmul;
     o.matmul_add = cu_op_matmul_add;
+    o.prefetch_next = cu_op_prefetch_next;
     o.rope_kv_write = cu_op_rope_kv_write;
     o.kvq_write = cu_op_kvq_write;
     o.kvq_attention = cu_op_kvq_attention;

@@ -41,7 +41,7 @@ typedef void (*cu_launch_fn)(be_ctx *c, const struct cu_rec *r);
 typedef struct cu_rec {
     cu_launch_fn fn;
     const void *p[16];  /* device pointers */
-    int64_t i[14];      /* sizes, dtypes, flags */
+    int64_t i[16];      /* sizes, dtypes, flags */
     float f[3];
 } cu_rec;
 
@@ -64,6 +64,10 @@ typedef struct cu_graph {
 struct be_ctx {
     int device;
     int n_sm;                /* multiprocessors */
+    int l2_bytes;            /* the L2 cache */
+    const void *pf_w[2];     /* prefetch_next's matrices (a prefix of each: pf_bytes), for the next GEMV launch to take */
+    int64_t pf_bytes[2];
+    int l2_next;             /* eighths of L2 prefetch_next may fill (CINFER_CUDA_L2_NEXT=0..8; default 4) */
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;           /* [32 MiB] cuBLAS workspace (fixed: graph capture needs it) */
@@ -204,6 +208,7 @@ void cu_op_matmul_multi(be_ctx *c, const float *x, int n, int count, const be_ma
 void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, float w_add, float eps, float *xn, int count,
                        const be_mat *const *w, const be_mat *const *bias, float *const *y, int glu);
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp);
+void cu_op_prefetch_next(be_ctx *c, int count, const be_mat *const *w);
 void cu_op_rmsnorm(be_ctx *c, const float *x, int n, int dim, const be_mat *w, float w_add, float eps, float *y);
 void cu_op_rope(be_ctx *c, float *x, int n, int heads, int hd, int rot, const int *pos, const float *inv_freq, int neox);
 void cu_op_glu(be_ctx *c, const float *gate, const float *up, float *out, size_t n, int act);

@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
     if (st.prefetch && seg == 0 && lane == 0) gemv_prefetch<WT>(st, rpg, warp / ks, k);
     float4 nw[GEMV_NORM_PER];
     if (st.norm) gemv_norm_fetch(st, k, nw);
+    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<N>(st, x, k, xs, red, 0, nw);
@@ -360,6 +361,7 @@ static void l_matmul_multi(be_ctx *c, const cu_rec *r) {
     st.norm_dt = (int)r->i[12];
     st.norm_add = r->f[0];
     st.eps = r->f[1];
+    for (int i = 0; i < 2; i++) st.pf[i] = (const char *)r->p[11 + i], st.pf_bytes[i] = (unsigned)r->i[14 + i];
     int dt = (int)r->i[2], k = (int)r->i[1];
     if (be_traits((be_dtype)dt)->affine) {   /* i[13]: group | scale dtype << 16 */
         st.group = (int)(r->i[13] & 0xffff);
@@ -425,6 +427,7 @@ static void submit_multi(be_ctx *c, const float *x, int n, int count, const be_m
         r.i[4 + i] = w[i]->rows;
         r.i[7 + i] = bias[i] ? bias[i]->dt : 0;
     }
+    for (int i = 0; i < 2; i++) r.p[11 + i] = c->pf_bytes[i] ? c->pf_w[i] : NULL, r.i[14 + i] = c->pf_bytes[i];   /* p[11..12], i[14..15]: the L2 hint */
     cu_submit(c, &r);
 }
 
@@ -530,6 +533,18 @@ void cu_op_norm_matmul(be_ctx *c, const float *x, int n, const be_mat *norm, flo
     }
     cu_op_matmul_multi(c, xn, n, count, w, bias, y);
     if (glu) cu_op_glu(c, y[0], y[1], y[0], (size_t)n * w[0]->rows, glu);
+}
+
+/* prefetch_next: a prefix of each matrix (of its codes, for affine ones), together at most l2_next eighths of L2,
+ * for the next record to take if it is a GEMV launch (submit_multi; cu_submit drops the hint at every record) */
+void cu_op_prefetch_next(be_ctx *c, int count, const be_mat *const *w) {
+    for (int i = 0; i < 2; i++) {
+        const be_mat *m = i < count ? w[i] : NULL;
+        const int64_t bytes = m && m->dev ? m->rows * m->cols * be_traits(m->dt)->bits / 8 : 0,
+                      most = (int64_t)c->l2_bytes * c->l2_next / 8 / (count > 0 ? count : 1);
+        c->pf_w[i] = m ? m->dev : NULL;
+        c->pf_bytes[i] = (bytes < most ? bytes : most) & ~(int64_t)15;
+    }
 }
 
 void cu_op_matmul_add(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, float *tmp) {

@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     float4 nw[GEMV_NORM_PER];
     if (st.norm) gemv_norm_fetch(st, k, nw);
+    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
     PDL_ENTRY();
     aff_x_in<N>(st, x, k, xs, red, nw);
     const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
@@ -409,6 +410,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);   /* weights: no wait on the kernel before */
     float4 nw[GEMV_NORM_PER];
     if (st.norm) gemv_norm_fetch(st, k, nw);
+    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
     PDL_ENTRY();
     AFR_TRACE(1);
     aff_x_in<1>(st, x, k, xs, red, nw);
@@ -651,6 +653,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, ng, rowb, ring);   /* weights: no wait on the kernel before */
     float4 nw[GEMV_NORM_PER];
     if (st.norm) gemv_norm_fetch(st, k, nw);
+    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<1>(st, x, k, xs, red, 0, nw);

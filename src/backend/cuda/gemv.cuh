@@ -34,6 +34,8 @@ typedef struct gemv_set {
     float norm_add, eps;
     const void *sc[3], *bi[3];   /* affine weights (k_gemv_aff): per-group scales and biases of each matrix */
     int sdt, group, gshift;      /* their dtype, group size (one for the set) and its log2 */
+    const char *pf[2];           /* prefetch_next's hint: bytes [0, pf_bytes) of each into L2 before the wait */
+    unsigned pf_bytes[2];
 } gemv_set;
 
 #define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
@@ -103,6 +105,19 @@ __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, fl
         }
         __syncthreads();   /* red is reused by the next row; xs complete */
     }
+}
+
+/* the set's L2 hint (prefetch_next: the matrices read after this launch, e.g. gate/up after o_proj), issued before
+ * the wait on the kernel before (the attention, whose reads leave DRAM idle) in chunks spread over the grid's blocks */
+__device__ __forceinline__ void gemv_l2_ahead(const gemv_set &st) {
+    constexpr unsigned CH = 16u << 10;
+    const unsigned t = threadIdx.x * gridDim.x + blockIdx.x, nt = gridDim.x * blockDim.x;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+        for (unsigned i = t; i < (st.pf_bytes[m] + CH - 1) / CH; i += nt) {
+            const unsigned len = (st.pf_bytes[m] - i * CH < CH ? st.pf_bytes[m] - i * CH : CH) & ~15u;
+            if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(st.pf[m] + (size_t)i * CH), "r"(len) : "memory");
+        }
 }
 
 template <int N> __device__ __forceinline__ void warp_sum(float *acc) {
