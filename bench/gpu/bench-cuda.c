@@ -377,7 +377,10 @@ static int argmax(const float *x, int n) {
  * Stop, for `ncu --profile-from-start off --graph-profiling node`; no
  * ceilings, prefill or timing. */
 #ifdef CINFER_CUDA_TRACE
-int cu_afr_trace(unsigned cap, unsigned long long *host, unsigned *n);   /* gemv-affine.cu */
+/* each traced file's timeline (cuda.cuh's CU_TRACE_HOST) */
+int cu_trace_gemv(unsigned cap, unsigned long long *host, unsigned *n);
+int cu_trace_attn(unsigned cap, unsigned long long *host, unsigned *n);
+int cu_trace_rope(unsigned cap, unsigned long long *host, unsigned *n);
 #endif
 static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
     for (int i = 0; i < NP; i++) ids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
@@ -386,21 +389,27 @@ static int profile_step(cinfer_ctx *ctx, int32_t *ids, int NP, int V) {
     for (int i = 0; i < 4 && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
     cudaDeviceSynchronize();
 #ifdef CINFER_CUDA_TRACE
-    /* BENCH_TRACE=FILE (a build with -DCINFER_CUDA_TRACE, bench/gpu/trace.sh): the ring GEMV's block timeline of
-     * two steps, as text lines "globaltimer clock64 tag" */
+    /* BENCH_TRACE=FILE (a build with -DCINFER_CUDA_TRACE, bench/gpu/trace.sh): the traced kernels' block timeline
+     * of two steps, as text lines "globaltimer clock64 tag" (bench/gpu/trace-sum.py reads them) */
     const char *trf = getenv("BENCH_TRACE");
+    int (*const tr[3])(unsigned, unsigned long long *, unsigned *) = {cu_trace_gemv, cu_trace_attn, cu_trace_rope};
     unsigned cap = 1u << 20;
-    if (trf && cu_afr_trace(cap, NULL, NULL)) return fprintf(stderr, "trace: no buffer\n"), 1;
+    for (int t = 0; trf && t < 3; t++)
+        if (tr[t](cap, NULL, NULL)) return fprintf(stderr, "trace: no buffer\n"), 1;
     for (int i = 0; trf && i < 2 && !bad; i++) bad = ctx_eval_greedy(ctx, &tok, 1, &tok);
     if (trf && !bad) {
         unsigned long long *ev = malloc((size_t)cap * 16);
-        unsigned n = cap;
         FILE *f = fopen(trf, "w");
-        if (!ev || !f || cu_afr_trace(0, ev, &n)) return fprintf(stderr, "trace: read back failed\n"), 1;
-        for (unsigned i = 0; i < n; i++) fprintf(f, "%llu %llu %llu\n", ev[2 * i], ev[2 * i + 1] >> 32, ev[2 * i + 1] & 0xffffffffu);
+        unsigned all = 0;
+        for (int t = 0; t < 3; t++) {
+            unsigned n = cap;
+            if (!ev || !f || tr[t](0, ev, &n)) return fprintf(stderr, "trace: read back failed\n"), 1;
+            for (unsigned i = 0; i < n; i++) fprintf(f, "%llu %llu %llu\n", ev[2 * i], ev[2 * i + 1] >> 32, ev[2 * i + 1] & 0xffffffffu);
+            all += n;
+        }
         fclose(f);
         free(ev);
-        fprintf(stderr, "trace: %u events in %s\n", n, trf);
+        fprintf(stderr, "trace: %u events in %s\n", all, trf);
         return 0;
     }
 #endif

@@ -36,7 +36,7 @@ template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
  * part) merged with its slices' (cluster: after a cluster barrier, from the peers' shared memory;
  * else by the last block to arrive, through part: dec_merge). wt_, lt_: DEC_GMAX x DEC_SMAX floats of
  * shared scratch. */
-template <int HD, bool CL>
+template <int HD, bool CL, int T>
 __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H, int kvh, int n_kv, int valid, const float *part,
                                          float *mrun, float *lrun, float *osh, float *wt_, float *lt_, int *cnt, float *out) {
     int tid = threadIdx.x;
@@ -44,7 +44,7 @@ __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H
                  * from every block's shared memory, all of an output's loads issued together */
         cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
         cl.sync();
-        for (int e = s * DEC_THREADS + tid; e < g * HD; e += nsplit * DEC_THREADS) {
+        for (int e = s * T + tid; e < g * HD; e += nsplit * T) {
             int h = e / HD;
             float ms[DEC_CMAX], ls[DEC_CMAX], os[DEC_CMAX], M = -INFINITY;
 #pragma unroll
@@ -70,7 +70,7 @@ __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H
         cl.sync();   /* every block's shared memory stays until all have read it */
         return;
     }
-    dec_merge<HD, DEC_GMAX, DEC_GMAX * DEC_SMAX, DEC_THREADS>(part, nsplit, g, bi, H, kvh, n_kv, valid, wt_, lt_, lt_ + DEC_GMAX, cnt, out);
+    dec_merge<HD, DEC_GMAX, DEC_GMAX * DEC_SMAX, T>(part, nsplit, g, bi, H, kvh, n_kv, valid, wt_, lt_, lt_ + DEC_GMAX, cnt, out);
 }
 
 
@@ -101,13 +101,14 @@ __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H
  * two-round form with these scores had taken 2.1% off one head's score
  * per thread and a round of loads per output column. The grid depends on the capacity
  * only, so a captured decode graph stays valid as positions advance. */
-template <int HD, bool CL, typename KT>
-__global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, const KT *K, const KT *V, int L, int H, int n_kv,
+template <int HD, bool CL, typename KT, int T>
+__global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, const KT *V, int L, int H, int n_kv,
                                                               const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
                                                               const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
                                                               int chunk, float *part, int *cnt, float *out) {
+    CU_TRACE(0, CU_TRACE_ATTN);
     constexpr int C = DEC_SUB, RV = HD / 8, PAD = HD + 8;   /* PAD: rows 16 bytes apart in banks */
-    constexpr int LOADS = (C * RV + DEC_THREADS - 1) / DEC_THREADS, HSTEP = DEC_THREADS / HD > 0 ? DEC_THREADS / HD : 1;
+    constexpr int LOADS = (C * RV + T - 1) / T, HSTEP = T / HD > 0 ? T / HD : 1;
     __shared__ __align__(16) KT ks[C * PAD];
     __shared__ __align__(16) KT vs[C * HD];
     __shared__ __align__(16) float qs[DEC_GMAX * HD];
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
     int64_t rowu[LOADS];   /* pool row of each load's key (-1: none) */
 #pragma unroll
     for (int u = 0; u < LOADS; u++) {   /* rows of earlier steps: no wait needed */
-        int e = tid + u * DEC_THREADS, j = j0 + e / RV, pos = valid && j < j1 ? cu_span_key(sp, j) : -1;
+        int e = tid + u * T, j = j0 + e / RV, pos = valid && j < j1 ? cu_span_key(sp, j) : -1;
         rowu[u] = pos >= 0 ? cu_kv_row(ptr, sh, n_kv, kvh, pos) : -1;
         if (j < j0 + C && pos >= 0 && pos < first && rowu[u] >= 0) {
             kr[u] = ((const uint4 *)(K + (size_t)rowu[u] * HD))[e % RV];
@@ -134,11 +135,12 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
         }
     }
     PDL_ENTRY();
+    CU_TRACE(1, CU_TRACE_ATTN);
     const size_t pstride = (size_t)nsplit * (HD + 2);
     float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
     if (valid && j0 < j1) {
         const float *qg = q + ((size_t)bi * H + (size_t)kvh * g) * HD;
-        for (int e = tid; e < g * HD; e += DEC_THREADS) qs[e] = qg[e] * scale;
+        for (int e = tid; e < g * HD; e += T) qs[e] = qg[e] * scale;
         if (tid < DEC_GMAX) { mrun[tid] = -INFINITY; lrun[tid] = 0.0f; }
         float acc[DEC_GMAX];
 #pragma unroll
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
         int d = tid % HD, h0 = tid / HD;
 #pragma unroll
         for (int u = 0; u < LOADS; u++) {   /* the first piece's rows of this step (written by the kernel before) */
-            int e = tid + u * DEC_THREADS, j = j0 + e / RV;
+            int e = tid + u * T, j = j0 + e / RV;
             if (j < min(j1, j0 + C)) {
                 int pos = cu_span_key(sp, j);
                 int64_t row = rowu[u];
@@ -161,19 +163,20 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
             int n = min(C, j1 - jb);
 #pragma unroll
             for (int u = 0; u < LOADS; u++) {
-                int e = tid + u * DEC_THREADS;
+                int e = tid + u * T;
                 if (e < n * RV) {
                     *(uint4 *)&ks[(e / RV) * PAD + (e % RV) * 8] = kr[u];
                     *(uint4 *)&vs[e * 8] = vr[u];
                 }
             }
             __syncthreads();
+            if (jb == j0) CU_TRACE(2, CU_TRACE_ATTN);   /* q and the first piece's rows in shared memory */
             /* the next piece's rows into the registers now, in flight while this piece is computed */
             if (jb + C < j1) {
                 int jn = jb + C, nn = min(C, j1 - jn);
 #pragma unroll
                 for (int u = 0; u < LOADS; u++) {
-                    int e = tid + u * DEC_THREADS, j = jn + e / RV;
+                    int e = tid + u * T, j = jn + e / RV;
                     if (j < jn + nn) {
                         int64_t row = cu_kv_row(ptr, sh, n_kv, kvh, cu_span_key(sp, j));
                         if (row < 0) row = 0;
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                 }
             }
             {   /* scores: thread = key tid % C for heads tid / C + HS * i; the key row read once, the heads' sums interleaved */
-                constexpr int HS = DEC_THREADS / C, NH = DEC_GMAX / HS;
+                constexpr int HS = T / C, NH = DEC_GMAX / HS;
                 int j = tid % C, hb = tid / C;
                 float sc[NH];
 #pragma unroll
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
                     if (hb + HS * i < g) ps[hb + HS * i][j] = j < n ? sc[i] : -INFINITY;
             }
             __syncthreads();
-            for (int h = warp; h < g; h += DEC_THREADS / 32) {
+            for (int h = warp; h < g; h += T / 32) {
                 float a = ps[h][lane], c = ps[h][lane + 32], mo = mrun[h];
                 float m = fmaxf(fmaxf(a, c), mo);
 #pragma unroll
@@ -268,9 +271,12 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_decode(const float *q, con
             pbase[tid * pstride + 1] = 0.0f;
         }
     }
-    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, (float *)(void *)ks, &ps[0][0], (float *)(void *)ks, cnt,
+    CU_TRACE(4, CU_TRACE_ATTN);
+    dec_tail<HD, CL, T>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, (float *)(void *)ks, &ps[0][0], (float *)(void *)ks, cnt,
                      out);
+    CU_TRACE(3, CU_TRACE_ATTN);
 }
+CU_TRACE_HOST(cu_trace_attn)
 
 /* Tensor-core decode (from DEC_TC_SPAN keys): the same blocks, slices and partials as k_attn_decode, the
  * work inside a block on mma.sync. Each warp takes every fourth run of DEC_TK keys of the slice and
@@ -414,7 +420,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
         md[tid * ms] = -INFINITY;
         ld[tid * ms] = 0.0f;
     }
-    dec_tail<HD, CL>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, osh, wt, lt, cnt, out);
+    dec_tail<HD, CL, DEC_THREADS>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, osh, wt, lt, cnt, out);
 }
 
 /* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most
@@ -476,8 +482,9 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     unsigned cl = nsplit <= DEC_CMAX && c->cluster && !c->batch_inv ? (unsigned)nsplit : 0;
 #define DEC(HD, CL, KT) do { \
         if (!tc) \
-            cu_launch_cluster(c, cl, k_attn_decode<HD, CL, KT>, grid, dim3(DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, L, H, n_kv, \
-                              pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out); \
+            cu_launch_cluster(c, cl, c->dec_wide ? k_attn_decode<HD, CL, KT, 2 * DEC_THREADS> : k_attn_decode<HD, CL, KT, DEC_THREADS>, grid, \
+                              dim3(c->dec_wide ? 2 * DEC_THREADS : DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, L, H, n_kv, pt, n_pt, sh, \
+                              window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out); \
         else if (!cu_check(c, cudaFuncSetAttribute(k_attn_dec_tc<HD, CL, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                                                    (int)dec_tc_geo<HD>::SMEM), "decode attention: shared memory attribute")) \
             cu_launch_cluster(c, cl, k_attn_dec_tc<HD, CL, KT>, grid, dim3(DEC_THREADS), dec_tc_geo<HD>::SMEM, q, (const KT *)K, \

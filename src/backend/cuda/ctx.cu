@@ -304,6 +304,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->pdl = cf_knob_on("CINFER_CUDA_PDL");
     c->prefetch = cf_knob_on("CINFER_CUDA_PREFETCH");
     c->cluster = cf_knob_on("CINFER_CUDA_CLUSTER");
+    c->dec_wide = cf_knob_on("CINFER_CUDA_DEC_WIDE");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");

@@ -119,6 +119,7 @@ struct be_ctx {
     int prefetch;            /* a GEMV after a light kernel prefetches its weights (CINFER_CUDA_PREFETCH=0: off) */
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
+    int dec_wide;            /* the CUDA-core decode attention with 8 warps a block (CINFER_CUDA_DEC_WIDE=0: 4) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
@@ -294,6 +295,44 @@ static inline unsigned cu_blocks(size_t n, unsigned t) { return (unsigned)((n + 
 #define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define PDL_ENTRY() do { PDL_WAIT(); PDL_TRIGGER(); } while (0)
+
+/* A diagnostic timeline of kernels' blocks, compiled in only with -DCINFER_CUDA_TRACE (bench/gpu/trace.sh, bench-cuda
+ * BENCH_TRACE=FILE): thread 0 of a block records (globaltimer, clock64 << 32 | tag) at its start (ev 0), after its wait
+ * on the kernel before (1), after a prologue (2), at its end (3) and at a point of its own (4: the decode attention's
+ * merge of slices begins); tag = ev | block << 3 | kind << 16. Each file has
+ * its own buffer and counter (no separate compilation of device code): CU_TRACE_HOST(name) defines the host function
+ * name(cap, host, n) that gives them a buffer of cap events (cap > 0) or copies at most *n of them out (cap 0). */
+#ifdef CINFER_CUDA_TRACE
+static __device__ unsigned long long *cu_tr;
+static __device__ unsigned cu_trn, cu_trcap;
+__device__ __forceinline__ void cu_trace(int ev, unsigned kind) {
+    if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+    unsigned long long t, ck = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), i = atomicAdd(&cu_trn, 1u);
+    if (cu_tr && i < cu_trcap) cu_tr[2 * i] = t, cu_tr[2 * i + 1] = ck << 32 | (unsigned)(ev | (blk & 0x1fff) << 3 | kind << 16);   /* ev < 8 */
+}
+#define CU_TRACE(ev, kind) cu_trace(ev, kind)
+#define CU_TRACE_HOST(name)                                                                                                  \
+    extern "C" int name(unsigned cap, unsigned long long *host, unsigned *n) {                                               \
+        static unsigned long long *buf;                                                                                      \
+        unsigned zero = 0, got = 0;                                                                                          \
+        if (cap) {                                                                                                           \
+            if (!buf && cudaMalloc((void **)&buf, (size_t)cap * 16) != cudaSuccess) return 1;                                \
+            return cudaMemcpyToSymbol(cu_tr, &buf, sizeof buf) != cudaSuccess ||                                             \
+                   cudaMemcpyToSymbol(cu_trcap, &cap, sizeof cap) != cudaSuccess ||                                          \
+                   cudaMemcpyToSymbol(cu_trn, &zero, sizeof zero) != cudaSuccess;                                            \
+        }                                                                                                                    \
+        if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&got, cu_trn, sizeof got) != cudaSuccess) return 1; \
+        *n = got < *n ? got : *n;                                                                                            \
+        return cudaMemcpy(host, buf, (size_t)*n * 16, cudaMemcpyDeviceToHost) != cudaSuccess;                                \
+    }
+#else
+#define CU_TRACE(ev, kind) ((void)0)
+#define CU_TRACE_HOST(name)
+#endif
+#define CU_TRACE_ROPE 0xfff0u   /* kinds of the traced kernels other than the ring GEMV's */
+#define CU_TRACE_ATTN 0xfff1u
 /* A kernel may instead trigger before it waits (its successor then starts
  * while this one waits) only when that successor reads, before its own wait,
  * nothing but staged inputs and memory written by earlier steps: it may run

@@ -434,6 +434,7 @@ void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, 
 __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int dt, int L, int H, int n_kv, int hd, int rot,
                           const int32_t *pt, int n_pt, int sh, const int *pos, const float *inv_freq, int neox, const int *pos0,
                           const int *len, const int *seq) {
+    CU_TRACE(0, CU_TRACE_ROPE);
     int h = blockIdx.x % n_kv, t = blockIdx.x / n_kv, b = t / L, i = t % L;
     int half = rot / 2, g = H / n_kv, npair = (g + 1) * half, nwork = npair + (hd - rot) + hd;
     int w = threadIdx.x;
@@ -445,6 +446,7 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
         sn = sinf(ang);
     }
     PDL_WAIT();
+    CU_TRACE(1, CU_TRACE_ROPE);
     int64_t slot = kv_slot(pt, n_pt, sh, n_kv, hd, b, i, h, pos0, len, seq);
     int store = slot >= 0;
     size_t off = store ? (size_t)slot : 0;
@@ -475,7 +477,10 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
             cu_kv_put(isv ? vc : kc, dt, off + d, val);
         }
     }
+    CU_TRACE(3, CU_TRACE_ROPE);
 }
+
+CU_TRACE_HOST(cu_trace_rope)
 
 static void l_rope_kv(be_ctx *c, const cu_rec *r) {
     unsigned blocks = (unsigned)(r->i[CU_A_B] * r->i[CU_A_L] * r->i[CU_A_NKV]);

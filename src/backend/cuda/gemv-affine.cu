@@ -360,39 +360,9 @@ __device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu
     cp_async_commit();
 }
 
-/* A diagnostic timeline of the ring kernel's blocks, compiled in only with -DCINFER_CUDA_TRACE (bench-cuda
- * BENCH_TRACE=FILE): thread 0 of each block records (globaltimer, clock64, tag) at its start, after the wait on the
- * kernel before, after the prologue (x, its digits) and at its end; tag = event | GLU << 2 | block << 3 | (k / 32) << 16 */
-#ifdef CINFER_CUDA_TRACE
-static __device__ unsigned long long *afr_tr;   /* [cap][2]: globaltimer, clock64 << 32 | tag */
-static __device__ unsigned afr_trn, afr_trcap;
-__device__ __forceinline__ void afr_trace(int ev, int glu, int k) {
-    if (threadIdx.x) return;
-    unsigned long long t, ck = clock64();
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    const unsigned i = atomicAdd(&afr_trn, 1u);
-    if (afr_tr && i < afr_trcap)
-        afr_tr[2 * i] = t, afr_tr[2 * i + 1] = ck << 32 | (unsigned)(ev | glu << 2 | blockIdx.x << 3 | (k / 32) << 16);
-}
-/* cap > 0: a buffer of cap events, the count reset; cap 0: copies the events (at most *n) to host, *n their count */
-extern "C" int cu_afr_trace(unsigned cap, unsigned long long *host, unsigned *n) {
-    static unsigned long long *buf;
-    unsigned zero = 0;
-    if (cap) {
-        if (!buf && cudaMalloc((void **)&buf, (size_t)cap * 16) != cudaSuccess) return 1;
-        return cudaMemcpyToSymbol(afr_tr, &buf, sizeof buf) != cudaSuccess || cudaMemcpyToSymbol(afr_trcap, &cap, sizeof cap) != cudaSuccess ||
-               cudaMemcpyToSymbol(afr_trn, &zero, sizeof zero) != cudaSuccess;
-    }
-    unsigned got = 0;
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(&got, afr_trn, sizeof got) != cudaSuccess) return 1;
-    if (got > *n) got = *n;
-    *n = got;
-    return cudaMemcpy(host, buf, (size_t)got * 16, cudaMemcpyDeviceToHost) != cudaSuccess;
-}
-#define AFR_TRACE(ev) afr_trace(ev, GLU, k)
-#else
-#define AFR_TRACE(ev) ((void)0)
-#endif
+/* the ring kernel's blocks in the diagnostic timeline (cuda.cuh's CU_TRACE): kind (k / 32) << 1 | GLU */
+#define AFR_TRACE(ev) CU_TRACE(ev, (unsigned)(k / 32) << 1 | GLU)
+CU_TRACE_HOST(cu_trace_gemv)
 
 template <int D, int GLU, int SDT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
