@@ -827,6 +827,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) if (!strcmp(SHAPES[i].name, argv[1])) s = &SHAPES[i];
     if (!s) { fprintf(stderr, "unknown shape %s\n", argv[1]); return 2; }
     int P = argc > 3 ? atoi(argv[3]) : 2048, G = argc > 4 ? atoi(argv[4]) : 128, NP = 128;
+    if (P < 1 || G < 1) { fprintf(stderr, "prefill_tokens and gen_tokens must be positive (got %d, %d)\n", P, G); return 2; }
     double copy_gbs = 0, gemm_tf = 0;
     const char *qv = getenv("BENCH_QUANT");
     if (qv && *qv && (sscanf(qv, "%d %d", &q_bits, &q_group) != 2 || q_bits < 2 || q_bits > 8 || q_group < 32)) {
@@ -855,7 +856,7 @@ int main(int argc, char **argv) {
     cinfer_ctx *ctx = NULL;
     if (cinfer_ctx_new(m, &co, &ctx, err, sizeof err)) { fprintf(stderr, "ctx: %s\n", err); return 1; }
     int V = c->n_vocab;
-    int32_t *ids = malloc(sizeof(int32_t) * P);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(P > NP ? P : NP));   /* the prefill's P tokens, the decode benches' NP-token prompt */
     if (getenv("BENCH_PROFILE")) return profile_step(ctx, ids, NP, V);
     const char *agg = getenv("BENCH_AGG"), *lng = getenv("BENCH_LONG");
     const char *sc = getenv("BENCH_SCORE"), *kvq = getenv("BENCH_KVQ");
@@ -870,7 +871,7 @@ int main(int argc, char **argv) {
     }
     float *lg = malloc(sizeof(float) * V);
     uint64_t x = 12345;
-    for (int i = 0; i < P; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((x >> 33) % V); }
+    for (int i = 0; i < (P > NP ? P : NP); i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((x >> 33) % V); }
     /* prefill: one warm-up, then the median of 5 */
     double tp[5];
     int bad = 0;
