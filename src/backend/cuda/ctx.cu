@@ -333,6 +333,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     bad = bad || cu_check(c, cudaGetDevice(&c->device), "cudaGetDevice");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device), "device attributes");
     bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, c->device), "device attributes");
+    bad = bad || cu_check(c, cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device), "device attributes");
     bad = bad || cu_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
     bad = bad || cu_check_blas(c, cublasCreate(&c->blas), "cublasCreate");
     bad = bad || cu_check(c, cudaMalloc(&c->blas_ws, BLAS_WS_BYTES), "cuBLAS workspace");

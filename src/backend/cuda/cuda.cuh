@@ -65,6 +65,7 @@ struct be_ctx {
     int device;
     int n_sm;                /* multiprocessors */
     int l2_bytes;            /* the L2 cache */
+    int smem_optin;          /* shared memory a block may opt in to */
     const void *pf_w[2];     /* prefetch_next's matrices (a prefix of each: pf_bytes), for the next GEMV launch to take */
     int64_t pf_bytes[2];
     int l2_next;             /* eighths of L2 prefetch_next may fill (CINFER_CUDA_L2_NEXT=0..8; default 4) */

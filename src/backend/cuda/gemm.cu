@@ -126,8 +126,7 @@ __device__ void gemv_prefetch(const gemv_set &st, int rpg, int wrow, int k) {
         row += wrow;
         if (row >= st.m[mi]) continue;
         for (int h = 0; h < (st.glu ? 2 : 1); h++) {
-            const char *p = (const char *)st.w[st.glu ? h : mi] + (size_t)row * bytes;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+            cu_l2_prefetch((const char *)st.w[st.glu ? h : mi] + (size_t)row * bytes, bytes);
         }
     }
 }
@@ -142,8 +141,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv(ge
     constexpr int V = 16 / sizeof(WT);
     if (st.prefetch && seg == 0 && lane == 0) gemv_prefetch<WT>(st, rpg, warp / ks, k);
     float4 nw[GEMV_NORM_PER];
-    if (st.norm) gemv_norm_fetch(st, k, nw);
-    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
+    gemv_before_wait(st, k, nw);
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<N>(st, x, k, xs, red, 0, nw);

@@ -226,8 +226,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     extern __shared__ float xs[];   /* [N][xs_row(k, 1)]: the normed or copied activations; then [N][k/V] their pieces' sums */
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     float4 nw[GEMV_NORM_PER];
-    if (st.norm) gemv_norm_fetch(st, k, nw);
-    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
+    gemv_before_wait(st, k, nw);
     PDL_ENTRY();
     aff_x_in<N>(st, x, k, xs, red, nw);
     const int nu = k / V, ng = k / st.group, xrow = xs_row(k, 1), rpg = GEMV_WARPS * RW, gsh = st.gshift;
@@ -379,8 +378,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     int qi = 0;   /* the stage of the next item to issue */
     for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);   /* weights: no wait on the kernel before */
     float4 nw[GEMV_NORM_PER];
-    if (st.norm) gemv_norm_fetch(st, k, nw);
-    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
+    gemv_before_wait(st, k, nw);
     PDL_ENTRY();
     AFR_TRACE(1);
     aff_x_in<1>(st, x, k, xs, red, nw);
@@ -622,8 +620,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) k_gemv_aff_tc(gemv_set st,
     unsigned qi = 0;   /* the stage of the next item to issue */
     for (; qi < D - 1; qi++) aft_issue<D, GLU>(src, st, qi, nper, s0, g, t, gpl, ssz, ng, rowb, ring);   /* weights: no wait on the kernel before */
     float4 nw[GEMV_NORM_PER];
-    if (st.norm) gemv_norm_fetch(st, k, nw);
-    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
+    gemv_before_wait(st, k, nw);
     PDL_ENTRY();
     if (st.norm) {
         gemv_norm_prologue<1>(st, x, k, xs, red, 0, nw);
@@ -688,12 +685,10 @@ static void aff_go(be_ctx *c, void (*kern)(gemv_set, const float *, int), unsign
                    const gemv_set &st, const float *x, int k) {
     /* one instance launches with different amounts (k differs between matrices): its limit is the device's, not this
      * launch's, so that a graph node captured with more than the last launch set still launches (as ncu replays it) */
-    int most_smem = 0;
     cudaFuncAttributes fa;
     if (smem > 48 * 1024 &&
-        (cu_check(c, cudaDeviceGetAttribute(&most_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device), "gemv smem") ||
-         cu_check(c, cudaFuncGetAttributes(&fa, kern), "gemv smem") ||
-         cu_check(c, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most_smem - (int)fa.sharedSizeBytes),
+        (cu_check(c, cudaFuncGetAttributes(&fa, kern), "gemv smem") ||
+         cu_check(c, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_optin - (int)fa.sharedSizeBytes),
                   "gemv smem")))
         return;
     if (groups) {

@@ -107,6 +107,11 @@ __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, fl
     }
 }
 
+/* bytes at p (16-byte aligned, a multiple of 16) into L2, one bulk prefetch */
+__device__ __forceinline__ void cu_l2_prefetch(const void *p, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 /* the set's L2 hint (prefetch_next: the matrices read after this launch, e.g. gate/up after o_proj), issued before
  * the wait on the kernel before (the attention, whose reads leave DRAM idle) in chunks spread over the grid's blocks */
 __device__ __forceinline__ void gemv_l2_ahead(const gemv_set &st) {
@@ -116,8 +121,15 @@ __device__ __forceinline__ void gemv_l2_ahead(const gemv_set &st) {
     for (int m = 0; m < 2; m++)
         for (unsigned i = t; i < (st.pf_bytes[m] + CH - 1) / CH; i += nt) {
             const unsigned len = (st.pf_bytes[m] - i * CH < CH ? st.pf_bytes[m] - i * CH : CH) & ~15u;
-            if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(st.pf[m] + (size_t)i * CH), "r"(len) : "memory");
+            if (len) cu_l2_prefetch(st.pf[m] + (size_t)i * CH, len);
         }
+}
+
+/* what a GEMV kernel does before its wait on the kernel before (neither depends on it): the norm's weights into
+ * nw (gemv_norm_fetch, for gemv_norm_prologue) and the set's L2 hint */
+__device__ __forceinline__ void gemv_before_wait(const gemv_set &st, int k, float4 *nw) {
+    if (st.norm) gemv_norm_fetch(st, k, nw);
+    if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
 }
 
 template <int N> __device__ __forceinline__ void warp_sum(float *acc) {
