@@ -50,7 +50,7 @@ ifneq ($(CU_SRC),)
   OBJ += $(CU_OBJ)
   CFLAGS += -DCINFER_CUDA=1
   LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
-  NVFLAGS = -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr
+  NVFLAGS = -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xcompiler -fPIC --expt-relaxed-constexpr $(NVDEFS)
 endif
 endif
 

@@ -8,10 +8,11 @@
 # libstdc++ and the GPU machine's libcublas.
 set -e
 cd "$(dirname "$0")/../.."
-B=build-gpu
+# B (default build-gpu): the folder; DEFS: extra -D flags for the CUDA and C sources (bench/gpu/trace.sh's)
+B=${B:-build-gpu}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-make CUDA=1 BUILD=$B -j2 $B/libcinfer.a >/dev/null
-CF="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc -DCINFER_CUDA=1 -I/usr/include/x86_64-linux-gnu/openblas-pthread $(pkg-config --cflags jansson libpcre2-8 libutf8proc)"
+make CUDA=1 BUILD=$B NVDEFS="$DEFS" -j2 $B/libcinfer.a >/dev/null
+CF="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc -DCINFER_CUDA=1 $DEFS -I/usr/include/x86_64-linux-gnu/openblas-pthread $(pkg-config --cflags jansson libpcre2-8 libutf8proc)"
 LIBS="$B/libcinfer.a $B/blas-shim.o -Wl,-Bstatic -ljansson -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic \
  -L$CUDA_HOME/lib64 -lcudart_static -lcublas -lcublasLt -lstdc++ -lpthread -ldl -lrt -lmvec -lm -Wl,-rpath,$CUDA_HOME/lib64"
 cc $(echo $CF) -c tests/gpu/blas-shim.c -o $B/blas-shim.o
