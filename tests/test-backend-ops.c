@@ -1131,6 +1131,67 @@ static void test_attention(void) {
     test_attention_many();
 }
 
+/* rope_kv_attend (rope_kv_write, then attention, in one op; CUDA: a decode's rope and KV write inside its attention
+ * kernel) on every attention case, q and k unrotated, the pools holding random older rows: the pools against the
+ * reference rope's rows written by be_ref_kv_write (one rounding step of the pool type; every other element as it
+ * was, bit for bit), out against be_ref_attention of the reference-rotated q over the pools the op wrote */
+static void test_attention_rope(void) {
+    if (!have((const void *)be->rope_kv_attend, "rope_kv_attend")) return;
+    for (size_t ci = 0; ci < sizeof ATT_CASES / sizeof *ATT_CASES; ci++) {
+        const att_case *t = &ATT_CASES[ci];
+        int T = t->B * t->L, hd = t->hd, rot = ci % 3 == 2 ? hd / 2 : hd, neox = ci % 2 == 0, *pos = malloc(sizeof(int) * T);
+        float *inv = malloc(sizeof(float) * (rot / 2));
+        for (int i = 0; i < rot / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rot);
+        for (int r = 0; r < T; r++) pos[r] = t->pos0[r / t->L] + r % t->L;
+        be_attn a = {.B = t->B, .L = t->L, .n_head = t->H, .n_kv_head = t->nkv, .head_dim = hd, .pos0 = t->pos0, .len = t->len,
+                     .window = t->window, .keep = t->keep, .run0 = t->run0, .scale = 1.0f / sqrtf((float)hd), .softcap = t->softcap,
+                     .pos = pos, .inv_freq = inv, .rot_dims = rot, .neox = neox};
+        if (t->softcap > 0) a.scale *= 8.0f;
+        be_dtype dt = (be_dtype)t->dt;
+        paged_layout ly;
+        paged_new(&ly, &a, t->page, &rng, be, bc);
+        size_t nq = (size_t)T * t->H * hd, nk = (size_t)T * t->nkv * hd, ne = paged_pool_elems(&a, &ly), words = words_of(ne, dt);
+        float *q = rnd(nq, 2.0f), *k = rnd(nk, 2.0f), *v = rnd(nk, 1.0f), *qr = malloc(nq * 4), *kr = malloc(nk * 4);
+        memcpy(qr, q, nq * 4);
+        memcpy(kr, k, nk * 4);
+        be_ref_rope(qr, T, t->H, hd, rot, pos, inv, neox);
+        be_ref_rope(kr, T, t->nkv, hd, rot, pos, inv, neox);
+        void *kref = pool_rand(ne, dt, 2.0f), *vref = pool_rand(ne, dt, 1.0f), *kd = malloc(words * 4), *vd = malloc(words * 4);
+        gbuf gq = gb_new(nq), gk = gb_new(nk), gv = gb_new(nk), gkc = gb_new(words), gvc = gb_new(words), go = gb_new(nq);
+        gb_put(&gq, q); gb_put(&gk, k); gb_put(&gv, v);
+        be->from_host(bc, gkc.p, kref, ne * be_dtype_size(dt));
+        be->from_host(bc, gvc.p, vref, ne * be_dtype_size(dt));
+        be->rope_kv_attend(bc, &a, gq.p, gk.p, gv.p, gkc.p, gvc.p, dt, go.p);
+        float *mask = calloc(ne, 4), *ones = malloc(nk * 4), *got = malloc(nq * 4), *ref = malloc(nq * 4);
+        for (size_t i = 0; i < nk; i++) ones[i] = 1.0f;
+        be_ref_kv_write(&a, ones, mask, BE_F32);   /* mask[e] = 1: the op writes element e */
+        be_ref_kv_write(&a, kr, kref, dt);
+        be_ref_kv_write(&a, v, vref, dt);
+        int guards = gb_get(&gkc, kd) & gb_get(&gvc, vd) & gb_get(&go, got), untouched = 1;
+        double ec = 0;
+        for (size_t e = 0; e < ne; e++)
+            for (int which = 0; which < 2; which++) {
+                const void *have_ = which ? vd : kd, *want = which ? vref : kref;
+                if (!mask[e]) { untouched &= bits(have_, dt, e) == bits(want, dt, e); continue; }
+                double d = fabs((double)be_kv_get(have_, dt, e) - be_kv_get(want, dt, e));
+                if (!(d <= ec)) ec = d;
+            }
+        be_ref_attention(&a, qr, kd, vd, dt, ref);
+        double e = relerr(got, ref, nq), tc = dt == BE_F32 ? 4e-4 : dt == BE_F16 ? 4e-3 : 3.2e-2;   /* a pool step at |k| < 2 */
+        int flash = on_cuda && (hd == 64 || hd == 128 || hd == 256) && t->L >= 16 && !(t->softcap > 0);
+        double tol = flash ? 6e-3 : 1e-4;   /* q rotated on the device: its last bits move scores of |q.k| up to ~20 */
+        CHECK(guards && untouched && ec <= tc && e <= tol,
+              "rope_kv_attend B=%d L=%d H=%d/%d hd=%d rot=%d %s page=%d window=%d keep=%d kv=%s: out err %.2e (tol %.0e), pool err "
+              "%.2e (tol %.0e), other slots %s, guards %s",
+              t->B, t->L, t->H, t->nkv, hd, rot, neox ? "neox" : "interleaved", t->page, t->window, t->keep, DTN[dt], e, tol, ec, tc,
+              untouched ? "as they were" : "WRITTEN", guards ? "intact" : "WRITTEN");
+        gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&gkc); gb_free(&gvc); gb_free(&go);
+        paged_free(&ly);
+        free(pos); free(inv); free(q); free(k); free(v); free(qr); free(kr); free(kref); free(vref); free(kd); free(vd);
+        free(mask); free(ones); free(got); free(ref);
+    }
+}
+
 
 /* ---------------------------------------------------------- quantized KV */
 
@@ -1490,6 +1551,7 @@ int main(void) {
     RUN(test_kv_write);
     RUN(test_rope_kv_write);
     RUN(test_attention);
+    RUN(test_attention_rope);
     RUN(test_kvq_write);
     RUN(test_kvq_attention);
 #ifdef CINFER_CUDA

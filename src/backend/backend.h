@@ -351,6 +351,10 @@ typedef struct be_ops {
      * then kv_write of k and v: one pass */
     void (*rope_kv_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,
                           be_dtype kv_dt);
+    /* optional: rope_kv_write, then the attention op over the pools into out — one pass where the backend can
+     * (CUDA: a decode step's rope and KV write inside its attention kernel); q and k are scratch after it */
+    void (*rope_kv_attend)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *k_cache, void *v_cache,
+                           be_dtype kv_dt, float *out);
     /* out[n] (host) = the scoring statistics above of each row of z[n][V] (backend memory) against
      * tgt[n] (host); base NULL: kld = 0; codes (backend memory, may be NULL): row i's 16-bit code
      * written at codes + i * code_stride (u16 elements) */

@@ -50,6 +50,10 @@ static void dense_update_attend(kv_cache *base, const be_attn *a, float *k, cons
     kv_dense *c = (kv_dense *)base;
     const be_ops *be = c->be;
     int T = a->B * a->L;
+    if (a->inv_freq && be->rope_kv_attend) {
+        be->rope_kv_attend(c->bc, a, q, k, v, c->k, c->v, c->dt, out);
+        return;
+    }
     if (a->inv_freq && be->rope_kv_write) {
         be->rope_kv_write(c->bc, a, q, k, v, c->k, c->v, c->dt);
     } else {

@@ -501,7 +501,8 @@ static void l_attention(be_ctx *c, const cu_rec *r) {
     c->light_prev = 1;
 }
 
-void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
+/* the attention op's record in r; 0 on failure (the context's status says) */
+static int attn_rec(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out, cu_rec *r) {
     /* flash rounds q and p to f16: not in batch-invariant mode, where a row must not depend on
      * whether its batch's padded length reaches 16 */
     /* softcapped scores (Gemma 2): the split-K kernel only */
@@ -522,21 +523,46 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
     int tc = cu_attn_decode_tc(c, span);
     int decode = !flash && !(a->softcap > 0) && cu_attn_decode_fits(a, dt, span, c->batch_inv ? 0 : c->dec_blocks * c->n_sm,
                                                                      c->batch_inv || !tc ? 0 : c->n_sm, c->slice_real, &chunk, &nsplit);
-    if (!flash && !cu_split_ws(c, a, nsplit)) return;
+    if (!flash && !cu_split_ws(c, a, nsplit)) return 0;
+    memset(r, 0, sizeof *r);
+    r->fn = l_attention;
+    r->p[0] = q;
+    r->p[1] = k;
+    r->p[2] = v;
+    r->p[3] = out;
+    cu_rec_attn(c, r, a, 4);
+    r->i[CU_A_OP] = dt;
+    r->i[CU_A_OP + 1] = flash ? ATT_FLASH : decode ? ATT_DECODE : ATT_SPLIT;
+    r->i[CU_A_OP + 2] = nsplit;
+    r->i[CU_A_OP + 3] = tc;
+    r->f[0] = a->scale;
+    r->f[1] = (float)chunk;
+    r->f[2] = a->softcap > 0 ? a->softcap : 0.0f;
+    return 1;
+}
+
+void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out) {
     cu_rec r;
-    memset(&r, 0, sizeof r);
-    r.fn = l_attention;
-    r.p[0] = q;
-    r.p[1] = k;
-    r.p[2] = v;
-    r.p[3] = out;
-    cu_rec_attn(c, &r, a, 4);
-    r.i[CU_A_OP] = dt;
-    r.i[CU_A_OP + 1] = flash ? ATT_FLASH : decode ? ATT_DECODE : ATT_SPLIT;
-    r.i[CU_A_OP + 2] = nsplit;
-    r.i[CU_A_OP + 3] = tc;
-    r.f[0] = a->scale;
-    r.f[1] = (float)chunk;
-    r.f[2] = a->softcap > 0 ? a->softcap : 0.0f;
+    if (attn_rec(c, a, q, k, v, dt, out, &r)) cu_submit(c, &r);
+}
+
+/* rope_kv_write then attention; where the decode kernel takes the rope and the write (cu_attn_decode_rope: one
+ * query a row on the CUDA-core kernel), one launch: q and k stay unrotated in their buffers, which the op
+ * leaves as scratch (H100, llama-3-8b 4-bit decode at 128-256 positions: the rope kernel and its hand-off took
+ * ~2.5 us a layer) */
+void cu_op_rope_kv_attend(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt,
+                          float *out) {
+    cu_rec r;
+    if (!attn_rec(c, a, q, kc, vc, dt, out, &r)) return;
+    if (r.i[CU_A_OP + 1] == ATT_DECODE && !r.i[CU_A_OP + 3] && cu_attn_decode_rope(c, a, (int)r.i[CU_A_OP + 2])) {
+        r.p[9] = k;
+        r.p[10] = v;
+        r.p[11] = cu_stage(c, a->pos, sizeof(int) * (size_t)a->B);
+        r.p[12] = cu_stage(c, a->inv_freq, sizeof(float) * (size_t)(a->rot_dims / 2));
+        r.i[CU_A_OP + 4] = a->rot_dims;
+        r.i[CU_A_OP + 5] = a->neox;
+    } else {
+        cu_op_rope_kv_write(c, a, q, k, v, kc, vc, dt);
+    }
     cu_submit(c, &r);
 }

@@ -31,6 +31,13 @@ __device__ __forceinline__ float2 dec_f2(const __nv_bfloat162 *p, int t) { retur
 template <typename KT> struct dec_pair;
 template <> struct dec_pair<__half> { typedef __half2 t; };
 template <> struct dec_pair<__nv_bfloat16> { typedef __nv_bfloat162 t; };
+/* two floats rounded to the pool's type (as cu_kv_put), a in the low half */
+__device__ __forceinline__ uint32_t dec_pack(float a, float b, __half) {
+    return (uint32_t)__half_as_ushort(__float2half_rn(a)) | (uint32_t)__half_as_ushort(__float2half_rn(b)) << 16;
+}
+__device__ __forceinline__ uint32_t dec_pack(float a, float b, __nv_bfloat16) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) | (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+}
 
 /* The end of a decode block: its partial (m, l in mrun, lrun; o in osh for a cluster, else already in
  * part) merged with its slices' (cluster: after a cluster barrier, from the peers' shared memory;
@@ -74,6 +81,44 @@ __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H
 }
 
 
+/* The rope and the KV write folded into the decode kernel (cu_op_rope_kv_attend, one query a row): q and
+ * the new k arrive unrotated (the q/k/v GEMV's output), every block rotates its q heads into shared memory and
+ * the block whose slice holds the new key (the last key of the span) first writes that row to the pools (8 dims
+ * a thread, from k and v in f32), then reads it as any other row after a barrier; no other block reads it.
+ * (Made in the threads that load it and kept in their registers instead, the kernel's main loop took twice the
+ * registers and ran at half the speed: H100, llama-3-8b 4-bit, 2.36 against 2.18 ms a step.) Rotation as
+ * k_rope_kv (the same angles and products), the pool's rounding as cu_kv_put. */
+struct dec_rope {
+    const float *k, *v;     /* [B][n_kv][hd] this step's k (unrotated) and v */
+    const int *pos;         /* [B] rope positions (staged) */
+    const float *inv;       /* [rot / 2] frequencies (staged) */
+    int rot, neox;
+};
+/* element d of x rotated at the angles (cs, sn) */
+__device__ __forceinline__ float dec_rot(const float *x, int d, const float *cs, const float *sn, int rot, int neox) {
+    if (d >= rot) return x[d];
+    const int half = rot / 2;
+    if (neox) return d < half ? x[d] * cs[d] - x[d + half] * sn[d] : x[d] * cs[d - half] + x[d - half] * sn[d - half];
+    const int j = d >> 1;
+    return d & 1 ? x[d] * cs[j] + x[d - 1] * sn[j] : x[d] * cs[j] - x[d + 1] * sn[j];
+}
+/* dims 8 c .. 8 c + 7 of this step's K and V rows of (row bi, kv head kvh), rotated and rounded to the pool's type,
+ * stored to the pools at pool row `row` */
+template <typename KT>
+__device__ __forceinline__ void dec_new_row(const dec_rope &ro, int bi, int kvh, int n_kv, int hd, int c, const float *cs,
+                                            const float *sn, int64_t row, KT *K, KT *V) {
+    const float *kx = ro.k + ((size_t)bi * n_kv + kvh) * hd, *vx = ro.v + ((size_t)bi * n_kv + kvh) * hd;
+    uint32_t kw[4], vw[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const int d = 8 * c + 2 * t;
+        kw[t] = dec_pack(dec_rot(kx, d, cs, sn, ro.rot, ro.neox), dec_rot(kx, d + 1, cs, sn, ro.rot, ro.neox), KT());
+        vw[t] = dec_pack(vx[d], vx[d + 1], KT());
+    }
+    ((uint4 *)(K + (size_t)row * hd))[c] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
+    ((uint4 *)(V + (size_t)row * hd))[c] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
+}
+
 /* Decode over a 16-bit pool: one block per (slice of keys, kv head, query),
  * serving all g q heads of the kv head, so each key and value row is read
  * once per step rather than g times. The slice is walked DEC_SUB keys at a
@@ -101,11 +146,11 @@ __device__ __forceinline__ void dec_tail(int s, int nsplit, int g, int bi, int H
  * two-round form with these scores had taken 2.1% off one head's score
  * per thread and a round of loads per output column. The grid depends on the capacity
  * only, so a captured decode graph stays valid as positions advance. */
-template <int HD, bool CL, typename KT, int T>
+template <int HD, bool CL, typename KT, int T, bool FUSE>
 __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, const KT *V, int L, int H, int n_kv,
                                                               const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
                                                               const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
-                                                              int chunk, float *part, int *cnt, float *out) {
+                                                              int chunk, float *part, int *cnt, float *out, dec_rope ro) {
     CU_TRACE(0, CU_TRACE_ATTN);
     constexpr int C = DEC_SUB, RV = HD / 8, PAD = HD + 8;   /* PAD: rows 16 bytes apart in banks */
     constexpr int LOADS = (C * RV + T - 1) / T, HSTEP = T / HD > 0 ? T / HD : 1;
@@ -114,6 +159,7 @@ __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, 
     __shared__ __align__(16) float qs[DEC_GMAX * HD];
     __shared__ float ps[DEC_GMAX][C];
     __shared__ float mrun[DEC_GMAX], lrun[DEC_GMAX], alpha[DEC_GMAX];
+    __shared__ float rcs[FUSE ? HD / 2 : 1], rsn[FUSE ? HD / 2 : 1];   /* FUSE: the rope's angles at this row's position */
     int s = blockIdx.x, kvh = blockIdx.y, bi = blockIdx.z, b = bi / L, i = bi % L;
     int g = H / n_kv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int first = pos0[b], p = first + i, valid = i < len[b];
@@ -134,14 +180,28 @@ __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, 
             vr[u] = ((const uint4 *)(V + (size_t)rowu[u] * HD))[e % RV];
         }
     }
+    if (FUSE) {   /* positions and frequencies are staged before the step */
+        for (int j = tid; j < ro.rot / 2; j += T) {
+            const float ang = (float)ro.pos[bi] * ro.inv[j];
+            rcs[j] = cosf(ang);
+            rsn[j] = sinf(ang);
+        }
+        __syncthreads();
+    }
     PDL_ENTRY();
     CU_TRACE(1, CU_TRACE_ATTN);
     const size_t pstride = (size_t)nsplit * (HD + 2);
     float *pbase = part + ((size_t)bi * H + (size_t)kvh * g) * pstride + (size_t)s * (HD + 2);   /* head h: + h * pstride */
     if (valid && j0 < j1) {
         const float *qg = q + ((size_t)bi * H + (size_t)kvh * g) * HD;
-        for (int e = tid; e < g * HD; e += T) qs[e] = qg[e] * scale;
+        for (int e = tid; e < g * HD; e += T)
+            qs[e] = (FUSE ? dec_rot(qg + e / HD * HD, e % HD, rcs, rsn, ro.rot, ro.neox) : qg[e]) * scale;
         if (tid < DEC_GMAX) { mrun[tid] = -INFINITY; lrun[tid] = 0.0f; }
+        if (FUSE && j1 == sp.n) {   /* the slice of the new key (key sp.n - 1, at position p): its row into the pools */
+            const int64_t row = cu_kv_row(ptr, sh, n_kv, kvh, p);
+            if (tid < RV && row >= 0) dec_new_row<KT>(ro, bi, kvh, n_kv, HD, tid, rcs, rsn, row, (KT *)K, (KT *)V);
+            __syncthreads();
+        }
         float acc[DEC_GMAX];
 #pragma unroll
         for (int h = 0; h < DEC_GMAX; h++) acc[h] = 0.0f;
@@ -451,6 +511,9 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
                            (long)a->B * a->L * a->n_kv_head);
     static_assert(DEC_SUB == CU_DEC_RUN && 4 * DEC_TK == CU_DEC_RUN, "slices in pieces, and in the four warps' runs");
     cu_dec_slices(span, want, tc_sm > 0 && real, chunk, nsplit);
+    /* the CUDA-core kernel (real: CINFER_CUDA_SLICE_REAL): the query's keys spread evenly over the bucket's slices, not
+     * in runs of 64 (at 129-192 keys of a 256 bucket: 4 slices of 33-48 keys instead of 64, 64, 1-64 and none) */
+    if (!tc_sm && real && *nsplit > 1) *chunk = -1;
     return 1;
 }
 
@@ -460,6 +523,13 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
  * against 6.65), always or never by CINFER_CUDA_DEC_TC */
 #define DEC_TC_SPAN 8192
 int cu_attn_decode_tc(const be_ctx *c, int span) { return c->dec_tc == 2 || (c->dec_tc == 1 && span >= DEC_TC_SPAN); }
+
+/* 1 when the CUDA-core decode kernel, which a decode of nsplit slices runs, also takes its rope and KV write
+ * (cu_op_rope_kv_attend): one query a row, not attn-many.cu's kernel, an even rot_dims (CINFER_CUDA_ROPE_FUSE=0: never) */
+int cu_attn_decode_rope(const be_ctx *c, const be_attn *a, int nsplit) {
+    return c->rope_fuse && a->L == 1 && a->inv_freq && a->rot_dims > 0 && a->rot_dims % 2 == 0 && a->rot_dims <= a->head_dim &&
+           !cu_attn_many_fits(c, a->B, a->n_kv_head, a->n_head / a->n_kv_head, nsplit);
+}
 
 /* the record of cu_op_attention (see l_attention there) */
 void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
@@ -472,6 +542,9 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     int sh = (int)r->i[CU_A_PSH], n_pt = (int)r->i[CU_A_NPT], window = (int)r->i[CU_A_WIN], keep = (int)r->i[CU_A_KEEP];
     int bf = r->i[CU_A_OP] == BE_BF16, nsplit = (int)r->i[CU_A_OP + 2], tc = (int)r->i[CU_A_OP + 3], chunk = (int)r->f[1];
     float scale = r->f[0];
+    /* cu_op_rope_kv_attend's record: the rope and the KV write in the kernel (cu_attn_decode_rope said it takes them) */
+    const dec_rope ro = {(const float *)r->p[9], (const float *)r->p[10], (const int *)r->p[11], (const float *)r->p[12],
+                         (int)r->i[CU_A_OP + 4], (int)r->i[CU_A_OP + 5]};
     if (cu_attn_many_fits(c, B * L, n_kv, H / n_kv, nsplit)) {   /* one slice each: attn-many.cu's kernel */
         cu_attn_many_launch(c, r);
         return;
@@ -482,9 +555,10 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     unsigned cl = nsplit <= DEC_CMAX && c->cluster && !c->batch_inv ? (unsigned)nsplit : 0;
 #define DEC(HD, CL, KT) do { \
         if (!tc) \
-            cu_launch_cluster(c, cl, c->dec_wide ? k_attn_decode<HD, CL, KT, 2 * DEC_THREADS> : k_attn_decode<HD, CL, KT, DEC_THREADS>, grid, \
-                              dim3(c->dec_wide ? 2 * DEC_THREADS : DEC_THREADS), 0, q, (const KT *)K, (const KT *)V, L, H, n_kv, pt, n_pt, sh, \
-                              window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, c->cnt, out); \
+            cu_launch_cluster(c, cl, ro.k ? k_attn_decode<HD, CL, KT, 2 * DEC_THREADS, true> : c->dec_wide ? k_attn_decode<HD, CL, KT, 2 * DEC_THREADS, false> \
+                              : k_attn_decode<HD, CL, KT, DEC_THREADS, false>, grid, dim3(ro.k || c->dec_wide ? 2 * DEC_THREADS : DEC_THREADS), 0, q, \
+                              (const KT *)K, (const KT *)V, L, H, n_kv, pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, \
+                              c->part, c->cnt, out, ro); \
         else if (!cu_check(c, cudaFuncSetAttribute(k_attn_dec_tc<HD, CL, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                                                    (int)dec_tc_geo<HD>::SMEM), "decode attention: shared memory attribute")) \
             cu_launch_cluster(c, cl, k_attn_dec_tc<HD, CL, KT>, grid, dim3(DEC_THREADS), dec_tc_geo<HD>::SMEM, q, (const KT *)K, \

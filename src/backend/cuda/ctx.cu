@@ -305,6 +305,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->prefetch = cf_knob_on("CINFER_CUDA_PREFETCH");
     c->cluster = cf_knob_on("CINFER_CUDA_CLUSTER");
     c->dec_wide = cf_knob_on("CINFER_CUDA_DEC_WIDE");
+    c->rope_fuse = cf_knob_on("CINFER_CUDA_ROPE_FUSE");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");
@@ -324,6 +325,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->am_last = c->am_pend = -1;
     const char *ad = getenv("CINFER_CUDA_AFR_D");
     c->afr_d = ad ? atoi(ad) : 0;
+    const char *aw = getenv("CINFER_CUDA_AFR_W");
+    c->afr_w = aw ? atoi(aw) : 16;
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
     c->afr_blocks = ab ? atoi(ab) : 0;
     const char *l2n = getenv("CINFER_CUDA_L2_NEXT");
@@ -618,6 +621,7 @@ static be_ops make_ops(void) {
     o.matmul_add = cu_op_matmul_add;
     o.prefetch_next = cu_op_prefetch_next;
     o.rope_kv_write = cu_op_rope_kv_write;
+    o.rope_kv_attend = cu_op_rope_kv_attend;
     o.kvq_write = cu_op_kvq_write;
     o.kvq_attention = cu_op_kvq_attention;
     return o;

@@ -121,6 +121,7 @@ struct be_ctx {
     int light_prev;          /* the last kernel launched moves little memory (decode attention) */
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
     int dec_wide;            /* the CUDA-core decode attention with 8 warps a block (CINFER_CUDA_DEC_WIDE=0: 4) */
+    int rope_fuse;           /* rope_kv_attend's rope and KV write inside that kernel (CINFER_CUDA_ROPE_FUSE=0: two launches) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
@@ -136,6 +137,7 @@ struct be_ctx {
     int aff_dp;              /* one token's 4-bit rows through gemv-affine.cu's integer form (default; CINFER_CUDA_AFF_DP=0 off) */
     int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
     int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 6 or 8; else 4) */
+    int afr_w;               /* its warps a block: 16 (default), one block an SM; CINFER_CUDA_AFR_W=8: GEMV_WARPS, two */
     /* argmax (elementwise.cu): three key slots of CU_AM_MAX rows on the device and their pinned copies; slots 0
      * and 1 alternate for kept results (chained greedy steps: a step's argmax stays on the device as the next
      * step's token and reaches the host through argmax_take), slot 2 serves the rest */
@@ -221,6 +223,8 @@ void cu_op_gather(be_ctx *c, const float *x, int dim, const int *rows, int n, fl
 void cu_op_kv_write(be_ctx *c, const be_attn *a, const float *src, void *cache, be_dtype dt);
 void cu_op_rope_kv_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt);
 void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k, const void *v, be_dtype dt, float *out);
+void cu_op_rope_kv_attend(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt,
+                          float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int *chunk, int *nsplit);
 int cu_attn_decode_tc(const be_ctx *c, int span);
@@ -255,6 +259,7 @@ void cu_affine_parts(const void *base, int64_t rows, int64_t cols, int bits, int
 /* gemm.cu: y = x . w^T (+ bias), or y += with acc, any stored type */
 void cu_matmul_op(be_ctx *c, const float *x, int n, const be_mat *w, const be_mat *bias, float *y, int acc);
 int cu_attn_many_fits(const be_ctx *c, int rows, int n_kv, int g, int nsplit);
+int cu_attn_decode_rope(const be_ctx *c, const be_attn *a, int nsplit);
 void cu_attn_many_launch(be_ctx *c, const cu_rec *r);
 /* quantized KV (kvquant.cu): be_ops.kvq_write and kvq_attention; prefill of the latter runs the flash
  * kernel with a dequantizing tile loader (attention.cu, record as kvquant.cu's) */

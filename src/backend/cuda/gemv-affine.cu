@@ -182,11 +182,11 @@ __device__ __forceinline__ void aff_dp_piece(const uint4 *q, const float *sc, co
 }
 
 /* xs[t] = the N tokens' activations (the rmsnorm prologue's output, or a copy) in xs_index's layout, rows xs_row apart */
-template <int N> __device__ __forceinline__ void aff_x_in(const gemv_set &st, const float *x, int k, float *xs, float *red, const float4 *nw) {
+template <int N, int W = GEMV_WARPS> __device__ __forceinline__ void aff_x_in(const gemv_set &st, const float *x, int k, float *xs, float *red, const float4 *nw) {
     if (st.norm) {
-        gemv_norm_prologue<N>(st, x, k, xs, red, 1, nw);
+        gemv_norm_prologue<N, W>(st, x, k, xs, red, 1, nw);
     } else {
-        for (int e = threadIdx.x * 4; e < N * k; e += GEMV_WARPS * 32 * 4)
+        for (int e = threadIdx.x * 4; e < N * k; e += W * 32 * 4)
             *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = *(const float4 *)(x + e);
         __syncthreads();
     }
@@ -194,12 +194,12 @@ template <int N> __device__ __forceinline__ void aff_x_in(const gemv_set &st, co
 
 /* one token's x (xs, xs_index's layout, k = 32 nu) -> each piece's sum of x (xp) and its digits over x (AFF_DPW
  * words a piece); the caller's barrier follows. k <= AFF_XS_MAX: at most DPP pieces a thread */
-__device__ __forceinline__ void aff_dp_digits(float *xs, int nu, float *xp) {
-    constexpr int DPP = AFF_XS_MAX / 32 / (GEMV_WARPS * 32);
+template <int W = GEMV_WARPS> __device__ __forceinline__ void aff_dp_digits(float *xs, int nu, float *xp) {
+    constexpr int DPP = AFF_XS_MAX / 32 / (W * 32);
     float v[DPP][32];
 #pragma unroll
     for (int p = 0; p < DPP; p++) {
-        const int e = threadIdx.x + p * GEMV_WARPS * 32;
+        const int e = threadIdx.x + p * W * 32;
         if (e >= nu) break;
         const float4 *v4 = (const float4 *)(xs + xs_index(e * 32, 1));
         float sum = 0.0f;
@@ -214,7 +214,7 @@ __device__ __forceinline__ void aff_dp_digits(float *xs, int nu, float *xp) {
     __syncthreads();   /* every thread holds its pieces: the digits go over x */
 #pragma unroll
     for (int p = 0; p < DPP; p++) {
-        const int e = threadIdx.x + p * GEMV_WARPS * 32;
+        const int e = threadIdx.x + p * W * 32;
         if (e < nu) aff_dp_make(v[p], (uint32_t *)xs + (size_t)e * AFF_DPW);
     }
 }
@@ -319,7 +319,7 @@ struct afr_src {
 /* the warp's rows in row group grp: matrix index, first row, rows (s: row of stream s, a row past the end: row 0) */
 template <int GLU> __device__ __forceinline__ int afr_rows(const gemv_set &st, int grp, int *row0, int *m, int *ra, int *rb) {
     constexpr int RW = GLU ? 1 : AFF_RW;
-    int mi = gemv_group(st, grp, GEMV_WARPS * RW, row0);
+    int mi = gemv_group(st, grp, (int)(blockDim.x >> 5) * RW, row0);   /* the block's warps: GEMV_WARPS, or 16 (afr_w) */
     *row0 += (threadIdx.x / 32) * RW;
     *m = st.m[mi];
     int a = *row0, b = GLU ? a : *row0 + 1;
@@ -363,10 +363,10 @@ __device__ __forceinline__ void afr_issue(afr_src &q, const gemv_set &st, int nu
 #define AFR_TRACE(ev) CU_TRACE(ev, (unsigned)(k / 32) << 1 | GLU)
 CU_TRACE_HOST(cu_trace_gemv)
 
-template <int D, int GLU, int SDT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
+template <int D, int GLU, int SDT, int W>
+__global__ void __launch_bounds__(W * 32, W == GEMV_WARPS ? GEMV_BLOCKS_PER_SM : 1) k_gemv_aff_ring(gemv_set st, const float *x, int k) {
     constexpr int RW = GLU ? 1 : AFF_RW, SSZ = SDT == BE_F32 ? 4 : 2;
-    __shared__ float red[GEMV_WARPS];
+    __shared__ float red[W];
     extern __shared__ float xs[];   /* [xs_row(k, 1)]: x, then its digits; [k / 32] the pieces' sums of x; the warps' rings */
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nu = k / 32, ng = k >> st.gshift, gsh = st.gshift;
     float *xp = xs + xs_row(k, 1);
@@ -378,11 +378,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) k_gemv_af
     int qi = 0;   /* the stage of the next item to issue */
     for (; qi < D - 1; qi++) afr_issue<GLU, SSZ>(src, st, nu, ng, gsh, ring + qi * AFR_STAGE);   /* weights: no wait on the kernel before */
     float4 nw[GEMV_NORM_PER];
-    gemv_before_wait(st, k, nw);
+    gemv_before_wait<W>(st, k, nw);
     PDL_ENTRY();
     AFR_TRACE(1);
-    aff_x_in<1>(st, x, k, xs, red, nw);
-    aff_dp_digits(xs, nu, xp);
+    aff_x_in<1, W>(st, x, k, xs, red, nw);
+    aff_dp_digits<W>(xs, nu, xp);
     __syncthreads();
     AFR_TRACE(2);
     const uint32_t *dg = (const uint32_t *)xs;
@@ -682,7 +682,7 @@ template <int D> static size_t aff_tc_smem(int k, int group) {
 /* kern over the set with smem bytes of dynamic shared memory; with groups > 0 a persistent grid of as many blocks an
  * SM as fit (at most cap when cap > 0), else grid (the affine GEMV kernels' one launch path) */
 static void aff_go(be_ctx *c, void (*kern)(gemv_set, const float *, int), unsigned groups, int cap, dim3 grid, size_t smem,
-                   const gemv_set &st, const float *x, int k) {
+                   const gemv_set &st, const float *x, int k, int warps = GEMV_WARPS) {
     /* one instance launches with different amounts (k differs between matrices): its limit is the device's, not this
      * launch's, so that a graph node captured with more than the last launch set still launches (as ncu replays it) */
     cudaFuncAttributes fa;
@@ -693,12 +693,12 @@ static void aff_go(be_ctx *c, void (*kern)(gemv_set, const float *, int), unsign
         return;
     if (groups) {
         int per = 0;
-        if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, GEMV_WARPS * 32, smem), "gemv occupancy")) return;
+        if (cu_check(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, warps * 32, smem), "gemv occupancy")) return;
         if (cap > 0 && cap < per) per = cap;
         const unsigned most = (unsigned)c->n_sm * (unsigned)(per > 0 ? per : 1);
         grid = dim3(groups < most ? groups : most);
     }
-    cu_launch(c, kern, grid, dim3(GEMV_WARPS * 32), smem, st, x, k);
+    cu_launch(c, kern, grid, dim3(warps * 32), smem, st, x, k);
 }
 template <int D, int GLU, int SDT>
 static void aff_tc_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
@@ -724,30 +724,39 @@ static int aff_tc_takes(const be_ctx *c, int n, const gemv_set &st, int k) {
  * 1B 0.698 against 0.774. Depth 4 (CINFER_CUDA_AFR_D=2|3|6|8 forces another): same H100 call, A/B against 6 in one
  * process, 8B 2.442 against 2.500 ms, 1B 0.683 against 0.700. */
 #define AFR_D 4
-static size_t afr_smem(int k, int d) { return afr_ring_at(k, k / 32) + (size_t)GEMV_WARPS * d * AFR_STAGE; }
+static size_t afr_smem(int k, int d, int w) { return afr_ring_at(k, k / 32) + (size_t)w * d * AFR_STAGE; }
 static int afr_depth(const be_ctx *c) { return c->afr_d == 2 || c->afr_d == 3 || c->afr_d == 6 || c->afr_d == 8 ? c->afr_d : AFR_D; }
+/* its warps a block: 16, one block an SM (x and its digits made once an SM, by twice the threads), at depths 4 and 6
+ * (H100, A/B in one process: 8B 4-bit step 2.180 -> 2.135 ms, 1B 0.611 -> 0.604); CINFER_CUDA_AFR_W=8 (or another
+ * depth): GEMV_WARPS, two blocks an SM */
+static int afr_warps(const be_ctx *c) { return c->afr_w == 16 && (afr_depth(c) == 4 || afr_depth(c) == 6) ? 16 : GEMV_WARPS; }
 static int afr_takes(const be_ctx *c, const gemv_set &st, int count, int k) {
     const size_t ssz = st.sdt == BE_F32 ? 4 : 2;
-    if (!c->aff_ring || k > AFF_XS_MAX || k % 32 || (size_t)(k / st.group) * ssz % 16 || afr_smem(k, afr_depth(c)) > 227 * 1024) return 0;
+    if (!c->aff_ring || k > AFF_XS_MAX || k % 32 || (size_t)(k / st.group) * ssz % 16 || afr_smem(k, afr_depth(c), afr_warps(c)) > 227 * 1024)
+        return 0;
     for (int i = 0; i < (st.glu ? 2 : count); i++)
         if (((uintptr_t)st.w[i] | (uintptr_t)st.sc[i] | (uintptr_t)st.bi[i]) & 15) return 0;
     return 1;
 }
-template <int D, int GLU, int SDT> static void afr_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    aff_go(c, k_gemv_aff_ring<D, GLU, SDT>, groups, c->afr_blocks, dim3(1), afr_smem(k, D), st, x, k);
+template <int D, int GLU, int SDT, int W> static void afr_launch(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    aff_go(c, k_gemv_aff_ring<D, GLU, SDT, W>, groups, c->afr_blocks, dim3(1), afr_smem(k, D, W), st, x, k, W);
 }
-template <int D, int SDT> static void afr_launch_glu(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    if (st.glu) afr_launch<D, 1, SDT>(c, groups, st, x, k);
-    else afr_launch<D, 0, SDT>(c, groups, st, x, k);
+template <int D, int SDT, int W> static void afr_launch_glu(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    if (st.glu) afr_launch<D, 1, SDT, W>(c, groups, st, x, k);
+    else afr_launch<D, 0, SDT, W>(c, groups, st, x, k);
 }
-template <int D> static void afr_launch_sdt(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    if (st.sdt == BE_BF16) afr_launch_glu<D, BE_BF16>(c, groups, st, x, k);
-    else if (st.sdt == BE_F16) afr_launch_glu<D, BE_F16>(c, groups, st, x, k);
-    else afr_launch_glu<D, BE_F32>(c, groups, st, x, k);
+template <int D, int W = GEMV_WARPS> static void afr_launch_sdt(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
+    if (st.sdt == BE_BF16) afr_launch_glu<D, BE_BF16, W>(c, groups, st, x, k);
+    else if (st.sdt == BE_F16) afr_launch_glu<D, BE_F16, W>(c, groups, st, x, k);
+    else afr_launch_glu<D, BE_F32, W>(c, groups, st, x, k);
 }
-static void afr_launch_any(be_ctx *c, unsigned groups, const gemv_set &st, const float *x, int k) {
-    const int d = afr_depth(c);
-    if (d == 2) afr_launch_sdt<2>(c, groups, st, x, k);
+/* the set's row groups of afr_warps(c) warps (gemv_groups), in the ring kernel */
+static void afr_launch_any(be_ctx *c, gemv_set st, int count, const float *x, int k) {
+    const int d = afr_depth(c), w = afr_warps(c);
+    const unsigned groups = gemv_groups(&st, count, w * (st.glu ? 1 : AFF_RW));
+    if (w == 16 && d == 6) afr_launch_sdt<6, 16>(c, groups, st, x, k);
+    else if (w == 16) afr_launch_sdt<AFR_D, 16>(c, groups, st, x, k);
+    else if (d == 2) afr_launch_sdt<2>(c, groups, st, x, k);
     else if (d == 3) afr_launch_sdt<3>(c, groups, st, x, k);
     else if (d == 6) afr_launch_sdt<6>(c, groups, st, x, k);
     else if (d == 8) afr_launch_sdt<8>(c, groups, st, x, k);
@@ -767,7 +776,7 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
     unsigned most = (unsigned)c->n_sm * GEMV_BLOCKS_PER_SM;
     dim3 grid(groups < most ? groups : most);
     if (BITS == 4 && n == 1 && c->aff_dp && afr_takes(c, st, count, k)) {   /* one token in integers, streamed */
-        afr_launch_any(c, groups, st, x, k);
+        afr_launch_any(c, st, count, x, k);
         return;
     }
     if (BITS == 4 && n == 1 && c->aff_dp) {   /* one token in integers: xs, the pieces' sums, their digits */

@@ -45,7 +45,7 @@ typedef struct gemv_set {
 __device__ __forceinline__ int xs_index(int i, int pad) { return pad ? i + (i >> 5) * 4 : i; }
 __host__ __device__ __forceinline__ int xs_row(int k, int pad) { return pad ? k + (k >> 5) * 4 : k; }
 
-#define GEMV_NORM_PER (GEMV_NORM_MAX / 4 / (GEMV_WARPS * 32))   /* 4-element pieces of a row a thread normalizes */
+#define GEMV_NORM_PER (GEMV_NORM_MAX / 4 / (GEMV_WARPS * 32))   /* 4-element pieces of a row a thread normalizes (at most) */
 
 /* elements 4j..4j+3 of a vector of dtype dt (f32/f16/bf16) */
 __device__ __forceinline__ float4 cu_get4(const void *p, int dt, int j) {
@@ -59,10 +59,10 @@ __device__ __forceinline__ float4 cu_get4(const void *p, int dt, int j) {
 
 /* the norm's weights (+ norm_add) this thread applies in gemv_norm_prologue; a kernel loads them before its wait
  * on the kernel before (they do not depend on it), so that the one round trip of the prologue after it is x's */
-__device__ __forceinline__ void gemv_norm_fetch(const gemv_set &st, int k, float4 *w) {
+template <int W = GEMV_WARPS> __device__ __forceinline__ void gemv_norm_fetch(const gemv_set &st, int k, float4 *w) {
 #pragma unroll
-    for (int u = 0; u < GEMV_NORM_PER; u++) {
-        const int j = threadIdx.x + u * GEMV_WARPS * 32;
+    for (int u = 0; u < GEMV_NORM_MAX / 4 / (W * 32); u++) {
+        const int j = threadIdx.x + u * W * 32;
         float4 v = j < k / 4 ? cu_get4(st.norm, st.norm_dt, j) : make_float4(0, 0, 0, 0);
         w[u] = make_float4(v.x + st.norm_add, v.y + st.norm_add, v.z + st.norm_add, v.w + st.norm_add);
     }
@@ -70,9 +70,9 @@ __device__ __forceinline__ void gemv_norm_fetch(const gemv_set &st, int k, float
 
 /* xs[t][..] = x[t] / rms(x[t]) * nw for the block (nw: gemv_norm_fetch's): x read once in
  * 16-byte loads, all issued before the first use (k % 4 == 0, k <= 8192); rows xs_row(k, pad) apart */
-template <int N>
+template <int N, int W = GEMV_WARPS>
 __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, float *xs, float *red, int pad, const float4 *nw) {
-    constexpr int PER = GEMV_NORM_PER;
+    constexpr int PER = GEMV_NORM_MAX / 4 / (W * 32);
     int nv = k / 4;
 #pragma unroll
     for (int t = 0; t < N; t++) {
@@ -80,7 +80,7 @@ __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, fl
         float ss = 0.0f;
 #pragma unroll
         for (int u = 0; u < PER; u++) {
-            int j = threadIdx.x + u * GEMV_WARPS * 32;
+            int j = threadIdx.x + u * W * 32;
             v[u] = j < nv ? ((const float4 *)(x + (size_t)t * k))[j] : make_float4(0, 0, 0, 0);
         }
 #pragma unroll
@@ -91,11 +91,11 @@ __device__ void gemv_norm_prologue(const gemv_set &st, const float *x, int k, fl
         __syncthreads();
         ss = 0.0f;
 #pragma unroll
-        for (int w = 0; w < GEMV_WARPS; w++) ss += red[w];
+        for (int w = 0; w < W; w++) ss += red[w];
         float inv = 1.0f / sqrtf(ss / (float)k + st.eps);
 #pragma unroll
         for (int u = 0; u < PER; u++) {
-            int j = threadIdx.x + u * GEMV_WARPS * 32;
+            int j = threadIdx.x + u * W * 32;
             if (j >= nv) continue;
             float *o = xs + (size_t)t * xs_row(k, pad) + xs_index(4 * j, pad);
             o[0] = v[u].x * inv * nw[u].x;
@@ -127,8 +127,8 @@ __device__ __forceinline__ void gemv_l2_ahead(const gemv_set &st) {
 
 /* what a GEMV kernel does before its wait on the kernel before (neither depends on it): the norm's weights into
  * nw (gemv_norm_fetch, for gemv_norm_prologue) and the set's L2 hint */
-__device__ __forceinline__ void gemv_before_wait(const gemv_set &st, int k, float4 *nw) {
-    if (st.norm) gemv_norm_fetch(st, k, nw);
+template <int W = GEMV_WARPS> __device__ __forceinline__ void gemv_before_wait(const gemv_set &st, int k, float4 *nw) {
+    if (st.norm) gemv_norm_fetch<W>(st, k, nw);
     if (st.pf_bytes[0] | st.pf_bytes[1]) gemv_l2_ahead(st);
 }
 
