@@ -12,7 +12,8 @@
 # KL statistic live and from a saved base, per-token values and response
 # log-probs against the CPU per statistic, tests/gpu/score-compare.py), then the
 # tests again under compute-sanitizer (memcheck; racecheck and synccheck on
-# the kernel test). MODELS: directory holding stories260k and prose-13m
+# the kernel test). Carried in one archive by tests/gpu/pack.sh (programs, models, text; its header has the
+# device-side command). MODELS: directory holding stories260k and prose-13m
 # (default .carry/cuda/models: copies of ../shared/models/*), TXT: text for
 # prose-13m's perplexity (default $MODELS/../austen-3k.txt: the first 3,000
 # bytes of ../shared/data/austen/emma.txt). PART=tests|sanitize|all (default
