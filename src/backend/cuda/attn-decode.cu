@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
 /* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most
  * DEC_SMAX; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
  * slices must not depend on its batch); tc_sm > 0: the tensor-core kernel runs, on that many SMs (0 in
- * batch-invariant mode too), and with real its slices are sized from each query's span (cu_slice) */
+ * batch-invariant mode too); real (never in batch-invariant mode): the slices sized from each query's span (cu_slice) */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int *chunk, int *nsplit) {
     int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
     if (span < 1) span = 1;
@@ -511,8 +511,9 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
                            (long)a->B * a->L * a->n_kv_head);
     static_assert(DEC_SUB == CU_DEC_RUN && 4 * DEC_TK == CU_DEC_RUN, "slices in pieces, and in the four warps' runs");
     cu_dec_slices(span, want, tc_sm > 0 && real, chunk, nsplit);
-    /* the CUDA-core kernel (real: CINFER_CUDA_SLICE_REAL): the query's keys spread evenly over the bucket's slices, not
-     * in runs of 64 (at 129-192 keys of a 256 bucket: 4 slices of 33-48 keys instead of 64, 64, 1-64 and none) */
+    /* the CUDA-core kernel (real: CINFER_CUDA_SLICE_REAL, never in batch-invariant mode, where a row's slices must not
+     * depend on the batch's bucket): the query's keys spread evenly over the bucket's slices, not in runs of 64 (at
+     * 129-192 keys of a 256 bucket: 4 slices of 33-48 keys instead of 64, 64, 1-64 and none) */
     if (!tc_sm && real && *nsplit > 1) *chunk = -1;
     return 1;
 }
@@ -525,9 +526,11 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
 int cu_attn_decode_tc(const be_ctx *c, int span) { return c->dec_tc == 2 || (c->dec_tc == 1 && span >= DEC_TC_SPAN); }
 
 /* 1 when the CUDA-core decode kernel, which a decode of nsplit slices runs, also takes its rope and KV write
- * (cu_op_rope_kv_attend): one query a row, not attn-many.cu's kernel, an even rot_dims (CINFER_CUDA_ROPE_FUSE=0: never) */
+ * (cu_op_rope_kv_attend): one query a row, not attn-many.cu's kernel, an even rot_dims; never in batch-invariant mode
+ * (a row's q is rotated by k_rope_kv in a batch of longer rows: the two kernels' roundings may differ in the last
+ * bit); CINFER_CUDA_ROPE_FUSE=0: never */
 int cu_attn_decode_rope(const be_ctx *c, const be_attn *a, int nsplit) {
-    return c->rope_fuse && a->L == 1 && a->inv_freq && a->rot_dims > 0 && a->rot_dims % 2 == 0 && a->rot_dims <= a->head_dim &&
+    return c->rope_fuse && !c->batch_inv && a->L == 1 && a->inv_freq && a->rot_dims > 0 && a->rot_dims % 2 == 0 && a->rot_dims <= a->head_dim &&
            !cu_attn_many_fits(c, a->B, a->n_kv_head, a->n_head / a->n_kv_head, nsplit);
 }
 
