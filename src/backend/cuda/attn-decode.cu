@@ -483,8 +483,8 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
     dec_tail<HD, CL, DEC_THREADS>(s, nsplit, g, bi, H, kvh, n_kv, valid, part, mrun, lrun, osh, wt, lt, cnt, out);
 }
 
-/* 1 when the decode kernel serves this shape (16-bit pool), with its slices: a multiple of DEC_SUB keys, at most
- * DEC_SMAX; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
+/* 1 when the decode kernel serves this shape (16-bit pool), with its slices (at most DEC_SMAX): runs of a multiple
+ * of DEC_SUB keys, or (real) a query's keys spread over them; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
  * slices must not depend on its batch); tc_sm > 0: the tensor-core kernel runs, on that many SMs (0 in
  * batch-invariant mode too); real (never in batch-invariant mode): the slices sized from each query's span (cu_slice) */
 int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int *chunk, int *nsplit) {
