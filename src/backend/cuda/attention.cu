@@ -458,8 +458,8 @@ void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r) {
     CU_LAUNCHED(c, "flash attention (quantized KV)");
 }
 
-/* the record (see cu_rec_attn; p: q, K, V, out, pos0, len, seq, run0, pt; i[CU_A_OP..]: dtype, path,
- * nsplit; f: scale, chunk, softcap (0: none)) */
+/* the record (see cu_rec_attn; p: q, K, V, out, pos0, len, seq, run0, pt, then cu_op_rope_kv_attend's k, v, pos,
+ * inv_freq (NULL: none); i[CU_A_OP..]: dtype, path, nsplit, tc, rot_dims, neox; f: scale, chunk, softcap (0: none)) */
 static void l_attention(be_ctx *c, const cu_rec *r) {
     const float *q = (const float *)r->p[0];
     const void *K = r->p[1], *V = r->p[2];

@@ -94,13 +94,14 @@ struct dec_rope {
     const float *inv;       /* [rot / 2] frequencies (staged) */
     int rot, neox;
 };
-/* element d of x rotated at the angles (cs, sn) */
+/* element d of x rotated at the angles (cs, sn): its pair's rotation (cu_rope_pair), the half that is d */
 __device__ __forceinline__ float dec_rot(const float *x, int d, const float *cs, const float *sn, int rot, int neox) {
     if (d >= rot) return x[d];
-    const int half = rot / 2;
-    if (neox) return d < half ? x[d] * cs[d] - x[d + half] * sn[d] : x[d] * cs[d - half] + x[d - half] * sn[d - half];
-    const int j = d >> 1;
-    return d & 1 ? x[d] * cs[j] + x[d - 1] * sn[j] : x[d] * cs[j] - x[d + 1] * sn[j];
+    const int j = neox ? d % (rot / 2) : d >> 1;
+    int i0, i1;
+    cu_rope_dims(j, rot, neox, &i0, &i1);
+    const float2 r = cu_rope_pair(x[i0], x[i1], cs[j], sn[j]);
+    return d == i0 ? r.x : r.y;
 }
 /* dims 8 c .. 8 c + 7 of this step's K and V rows of (row bi, kv head kvh), rotated and rounded to the pool's type,
  * stored to the pools at pool row `row` */

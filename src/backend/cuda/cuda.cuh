@@ -432,6 +432,17 @@ template <> __device__ __forceinline__ float cu_from_f<float>(float v) { return 
 template <> __device__ __forceinline__ __half cu_from_f<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 cu_from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+/* RoPE, the one rotation of k_rope, k_rope_kv and the decode attention's own (attn-decode.cu): pair j of a head is
+ * its dims (*i0, *i1) (neox: j and j + rot / 2; else 2j and 2j + 1), turned by the angle whose cosine and sine are
+ * cs, sn: (a0, a1) -> (a0 cs - a1 sn, a1 cs + a0 sn) */
+__device__ __forceinline__ void cu_rope_dims(int j, int rot, int neox, int *i0, int *i1) {
+    *i0 = neox ? j : 2 * j;
+    *i1 = neox ? j + rot / 2 : 2 * j + 1;
+}
+__device__ __forceinline__ float2 cu_rope_pair(float a0, float a1, float cs, float sn) {
+    return make_float2(a0 * cs - a1 * sn, a1 * cs + a0 * sn);
+}
+
 /* stores x as element i of a pool of dtype dt (f32/f16/bf16), rounding to nearest even */
 __device__ __forceinline__ void cu_kv_put(void *p, int dt, size_t i, float x) {
     if (dt == BE_F16) ((__half *)p)[i] = __float2half_rn(x);

@@ -230,10 +230,11 @@ __global__ void k_rope(float *x, int n, int heads, int hd, int rot, const int *p
         float ang = (float)pos[t] * inv_freq[i];
         float cs = cosf(ang), sn = sinf(ang);
         float *v = x + th * hd;
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float a = v[i0], b = v[i1];
-        v[i0] = a * cs - b * sn;
-        v[i1] = b * cs + a * sn;
+        int i0, i1;
+        cu_rope_dims(i, rot, neox, &i0, &i1);
+        const float2 r = cu_rope_pair(v[i0], v[i1], cs, sn);
+        v[i0] = r.x;
+        v[i1] = r.y;
     }
 }
 
@@ -460,14 +461,14 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
                 sn = sinf(ang);
             }
             float *vec = hh < g ? q + ((size_t)t * H + h * g + hh) * hd : kr;
-            int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-            float a0 = vec[i0], a1 = vec[i1];
-            float r0 = a0 * cs - a1 * sn, r1 = a1 * cs + a0 * sn;
-            vec[i0] = r0;
-            vec[i1] = r1;
+            int i0, i1;
+            cu_rope_dims(j, rot, neox, &i0, &i1);
+            const float2 r = cu_rope_pair(vec[i0], vec[i1], cs, sn);
+            vec[i0] = r.x;
+            vec[i1] = r.y;
             if (hh == g && store) {
-                cu_kv_put(kc, dt, off + i0, r0);
-                cu_kv_put(kc, dt, off + i1, r1);
+                cu_kv_put(kc, dt, off + i0, r.x);
+                cu_kv_put(kc, dt, off + i1, r.y);
             }
         } else if (store) {
             int d = w - npair, isv = d >= hd - rot;
