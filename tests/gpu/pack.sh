@@ -7,6 +7,7 @@
 # 64 MiB a device call carries. Device side (carry .carry/gpu-suite.tar.xz):
 #   tar -C /tmp -xJf .carry/gpu-suite.tar.xz && B=/tmp/gpu-suite/bin MODELS=/tmp/gpu-suite/models COMMIT=<rev> \
 #     OUT=$OUT sh tests/gpu/run.sh
+# EXTRA="bench-cuda ..." adds more programs from $B to bin/ (they share the archive's window).
 # (run.sh takes TXT from $MODELS/../austen-3k.txt; COMMIT: the device gets no .git.)
 set -e
 cd "$(dirname "$0")/../.."
@@ -15,7 +16,7 @@ SHARED=${CINFER_SHARED:-../shared}
 P=$(mktemp -d)
 S=$P/gpu-suite
 mkdir -p "$S/bin" "$S/models"
-for t in cinfer test-backend-ops test-cache test-cuda-model test-gemma test-sample test-seq test-serve; do
+for t in cinfer test-backend-ops test-cache test-cuda-model test-gemma test-sample test-seq test-serve $EXTRA; do
   [ -x "$B/$t" ] || { echo "pack.sh: $B/$t missing (sh tests/gpu/build.sh)" >&2; exit 1; }
   cp "$B/$t" "$S/bin/" && strip "$S/bin/$t"
 done
