@@ -25,7 +25,10 @@ typedef __m512 KT(vec);
 #define KV_SET1(x) _mm512_set1_ps(x)
 #define KV_DEC(dc, p, bits, end) ((void)(dc), dec16(p, bits))
 /* 16 lanes folded to 8 (lane i + lane i + 8): the scores' reduction over the heads is 8-wide */
-#define KV_FOLD(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
+#define KV_HI8(v) _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
+#define KV_FOLD(v) _mm256_add_ps(_mm512_castps512_ps256(v), KV_HI8(v))
+/* 8 lanes twice (the heads of two keys) */
+#define KV_DUP8(v) _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(v)), _mm256_castps_pd(v), 1))
 #else
 typedef __m256 KT(vec);
 #define KV_ZERO() _mm256_setzero_ps()
@@ -87,6 +90,32 @@ KINL void KT(tile_pv)(const unit_in *x, const dec8 *dc, const int64_t *slot, int
             obv = _mm256_fmadd_ps(e, _mm256_set1_ps(ld_sb(x->v->biases, x->v->sdt, si)), obv);
         }
         _mm256_storeu_ps(ob + g * HB, obv);
+#if KT_W == 16
+        if (bits == 4) {   /* 32 dims a pass, o's block in kvq_pair order (the 4-bit decode without its interleave) */
+            for (int cb = g * x->G / 32; cb < (g + 1) * x->G / 32; cb++) {
+                __m512 lo[HB], hi[HB];
+                _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
+                    lo[h] = _mm512_loadu_ps(o + (size_t)h * x->hd + 32 * cb);
+                    hi[h] = _mm512_loadu_ps(o + (size_t)h * x->hd + 32 * cb + 16);
+                }
+                for (int jj = 0; jj < n; jj++) {
+                    __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + (size_t)slot[jj] * x->rb + 16 * cb)));
+                    __m512 cl = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)));
+                    __m512 ch = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+                    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
+                        __m512 wh = _mm512_set1_ps(W[(size_t)jj * HB + h]);
+                        lo[h] = _mm512_fmadd_ps(wh, cl, lo[h]);
+                        hi[h] = _mm512_fmadd_ps(wh, ch, hi[h]);
+                    }
+                }
+                _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
+                    _mm512_storeu_ps(o + (size_t)h * x->hd + 32 * cb, lo[h]);
+                    _mm512_storeu_ps(o + (size_t)h * x->hd + 32 * cb + 16, hi[h]);
+                }
+            }
+            continue;
+        }
+#endif
         for (int c = g * x->G / KT_W; c < (g + 1) * x->G / KT_W; c++) {
             KT(vec) acc[HB];
             _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) acc[h] = KV_LOAD(o + (size_t)h * x->hd + c * KT_W);
@@ -108,7 +137,13 @@ KINL void KT(tile_run)(const unit_in *x, const dec8 *dc, const int64_t *slot, in
     if (softcap > 0)
         for (int t = 0; t < n * HB; t++) S[t] = be_softcap(S[t], softcap);
     __m256 tm = *m, sum = _mm256_setzero_ps();
-    for (int jj = 0; jj < n; jj++) tm = _mm256_max_ps(tm, _mm256_loadu_ps(S + (size_t)jj * HB));
+    int j2 = 0;   /* 16 lanes: two keys' heads a vector for the max and the exps, the odd key last */
+#if KT_W == 16
+    __m512 t2 = KV_DUP8(tm);
+    for (; j2 + 2 <= n; j2 += 2) t2 = _mm512_max_ps(t2, _mm512_loadu_ps(S + (size_t)j2 * HB));
+    tm = _mm256_max_ps(_mm512_castps512_ps256(t2), KV_HI8(t2));
+#endif
+    for (int jj = j2; jj < n; jj++) tm = _mm256_max_ps(tm, _mm256_loadu_ps(S + (size_t)jj * HB));
     __m256 f = exp8(_mm256_sub_ps(*m, tm));   /* 0 on the first tile (m = -inf) */
     float fs[HB];
     _mm256_storeu_ps(fs, f);
@@ -118,7 +153,16 @@ KINL void KT(tile_run)(const unit_in *x, const dec8 *dc, const int64_t *slot, in
             _mm256_storeu_ps(o + (size_t)h * x->hd + d, _mm256_mul_ps(fh, _mm256_loadu_ps(o + (size_t)h * x->hd + d)));
     }
     for (int g = 0; g < x->ng; g++) _mm256_storeu_ps(ob + g * HB, _mm256_mul_ps(f, _mm256_loadu_ps(ob + g * HB)));
-    for (int jj = 0; jj < n; jj++) {
+#if KT_W == 16
+    __m512 tm2 = KV_DUP8(tm), s2 = _mm512_setzero_ps();
+    for (int jj = 0; jj < j2; jj += 2) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(S + (size_t)jj * HB), tm2));
+        _mm512_storeu_ps(S + (size_t)jj * HB, e);
+        s2 = _mm512_add_ps(s2, e);
+    }
+    sum = KV_FOLD(s2);
+#endif
+    for (int jj = j2; jj < n; jj++) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(S + (size_t)jj * HB), tm));
         _mm256_storeu_ps(S + (size_t)jj * HB, e);
         sum = _mm256_add_ps(sum, e);
@@ -165,6 +209,8 @@ TILES_FN(tiles_qn_h1, 0, 1)
 #undef KV_SET1
 #undef KV_DEC
 #undef KV_FOLD
+#undef KV_HI8
+#undef KV_DUP8
 #undef KV_CB
 #undef KINL
 #undef KT_BEGIN

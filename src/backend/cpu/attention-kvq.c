@@ -136,6 +136,22 @@ static inline __attribute__((always_inline)) void prefetch_rows(const unit_in *x
     _mm_prefetch((const char *)(x->v->codes + (size_t)slot[j] * x->rb), _MM_HINT_T0);
 }
 
+/* the 16-wide kernels' p.V over 4-bit codes takes 32 dims a pass as two vectors, the block's low nibbles (even dims)
+ * and its high nibbles (odd dims), and keeps o's 32-float blocks in that order (groups are 32, 64 or 128: a block
+ * never spans two); this restores the dims' order in o [nh][hd] */
+static void kvq_unpair(float *o, int hd, int nh) {
+    float t[32];
+    for (int h = 0; h < nh; h++)
+        for (int b = 0; b < hd; b += 32) {
+            float *ob = o + (size_t)h * hd + b;
+            for (int i = 0; i < 16; i++) {
+                t[2 * i] = ob[i];
+                t[2 * i + 1] = ob[16 + i];
+            }
+            memcpy(ob, t, sizeof t);
+        }
+}
+
 /* slot[j - j0] = be_kv_off's slot of keys j0..j1-1, a page at a time (page is a power of two) */
 static void fill_slots(const be_attn *a, const int32_t *pt, int kh, int j0, int j1, int64_t *slot) {
     int sh = __builtin_ctz((unsigned)a->page);
@@ -167,6 +183,25 @@ static inline __attribute__((always_inline, target(AVX512_TGT))) __m512 dec16(co
         b = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(15)), _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
     }
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
+
+/* exp8 over 16 lanes (the same operations, so the same values) */
+static inline __attribute__((always_inline, target(AVX512_TGT))) __m512 exp16(__m512 x) {
+    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-88.3762626647949f), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f)), _mm512_set1_ps(88.3762626647949f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(ok, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
 }
 
 #define KT_TGT AVX512_TGT
@@ -339,6 +374,7 @@ static __attribute__((target(TGT))) void unit_task(void *arg, int ith, int nth) 
         if (t0 < t1)
             fns[bk < 2 && j->wide ? bk + 3 + 2 * j->amx : bk][NH == 1 ? 0 : NH == 4 ? 1 : 2](&x, a, a->pt_host + (size_t)a->seq[b] * a->n_pt, kh, r, t0, t1, S, W,
                                                    slot, o, ob, &m, &l, bits);
+        if (bk == 0 && j->wide) kvq_unpair(o, hd, nh);
         float ms[HB], ls[HB];
         _mm256_storeu_ps(ms, m);
         _mm256_storeu_ps(ls, l);
