@@ -21,8 +21,9 @@
  * bits, generic for 2, 3, 5, 6; on a CPU with AVX-512 (unless CINFER_ISA caps
  * it) 4- and 8-bit codes go 16 at a time (dec16), halving the FMAs over
  * head_dim (attention-kvq-tiles.h holds the tile kernels, written once for
- * both widths). Without AVX2 (or CINFER_ISA=scalar) the reference runs, one
- * query head per task over the pool.
+ * both widths); with AMX-INT8 (Sapphire Rapids on) the scores of 4- and 8-bit
+ * pages go to int8 tile products (amx_scores). Without AVX2 (or
+ * CINFER_ISA=scalar) the reference runs, one query head per task over the pool.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -212,95 +213,106 @@ static inline __attribute__((always_inline, target(AVX512_TGT))) __m512 exp16(__
 #undef KT_W
 #undef KT
 
-/* AMX (Sapphire Rapids and later, where gemm_amx_available): the scores of 16 keys at a time as one tile product per
- * 32 dims, A = the keys' codes as bf16 (exact: integers below 256), B = the 8 query heads' qs split into three bf16
- * parts (hi + mid + lo: qs to within 2^-24 of itself, so the products and their f32 sums are the f32 dot product's
- * to rounding), the group's sums C_hm (columns 0-7 hi, 8-15 mid) and C_lo (0-7 lo) added per key; p.V stays on
- * AVX-512. Scratch: B [hd/32][2][16 pairs][16 columns] u32, A [16 keys][hd] bf16, C [2][16][16] f32. */
-#define AMX_TGT AVX512_TGT ",amx-tile,amx-bf16,avx512bf16"
-static size_t amx_b_bytes(int hd) { return (size_t)hd / 32 * 2 * 1024; }   /* then A: 16 * hd * 2, C: 2 * 1024 */
+/* AMX (Sapphire Rapids and later, where gemm_amx_int8_available): the scores of 16 keys at a time as int8 tile
+ * products (TDPBUSD) over 64 dims (a group of 32: 32), A = the keys' codes as unsigned bytes (exact), B = each of
+ * the 8 query heads' qs as three signed 8-bit digits, qs = sg (d1 + d2 / 254 + d3 / 254^2) with sg = max |qs| / 127,
+ * to within 2^-24 of max |qs| (columns 0-7 d1, 8-15 d2 of one tile; d3 in 0-7 of another): the integer sums are exact
+ * and the three are combined per key in f32, so the scores are the f32 dot product's to rounding. The bf16 form
+ * before it (A the codes as bf16, qs in three bf16 parts) built 16 key rows of bf16 a pass and did two products per
+ * 32 dims; an 8-bit page's rows now go to the tiles straight from the pool. p.V stays on AVX-512 (amx_pv was tried
+ * three times: BENCHMARKS run 10). Scratch: B [hd/KS][2][KS/4][16][4] s8 then sg [8] f32 (within amx_b_bytes), A
+ * [16 keys][hd] u8, C [2][16][16] s32. */
+#define AMX_TGT AVX512_TGT ",amx-tile,amx-int8"
+static size_t amx_b_bytes(int hd) { return (size_t)hd / 32 * 2 * 1024; }   /* then A (16 * hd * 2 held), C: 2 * 1024 */
 static size_t amx_ws_bytes(int hd) { return amx_b_bytes(hd) + 16 * (size_t)hd * 2 + 2 * 1024; }
 
 /* the tiles' shapes (A, B hm, B lo, C hm, C lo: 16 rows of 64 bytes), the queries' B tiles packed */
 static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
+    int hd = x->hd, KS = x->G < 64 ? x->G : 64;   /* dims a product takes: 64, or a group of 32 */
     struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 5; t++) {
+    cfg.colsb[0] = (uint16_t)KS;   /* A: 16 keys x KS codes */
+    cfg.rows[0] = 16;
+    for (int t = 1; t < 5; t++) {  /* B (1, 2): KS / 4 rows of 16 columns x 4 digits; C (3, 4): 16 x 16 int32 */
         cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
+        cfg.rows[t] = (uint8_t)(t < 3 ? KS / 4 : 16);
     }
     _tile_loadconfig(&cfg);
-    uint32_t *B = (uint32_t *)(void *)x->amx;
-    for (int ks = 0; ks < x->hd / 32; ks++)
-        for (int pr = 0; pr < 16; pr++)
-            for (int h = 0; h < HB; h++) {
-                uint16_t part[3][2];
-                for (int e = 0; e < 2; e++) {
-                    float v = x->qs[h * x->hd + 32 * ks + 2 * pr + e];
-                    part[0][e] = be_f32_to_bf16(v);
-                    float r = v - be_bf16_to_f32(part[0][e]);
-                    part[1][e] = be_f32_to_bf16(r);
-                    part[2][e] = be_f32_to_bf16(r - be_bf16_to_f32(part[1][e]));
-                }
-                uint32_t *hm = B + (size_t)ks * 512 + pr * 16, *lo = hm + 256;
-                hm[h] = part[0][0] | (uint32_t)part[0][1] << 16;
-                hm[HB + h] = part[1][0] | (uint32_t)part[1][1] << 16;
-                lo[h] = part[2][0] | (uint32_t)part[2][1] << 16;
-                lo[HB + h] = 0;
-            }
-}
-
-/* 32 codes of 4 or 8 bits at p as bf16 (exact) to d: 4 bits by a 16-entry table (a byte holds codes 2i, 2i + 1) */
-static inline __attribute__((always_inline, target(AMX_TGT))) void amx_dec32(const uint8_t *p, const int bits, __m512i tab,
-                                                                             void *d) {
-    if (bits == 4) {
-        __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-        __m512i idx = _mm512_and_si512(_mm512_or_si512(w, _mm512_slli_epi32(w, 12)), _mm512_set1_epi32(0x000F000F));
-        _mm512_storeu_si512(d, _mm512_permutexvar_epi16(idx, tab));
-    } else {
-        __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-        __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
-        _mm512_storeu_si512(d, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    int8_t *B = (int8_t *)x->amx;
+    float *sig = (float *)(void *)(x->amx + 32 * (size_t)hd);
+    for (int h = 0; h < HB; h++) {
+        const float *q = x->qs + (size_t)h * hd;
+        float mx = 0.0f;
+        for (int d = 0; d < hd; d++) mx = fabsf(q[d]) > mx ? fabsf(q[d]) : mx;
+        float sg = mx > 0.0f ? mx / 127.0f : 1.0f;
+        sig[h] = sg;
+        for (int d = 0; d < hd; d++) {   /* q / sg = d1 + d2 / 254 + d3 / 254^2 to within 0.5 / 254^2 */
+            float t = q[d] / sg, d1 = rintf(t), e = (t - d1) * 254.0f, d2 = rintf(e), d3 = rintf((e - d2) * 254.0f);
+            int8_t *b1 = B + (size_t)(d / KS) * 2 * 16 * KS + (size_t)(d % KS / 4) * 64 + d % 4, *b2 = b1 + 16 * KS;
+            b1[4 * h] = (int8_t)(d1 > 127 ? 127 : d1 < -127 ? -127 : d1);
+            b1[4 * (HB + h)] = (int8_t)(d2 > 127 ? 127 : d2 < -127 ? -127 : d2);
+            b2[4 * h] = (int8_t)(d3 > 127 ? 127 : d3 < -127 ? -127 : d3);
+            b2[4 * (HB + h)] = 0;
+        }
     }
 }
 
+/* the scores of 16 keys at a time as int8 tile products (TDPBUSD): A = the keys' codes as bytes (8-bit: the pool's
+ * own rows where the 16 keys lie in one page, else copied; 4-bit: unpacked), B = each head's scaled query as three
+ * signed 8-bit digits, q = sg (d1 + d2 / 254 + d3 / 254^2) to within 2^-24 of max |q| (columns 0-7 d1, 8-15 d2 of one
+ * tile, d3 in 0-7 of another); the integer sums are exact, the digits combined per key in f32 */
 static inline __attribute__((always_inline, target(AMX_TGT))) void amx_scores(const unit_in *x, const int64_t *slot, int n,
                                                                               float *S, const int bits) {
-    int hd = x->hd, ks_g = x->G / 32;
-    const uint8_t *codes = x->k->codes;
-    uint8_t *B = x->amx, *A = B + amx_b_bytes(hd);
-    float *C = (float *)(void *)(A + 16 * (size_t)hd * 2);
-    uint16_t t16[32] = {0};
-    for (int i = 0; i < 16; i++) t16[i] = be_f32_to_bf16((float)i);
-    const __m512i tab = _mm512_loadu_si512(t16);
+    int hd = x->hd, KS = x->G < 64 ? x->G : 64, ksg = x->G / KS;
+    const uint8_t *codes = x->k->codes, *B = x->amx;
+    uint8_t *A = x->amx + amx_b_bytes(hd);
+    int32_t *C = (int32_t *)(void *)(A + 16 * (size_t)hd * 2);
+    const __m256 sg = _mm256_loadu_ps((const float *)(const void *)(x->amx + 32 * (size_t)hd));
+    const __m256 i1 = _mm256_set1_ps(1.0f / 254.0f), i2 = _mm256_set1_ps(1.0f / (254.0f * 254.0f));
     for (int jb = 0; jb < n; jb += 16) {
         int nk = n - jb < 16 ? n - jb : 16;
-        for (int r = 0; r < 16; r++) {
-            uint8_t *ar = A + (size_t)r * hd * 2;
-            if (r >= nk) { memset(ar, 0, (size_t)hd * 2); continue; }
-            const uint8_t *row = codes + (size_t)slot[jb + r] * x->rb;
-            prefetch_rows(x, slot, jb + r, n);   /* every width: with the scores on tiles the loads show */
-            for (int ks = 0; ks < hd / 32; ks++) amx_dec32(row + (size_t)ks * 4 * bits, bits, tab, ar + (size_t)ks * 64);
+        const uint8_t *At = A;
+        size_t lda = (size_t)hd;
+        for (int r = 0; r < nk; r++) prefetch_rows(x, slot, jb + r, n);
+        int run = bits == 8 && nk == 16;   /* the 16 keys' rows one after another in the pool (one page) */
+        for (int r = 1; run && r < 16; r++) run = slot[jb + r] == slot[jb] + r;
+        if (run) {
+            At = codes + (size_t)slot[jb] * x->rb;
+            lda = x->rb;
+        } else {
+            for (int r = 0; r < nk; r++) {   /* rows past nk stay as they were: their scores are not read */
+                const uint8_t *row = codes + (size_t)slot[jb + r] * x->rb;
+                uint8_t *ar = A + (size_t)r * hd;
+                for (int c = 0; c < hd; c += 32) {   /* 32 codes a step (head_dim is a multiple of the group, >= 32) */
+                    if (bits == 8) {
+                        _mm256_storeu_si256((__m256i *)(ar + c), _mm256_loadu_si256((const __m256i *)(row + c)));
+                    } else {   /* byte i: codes 2i (low nibble), 2i + 1 */
+                        __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + c / 2)));
+                        _mm256_storeu_si256((__m256i *)(ar + c), _mm256_and_si256(_mm256_or_si256(w, _mm256_slli_epi16(w, 4)), _mm256_set1_epi16(0x0F0F)));
+                    }
+                }
+            }
         }
         for (int g = 0; g < x->ng; g++) {
             _tile_zero(3);
             _tile_zero(4);
-            for (int ks = g * ks_g; ks < (g + 1) * ks_g; ks++) {
-                _tile_loadd(0, A + (size_t)ks * 64, hd * 2);
-                _tile_loadd(1, B + (size_t)ks * 2048, 64);
-                _tile_loadd(2, B + (size_t)ks * 2048 + 1024, 64);
-                _tile_dpbf16ps(3, 0, 1);
-                _tile_dpbf16ps(4, 0, 2);
+            for (int ks = g * ksg; ks < (g + 1) * ksg; ks++) {
+                _tile_loadd(0, At + (size_t)ks * KS, lda);
+                _tile_loadd(1, B + (size_t)ks * 32 * KS, 64);
+                _tile_loadd(2, B + (size_t)ks * 32 * KS + 16 * KS, 64);
+                _tile_dpbusd(3, 0, 1);
+                _tile_dpbusd(4, 0, 2);
             }
             _tile_stored(3, C, 64);
             _tile_stored(4, C + 256, 64);
             __m256 sq = _mm256_loadu_ps(x->sq + g * HB);
             for (int r = 0; r < nk; r++) {
                 int64_t si = slot[jb + r] * x->ng + g;
-                __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(C + r * 16), _mm256_loadu_ps(C + r * 16 + 8)),
-                                         _mm256_loadu_ps(C + 256 + r * 16));
-                __m256 sv = _mm256_fmadd_ps(_mm256_set1_ps(ld_sb(x->k->scales, x->k->sdt, si)), v,
+                const __m256i *cr = (const __m256i *)(const void *)(C + r * 16);
+                __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(cr + 1)), i1, _mm256_cvtepi32_ps(_mm256_loadu_si256(cr)));
+                v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(const void *)(C + 256 + r * 16))), i2, v);
+                __m256 sv = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(ld_sb(x->k->scales, x->k->sdt, si)), sg), v,
                                             _mm256_mul_ps(_mm256_set1_ps(ld_sb(x->k->biases, x->k->sdt, si)), sq));
                 float *Sr = S + (size_t)(jb + r) * HB;
                 _mm256_storeu_ps(Sr, g ? _mm256_add_ps(_mm256_loadu_ps(Sr), sv) : sv);
@@ -405,7 +417,7 @@ void cpu_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq
     fast = strcmp(gemv_pick()->isa, "scalar") != 0 && hd % 8 == 0 && k->group == v->group && k->bits == v->bits &&
            k->sdt == v->sdt;
     j.wide = fast && att_avx512_available() && k->group % 16 == 0;
-    j.amx = j.wide && k->group % 32 == 0 && hd <= 256 && gemm_amx_available();
+    j.amx = j.wide && k->group % 32 == 0 && hd <= 256 && gemm_amx_int8_available();
 #endif
     size_t need;
     if (fast) {

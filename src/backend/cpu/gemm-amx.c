@@ -59,6 +59,12 @@ int gemm_amx_available(void) {
     return v == 2;
 }
 
+/* ... and its int8 products (CPUID leaf 7 EDX bit 25, AMX-INT8: attention-kvq.c's scores) */
+int gemm_amx_int8_available(void) {
+    unsigned a, b, c, d;
+    return gemm_amx_available() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+}
+
 AMX_KERNEL void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp) {
     int64_t kpad = GEMM_AMX_PAD(k), ld = GEMM_AMX_XLD(k);
     int npad = (int)GEMM_AMX_PAD(n);
@@ -161,6 +167,7 @@ AMX_KERNEL void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint3
 }
 #else
 int gemm_amx_available(void) { return 0; }
+int gemm_amx_int8_available(void) { return 0; }
 void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp) { (void)x; (void)n; (void)k; (void)xp; }
 void gemm_amx_pack_rows(const float *w, int rows, int64_t k, uint32_t *wv) { (void)w; (void)rows; (void)k; (void)wv; }
 void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y, int64_t ldy) {
