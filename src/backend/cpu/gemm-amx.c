@@ -59,10 +59,17 @@ int gemm_amx_available(void) {
     return v == 2;
 }
 
-/* ... and its int8 products (CPUID leaf 7 EDX bit 25, AMX-INT8: attention-kvq.c's scores) */
+/* ... and its int8 products (CPUID leaf 7 EDX bit 25, AMX-INT8: attention-kvq.c's scores), asked once as well: CPUID
+ * is a VM exit under a hypervisor, and the attention asks on every call */
 int gemm_amx_int8_available(void) {
-    unsigned a, b, c, d;
-    return gemm_amx_available() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+    static atomic_int known;   /* 0 = not asked yet, 1 = no, 2 = yes */
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (!v) {
+        unsigned a, b, c, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) ? 2 : 1;
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v == 2 && gemm_amx_available();
 }
 
 AMX_KERNEL void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp) {
