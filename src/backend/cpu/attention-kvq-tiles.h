@@ -99,9 +99,8 @@ KINL void KT(tile_pv)(const unit_in *x, const dec8 *dc, const int64_t *slot, int
                     hi[h] = _mm512_loadu_ps(o + (size_t)h * x->hd + 32 * cb + 16);
                 }
                 for (int jj = 0; jj < n; jj++) {
-                    __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + (size_t)slot[jj] * x->rb + 16 * cb)));
-                    __m512 cl = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)));
-                    __m512 ch = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+                    __m512 cl, ch;
+                    dec4x32(codes + (size_t)slot[jj] * x->rb + 16 * cb, &cl, &ch);
                     _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
                         __m512 wh = _mm512_set1_ps(W[(size_t)jj * HB + h]);
                         lo[h] = _mm512_fmadd_ps(wh, cl, lo[h]);

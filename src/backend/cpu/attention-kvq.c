@@ -219,14 +219,17 @@ static inline __attribute__((always_inline, target(AVX512_TGT))) __m512 exp16(__
  * to within 2^-24 of max |qs| (columns 0-7 d1, 8-15 d2 of one tile; d3 in 0-7 of another): the integer sums are exact
  * and the three are combined per key in f32, so the scores are the f32 dot product's to rounding. The bf16 form
  * before it (A the codes as bf16, qs in three bf16 parts) built 16 key rows of bf16 a pass and did two products per
- * 32 dims; an 8-bit page's rows now go to the tiles straight from the pool. p.V stays on AVX-512 (amx_pv was tried
- * three times: BENCHMARKS run 10). Scratch: B [hd/KS][2][KS/4][16][4] s8 then sg [8] f32 (within amx_b_bytes), A
- * [16 keys][hd] u8, C [2][16][16] s32. */
+ * 32 dims; an 8-bit page's rows now go to the tiles straight from the pool. p.V stays on AVX-512 (p.V on AMX was
+ * tried four ways, bf16 and int8: BENCHMARKS run 10). Scratch: B [hd/KS][2][KS/4][16][4] s8 (32 hd bytes) then sg
+ * [8] f32, A [16 keys][hd] u8, C [2][16][16] s32. */
 #define AMX_TGT AVX512_TGT ",amx-tile,amx-int8"
-static size_t amx_b_bytes(int hd) { return (size_t)hd / 32 * 2 * 1024; }   /* then A (16 * hd * 2 held), C: 2 * 1024 */
-static size_t amx_ws_bytes(int hd) { return amx_b_bytes(hd) + 16 * (size_t)hd * 2 + 2 * 1024; }
+static size_t amx_b_bytes(int hd) { return 32 * (size_t)hd + 64; }   /* B, then sg */
+static size_t amx_ws_bytes(int hd) { return amx_b_bytes(hd) + 16 * (size_t)hd + 2 * 1024; }   /* then A, C */
+static float *amx_sg(const unit_in *x) { return (float *)(void *)(x->amx + 32 * (size_t)x->hd); }
+static int8_t amx_s8(float d) { return (int8_t)(d > 127 ? 127 : d < -127 ? -127 : d); }
 
-/* the tiles' shapes (A, B hm, B lo, C hm, C lo: 16 rows of 64 bytes), the queries' B tiles packed */
+/* the tiles' shapes (A: 16 keys x KS codes; B 1, 2: KS / 4 rows of 16 columns x 4 digits; C 3, 4: 16 x 16 int32)
+ * and the queries' digits (B) and scales (sg) */
 static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
     int hd = x->hd, KS = x->G < 64 ? x->G : 64;   /* dims a product takes: 64, or a group of 32 */
     struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
@@ -234,13 +237,13 @@ static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
     cfg.palette = 1;
     cfg.colsb[0] = (uint16_t)KS;   /* A: 16 keys x KS codes */
     cfg.rows[0] = 16;
-    for (int t = 1; t < 5; t++) {  /* B (1, 2): KS / 4 rows of 16 columns x 4 digits; C (3, 4): 16 x 16 int32 */
+    for (int t = 1; t < 5; t++) {
         cfg.colsb[t] = 64;
         cfg.rows[t] = (uint8_t)(t < 3 ? KS / 4 : 16);
     }
     _tile_loadconfig(&cfg);
     int8_t *B = (int8_t *)x->amx;
-    float *sig = (float *)(void *)(x->amx + 32 * (size_t)hd);
+    float *sig = amx_sg(x);
     for (int h = 0; h < HB; h++) {
         const float *q = x->qs + (size_t)h * hd;
         float mx = 0.0f;
@@ -250,9 +253,9 @@ static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
         for (int d = 0; d < hd; d++) {   /* q / sg = d1 + d2 / 254 + d3 / 254^2 to within 0.5 / 254^2 */
             float t = q[d] / sg, d1 = rintf(t), e = (t - d1) * 254.0f, d2 = rintf(e), d3 = rintf((e - d2) * 254.0f);
             int8_t *b1 = B + (size_t)(d / KS) * 2 * 16 * KS + (size_t)(d % KS / 4) * 64 + d % 4, *b2 = b1 + 16 * KS;
-            b1[4 * h] = (int8_t)(d1 > 127 ? 127 : d1 < -127 ? -127 : d1);
-            b1[4 * (HB + h)] = (int8_t)(d2 > 127 ? 127 : d2 < -127 ? -127 : d2);
-            b2[4 * h] = (int8_t)(d3 > 127 ? 127 : d3 < -127 ? -127 : d3);
+            b1[4 * h] = amx_s8(d1);
+            b1[4 * (HB + h)] = amx_s8(d2);
+            b2[4 * h] = amx_s8(d3);
             b2[4 * (HB + h)] = 0;
         }
     }
@@ -267,8 +270,8 @@ static inline __attribute__((always_inline, target(AMX_TGT))) void amx_scores(co
     int hd = x->hd, KS = x->G < 64 ? x->G : 64, ksg = x->G / KS;
     const uint8_t *codes = x->k->codes, *B = x->amx;
     uint8_t *A = x->amx + amx_b_bytes(hd);
-    int32_t *C = (int32_t *)(void *)(A + 16 * (size_t)hd * 2);
-    const __m256 sg = _mm256_loadu_ps((const float *)(const void *)(x->amx + 32 * (size_t)hd));
+    int32_t *C = (int32_t *)(void *)(A + 16 * (size_t)hd);
+    const __m256 sg = _mm256_loadu_ps(amx_sg(x));
     const __m256 i1 = _mm256_set1_ps(1.0f / 254.0f), i2 = _mm256_set1_ps(1.0f / (254.0f * 254.0f));
     for (int jb = 0; jb < n; jb += 16) {
         int nk = n - jb < 16 ? n - jb : 16;

@@ -3,7 +3,8 @@
  * share: their target attribute, the inline qualifier that carries it, the
  * horizontal sum of a vector, the load of one f32/f16/bf16 value (a scale
  * or bias), and the decoder of 8 MLX affine codes of any width into 8 f32
- * lanes (gemv-affine.c, attention-kvq.c). Include it inside an x86-only
+ * lanes (gemv-affine.c, attention-kvq.c), with the AVX-512 4-bit decoder of 32
+ * codes as even and odd halves (dec4x32). Include it inside an x86-only
  * section, after <immintrin.h>.
  */
 #ifndef CINFER_CPU_AVX2_H
@@ -74,5 +75,14 @@ INL __m256 dec(const dec8 *d, const uint8_t *p, const int bits, const uint8_t *e
         v = _mm256_and_si256(_mm256_srlv_epi32(v, d->shift), d->mask);
     }
     return _mm256_cvtepi32_ps(v);
+}
+
+/* AVX-512 (target avx512f: inlines into any AVX-512 caller): 4 bits, the 32 codes of 16 bytes (byte j: code 2j low,
+ * 2j+1 high) as the even and the odd codes' floats — the 4-bit weight GEMV (gemv-affine-avx512.c) and the quantized
+ * attention's p.V (attention-kvq-tiles.h) */
+static inline __attribute__((always_inline, target("avx512f"))) void dec4x32(const uint8_t *p, __m512 *even, __m512 *odd) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *even = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    *odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
 }
 #endif

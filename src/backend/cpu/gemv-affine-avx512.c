@@ -24,7 +24,7 @@
 #include <string.h>
 #include "backend/cpu/gemv.h"
 #include "quant/affine.h"
-#include "backend/cpu/avx2.h"   /* ld_sb (a subset target: inlines here) */
+#include "backend/cpu/avx2.h"   /* ld_sb, dec4x32 (subset targets: they inline here) */
 
 #define TGT5 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define INL5 static inline __attribute__((always_inline, target(TGT5)))
@@ -64,12 +64,6 @@ INL5 __m512 dec16(const dec16_t *d, const uint8_t *p, const int bits, const uint
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, d->shift), d->mask));
 }
 
-/* 4 bits: the 32 codes of 16 bytes (byte j: code 2j low, 2j+1 high) as even / odd codes' floats */
-INL5 void dec4x32(const uint8_t *p, __m512 *even, __m512 *odd) {
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *even = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
-    *odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-}
 /* x[0..32) as its even- and odd-indexed halves */
 INL5 void xsplit32(const float *x, __m512 *even, __m512 *odd) {
     const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
