@@ -138,6 +138,9 @@ struct be_ctx {
     int aff_ring;            /* the integer form streamed through per-warp cp.async rings (k_gemv_aff_ring; default; CINFER_CUDA_AFF_RING=0 off) */
     int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 6 or 8; else 4) */
     int afr_w;               /* its warps a block: 16 (default), one block an SM; CINFER_CUDA_AFR_W=8: GEMV_WARPS, two */
+    int x_ahead;             /* the affine GEMV's copy of x with all its loads ahead of the stores (CINFER_CUDA_X_AHEAD=0: the loop) */
+    int new_row_smem;        /* fused decode attention: the new K/V row into shared memory as well, not read back from the
+                                pool (CINFER_CUDA_NEW_ROW_SMEM=0: read back) */
     /* argmax (elementwise.cu): three key slots of CU_AM_MAX rows on the device and their pinned copies; slots 0
      * and 1 alternate for kept results (chained greedy steps: a step's argmax stays on the device as the next
      * step's token and reaches the host through argmax_take), slot 2 serves the rest */

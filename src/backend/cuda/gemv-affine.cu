@@ -181,15 +181,34 @@ __device__ __forceinline__ void aff_dp_piece(const uint4 *q, const float *sc, co
     for (int s = 0; s < S; s++) acc[s][0] += bi[s] * xsum;
 }
 
-/* xs[t] = the N tokens' activations (the rmsnorm prologue's output, or a copy) in xs_index's layout, rows xs_row apart */
+/* xs[t] = the N tokens' activations (the rmsnorm prologue's output, or a copy) in xs_index's layout, rows xs_row apart.
+ * The copy issues every 16-byte load of a thread (N k <= AFF_XS_MAX: at most XA of them) before its first store, so
+ * that x costs one L2 round trip after the wait; the loop it replaces (st.xa == 0, CINFER_CUDA_X_AHEAD=0) compiled
+ * to one round trip per load for its first (trips % 4) loads, then four a round: k 14336 (the 8B shape's down
+ * projection, 7 loads a thread in 16-warp blocks) four round trips, k 4096 two. */
 template <int N, int W = GEMV_WARPS> __device__ __forceinline__ void aff_x_in(const gemv_set &st, const float *x, int k, float *xs, float *red, const float4 *nw) {
     if (st.norm) {
         gemv_norm_prologue<N, W>(st, x, k, xs, red, 1, nw);
+        return;
+    }
+    constexpr int XA = AFF_XS_MAX / 4 / (W * 32);
+    if (st.xa) {
+        float4 v[XA];
+#pragma unroll
+        for (int u = 0; u < XA; u++) {
+            const int e = (threadIdx.x + u * W * 32) * 4;
+            if (e < N * k) v[u] = *(const float4 *)(x + e);
+        }
+#pragma unroll
+        for (int u = 0; u < XA; u++) {
+            const int e = (threadIdx.x + u * W * 32) * 4;
+            if (e < N * k) *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = v[u];
+        }
     } else {
         for (int e = threadIdx.x * 4; e < N * k; e += W * 32 * 4)
             *(float4 *)(xs + (size_t)(e / k) * xs_row(k, 1) + xs_index(e % k, 1)) = *(const float4 *)(x + e);
-        __syncthreads();
     }
+    __syncthreads();
 }
 
 /* one token's x (xs, xs_index's layout, k = 32 nu) -> each piece's sum of x (xp) and its digits over x (AFF_DPW
@@ -812,6 +831,7 @@ static void gemv_aff_n(be_ctx *c, int n, gemv_set st, int count, const float *x,
 }
 
 void cu_gemv_affine(be_ctx *c, int n, int dt, gemv_set st, int count, const float *x, int k) {
+    st.xa = c->x_ahead;
     if (dt == BE_Q4) gemv_aff_n<4>(c, n, st, count, x, k);
     else gemv_aff_n<8>(c, n, st, count, x, k);
 }

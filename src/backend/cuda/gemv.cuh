@@ -36,6 +36,7 @@ typedef struct gemv_set {
     int sdt, group, gshift;      /* their dtype, group size (one for the set) and its log2 */
     const char *pf[2];           /* prefetch_next's hint: bytes [0, pf_bytes) of each into L2 before the wait */
     unsigned pf_bytes[2];
+    int xa;                      /* the affine GEMV's copy of x: every load issued before the first store (aff_x_in) */
 } gemv_set;
 
 #define GEMV_NORM_MAX 8192   /* n * k floats a norm prologue keeps in shared memory */
