@@ -93,7 +93,6 @@ struct dec_rope {
     const int *pos;         /* [B] rope positions (staged) */
     const float *inv;       /* [rot / 2] frequencies (staged) */
     int rot, neox;
-    int smem;               /* the new row also into the block's shared memory when its first piece holds it (not read back) */
 };
 /* element d of x rotated at the angles (cs, sn): its pair's rotation (cu_rope_pair), the half that is d */
 __device__ __forceinline__ float dec_rot(const float *x, int d, const float *cs, const float *sn, int rot, int neox) {
@@ -105,10 +104,10 @@ __device__ __forceinline__ float dec_rot(const float *x, int d, const float *cs,
     return d == i0 ? r.x : r.y;
 }
 /* dims 8 c .. 8 c + 7 of this step's K and V rows of (row bi, kv head kvh), rotated and rounded to the pool's type,
- * stored to the pools at pool row `row` and, with ks (not NULL), to the shared rows ks and vs as well */
+ * stored to the pools at pool row `row` */
 template <typename KT>
 __device__ __forceinline__ void dec_new_row(const dec_rope &ro, int bi, int kvh, int n_kv, int hd, int c, const float *cs,
-                                            const float *sn, int64_t row, KT *K, KT *V, KT *ks, KT *vs) {
+                                            const float *sn, int64_t row, KT *K, KT *V) {
     const float *kx = ro.k + ((size_t)bi * n_kv + kvh) * hd, *vx = ro.v + ((size_t)bi * n_kv + kvh) * hd;
     uint32_t kw[4], vw[4];
 #pragma unroll
@@ -119,10 +118,6 @@ __device__ __forceinline__ void dec_new_row(const dec_rope &ro, int bi, int kvh,
     }
     ((uint4 *)(K + (size_t)row * hd))[c] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
     ((uint4 *)(V + (size_t)row * hd))[c] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
-    if (ks) {
-        ((uint4 *)ks)[c] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
-        ((uint4 *)vs)[c] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
-    }
 }
 
 /* Decode over a 16-bit pool: one block per (slice of keys, kv head, query),
@@ -175,7 +170,6 @@ __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, 
     int j0, j1;
     cu_slice(sp.n, s, nsplit, chunk, &j0, &j1);
     const int32_t *ptr = pt + (size_t)seq[b] * n_pt;
-    int nslot = -1;   /* FUSE: the new key's slot in the first piece when dec_new_row put its row in shared memory */
     uint4 kr[LOADS], vr[LOADS];
     int64_t rowu[LOADS];   /* pool row of each load's key (-1: none) */
 #pragma unroll
@@ -206,12 +200,7 @@ __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, 
         if (tid < DEC_GMAX) { mrun[tid] = -INFINITY; lrun[tid] = 0.0f; }
         if (FUSE && j1 == sp.n) {   /* the slice of the new key (key sp.n - 1, at position p): its row into the pools */
             const int64_t row = cu_kv_row(ptr, sh, n_kv, kvh, p);
-            /* ... and, where the slice's first piece holds it (ro.smem), into its shared row: the first piece's loads
-             * skip it (one L2 round trip fewer on this block's path to its peers' cluster barrier) */
-            nslot = ro.smem && row >= 0 && sp.n - 1 < j0 + C ? sp.n - 1 - j0 : -1;
-            if (tid < RV && row >= 0)
-                dec_new_row<KT>(ro, bi, kvh, n_kv, HD, tid, rcs, rsn, row, (KT *)K, (KT *)V, nslot >= 0 ? ks + nslot * PAD : NULL,
-                                vs + (nslot >= 0 ? nslot : 0) * HD);
+            if (tid < RV && row >= 0) dec_new_row<KT>(ro, bi, kvh, n_kv, HD, tid, rcs, rsn, row, (KT *)K, (KT *)V);
             __syncthreads();
         }
         float acc[DEC_GMAX];
@@ -221,7 +210,7 @@ __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, 
 #pragma unroll
         for (int u = 0; u < LOADS; u++) {   /* the first piece's rows of this step (written by the kernel before) */
             int e = tid + u * T, j = j0 + e / RV;
-            if (j < min(j1, j0 + C) && j - j0 != nslot) {
+            if (j < min(j1, j0 + C)) {
                 int pos = cu_span_key(sp, j);
                 int64_t row = rowu[u];
                 if (pos >= first || row < 0) {   /* not fetched before the wait */
@@ -236,7 +225,7 @@ __global__ void __launch_bounds__(T) k_attn_decode(const float *q, const KT *K, 
 #pragma unroll
             for (int u = 0; u < LOADS; u++) {
                 int e = tid + u * T;
-                if (e < n * RV && (jb != j0 || e / RV != nslot)) {
+                if (e < n * RV) {
                     *(uint4 *)&ks[(e / RV) * PAD + (e % RV) * 8] = kr[u];
                     *(uint4 *)&vs[e * 8] = vr[u];
                 }
@@ -498,8 +487,9 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
 /* 1 when the decode kernel serves this shape (16-bit pool), with its slices (at most DEC_SMAX): runs of a multiple
  * of DEC_SUB keys, or (real) a query's keys spread over them; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
  * slices must not depend on its batch); tc_sm > 0: the tensor-core kernel runs, on that many SMs (0 in
- * batch-invariant mode too); real (never in batch-invariant mode): the slices sized from each query's span (cu_slice) */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int *chunk, int *nsplit) {
+ * batch-invariant mode too); real (never in batch-invariant mode): the slices sized from each query's span (cu_slice);
+ * least > DEC_SUB (CINFER_CUDA_DEC_LEAST, CUDA-core kernel, never in batch-invariant mode): slices of at least that many keys */
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int least, int *chunk, int *nsplit) {
     int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
     if (span < 1) span = 1;
     if (!((dt == BE_F16 || dt == BE_BF16) && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
@@ -509,6 +499,7 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
      * latency, so parallel slices beat longer ones (H200, llama-3.1-8b decode at 4k: 8 slices of 8
      * pieces, merged in a cluster, took 6.25 ms a step against 5.74 for 64 slices of 1) ... */
     int pieces = (span + DEC_SUB - 1) / DEC_SUB, want = pieces < DEC_SMAX ? pieces : DEC_SMAX;
+    if (least > DEC_SUB && !tc_sm && want > (span + least - 1) / least) want = (span + least - 1) / least;
     /* ... until the (query, kv head) blocks fill the GPU by themselves (many sequences decoding
      * together): then one slice each, whose loads of the next piece overlap the current one's
      * work, and no merge (H200, llama-3-8b, 64 sequences of 64..511 tokens: 8.08 ms a step against
@@ -559,7 +550,7 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
     float scale = r->f[0];
     /* cu_op_rope_kv_attend's record: the rope and the KV write in the kernel (cu_attn_decode_rope said it takes them) */
     const dec_rope ro = {(const float *)r->p[9], (const float *)r->p[10], (const int *)r->p[11], (const float *)r->p[12],
-                         (int)r->i[CU_A_OP + 4], (int)r->i[CU_A_OP + 5], c->new_row_smem};
+                         (int)r->i[CU_A_OP + 4], (int)r->i[CU_A_OP + 5]};
     if (cu_attn_many_fits(c, B * L, n_kv, H / n_kv, nsplit)) {   /* one slice each: attn-many.cu's kernel */
         cu_attn_many_launch(c, r);
         return;
