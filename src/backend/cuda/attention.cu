@@ -523,7 +523,7 @@ static int attn_rec(be_ctx *c, const be_attn *a, const float *q, const void *k, 
     int tc = cu_attn_decode_tc(c, span);
     int decode = !flash && !(a->softcap > 0) && cu_attn_decode_fits(a, dt, span, c->batch_inv ? 0 : c->dec_blocks * c->n_sm,
                                                                      c->batch_inv || !tc ? 0 : c->n_sm, c->slice_real && !c->batch_inv,
-                                                                     c->batch_inv ? 0 : c->dec_least, &chunk, &nsplit);
+                                                                     c->batch_inv ? 0 : c->dec_short, &chunk, &nsplit);
     if (!flash && !cu_split_ws(c, a, nsplit)) return 0;
     memset(r, 0, sizeof *r);
     r->fn = l_attention;

@@ -488,8 +488,9 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
  * of DEC_SUB keys, or (real) a query's keys spread over them; target > 0: the number of blocks that fills the GPU (not in batch-invariant mode, where a query's
  * slices must not depend on its batch); tc_sm > 0: the tensor-core kernel runs, on that many SMs (0 in
  * batch-invariant mode too); real (never in batch-invariant mode): the slices sized from each query's span (cu_slice);
- * least > DEC_SUB (CINFER_CUDA_DEC_LEAST, CUDA-core kernel, never in batch-invariant mode): slices of at least that many keys */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int least, int *chunk, int *nsplit) {
+ * short32 (CINFER_CUDA_DEC_SHORT, never in batch-invariant mode): the CUDA-core kernel takes a span of at most DEC_CMAX * 32
+ * keys in slices of at most 32, one cluster */
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int short32, int *chunk, int *nsplit) {
     int g = a->n_kv_head > 0 ? a->n_head / a->n_kv_head : 0;
     if (span < 1) span = 1;
     if (!((dt == BE_F16 || dt == BE_BF16) && (a->head_dim == 64 || a->head_dim == 128) && g >= 1 && g <= DEC_GMAX &&
@@ -499,13 +500,13 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
      * latency, so parallel slices beat longer ones (H200, llama-3.1-8b decode at 4k: 8 slices of 8
      * pieces, merged in a cluster, took 6.25 ms a step against 5.74 for 64 slices of 1) ... */
     int pieces = (span + DEC_SUB - 1) / DEC_SUB, want = pieces < DEC_SMAX ? pieces : DEC_SMAX;
-    if (least > DEC_SUB && !tc_sm && want > (span + least - 1) / least) want = (span + least - 1) / least;
     /* ... until the (query, kv head) blocks fill the GPU by themselves (many sequences decoding
      * together): then one slice each, whose loads of the next piece overlap the current one's
      * work, and no merge (H200, llama-3-8b, 64 sequences of 64..511 tokens: 8.08 ms a step against
      * 9.49 with 9 slices merged through global memory); attn-many.cu's kernel then serves it
      * (cu_attn_many_fits: 6.85 ms a step) */
-    if (target > 0 && (long)a->B * a->L * a->n_kv_head >= target) want = 1;
+    const int many = target > 0 && (long)a->B * a->L * a->n_kv_head >= target;
+    if (many) want = 1;
     /* the tensor-core kernel (3 or 4 blocks an SM by its shared memory): at most one wave of blocks
      * (H200, llama-3.1-8b decode: 64 slices of one piece at 4k, 512 blocks for 396 places, ran
      * 0.95x the CUDA-core kernel's step) */
@@ -518,6 +519,10 @@ int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int
      * depend on the batch's bucket): the query's keys spread evenly over the bucket's slices, not in runs of 64 (at
      * 129-192 keys of a 256 bucket: 4 slices of 33-48 keys instead of 64, 64, 1-64 and none) */
     if (!tc_sm && real && *nsplit > 1) *chunk = -1;
+    if (!tc_sm && short32 && !many && span <= DEC_CMAX * 32) {
+        *nsplit = (span + 31) / 32;
+        *chunk = real ? -1 : 32;
+    }
     return 1;
 }
 

@@ -328,8 +328,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     const char *aw = getenv("CINFER_CUDA_AFR_W");
     c->afr_w = aw ? atoi(aw) : 16;
     c->x_ahead = cf_knob_on("CINFER_CUDA_X_AHEAD");
-    const char *dl = getenv("CINFER_CUDA_DEC_LEAST");
-    c->dec_least = dl && atoi(dl) > 0 ? (atoi(dl) + 63) / 64 * 64 : 0;
+    c->dec_short = cf_knob_on("CINFER_CUDA_DEC_SHORT");
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
     c->afr_blocks = ab ? atoi(ab) : 0;
     const char *l2n = getenv("CINFER_CUDA_L2_NEXT");

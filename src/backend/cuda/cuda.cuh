@@ -139,8 +139,7 @@ struct be_ctx {
     int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 6 or 8; else 4) */
     int afr_w;               /* its warps a block: 16 (default), one block an SM; CINFER_CUDA_AFR_W=8: GEMV_WARPS, two */
     int x_ahead;             /* the affine GEMV's copy of x with all its loads ahead of the stores (CINFER_CUDA_X_AHEAD=0: the loop) */
-    int dec_least;           /* the CUDA-core decode attention's slices take at least this many keys (CINFER_CUDA_DEC_LEAST,
-                                a multiple of 64; 0: one slice a piece of 64) */
+    int dec_short;           /* the CUDA-core decode attention over at most 256 keys in slices of at most 32 (CINFER_CUDA_DEC_SHORT) */
     /* argmax (elementwise.cu): three key slots of CU_AM_MAX rows on the device and their pinned copies; slots 0
      * and 1 alternate for kept results (chained greedy steps: a step's argmax stays on the device as the next
      * step's token and reaches the host through argmax_take), slot 2 serves the rest */
@@ -229,7 +228,7 @@ void cu_op_attention(be_ctx *c, const be_attn *a, const float *q, const void *k,
 void cu_op_rope_kv_attend(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, void *kc, void *vc, be_dtype dt,
                           float *out);
 /* the decode attention kernel (attn-decode.cu): whether it serves a shape (span: cu_span_bucket), its slices; its launch */
-int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int least, int *chunk, int *nsplit);
+int cu_attn_decode_fits(const be_attn *a, be_dtype dt, int span, int target, int tc_sm, int real, int short32, int *chunk, int *nsplit);
 int cu_attn_decode_tc(const be_ctx *c, int span);
 /* the tensor-core decode kernels' slices: want, capped so that rows x slices blocks fit in one wave of
  * `slots` resident blocks (at least one slice) */
