@@ -328,8 +328,7 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     const char *aw = getenv("CINFER_CUDA_AFR_W");
     c->afr_w = aw ? atoi(aw) : 16;
     c->x_ahead = cf_knob_on("CINFER_CUDA_X_AHEAD");
-    const char *ds = getenv("CINFER_CUDA_DEC_SHORT");   /* off unless =1 (not yet measured on a GPU) */
-    c->dec_short = ds && !strcmp(ds, "1");
+    c->dec_short = cf_knob_on("CINFER_CUDA_DEC_SHORT");
     const char *ab = getenv("CINFER_CUDA_AFR_BLOCKS");
     c->afr_blocks = ab ? atoi(ab) : 0;
     const char *l2n = getenv("CINFER_CUDA_L2_NEXT");

@@ -139,7 +139,7 @@ struct be_ctx {
     int afr_d;               /* its ring depth (CINFER_CUDA_AFR_D=2, 3, 6 or 8; else 4) */
     int afr_w;               /* its warps a block: 16 (default), one block an SM; CINFER_CUDA_AFR_W=8: GEMV_WARPS, two */
     int x_ahead;             /* the affine GEMV's copy of x with all its loads ahead of the stores (CINFER_CUDA_X_AHEAD=0: the loop) */
-    int dec_short;           /* the CUDA-core decode attention over at most 256 keys in slices of at most 32 (CINFER_CUDA_DEC_SHORT=1) */
+    int dec_short;           /* the CUDA-core decode attention over at most 256 keys in slices of at most 32 (CINFER_CUDA_DEC_SHORT=0: off) */
     /* argmax (elementwise.cu): three key slots of CU_AM_MAX rows on the device and their pinned copies; slots 0
      * and 1 alternate for kept results (chained greedy steps: a step's argmax stays on the device as the next
      * step's token and reaches the host through argmax_take), slot 2 serves the rest */
