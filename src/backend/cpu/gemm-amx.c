@@ -51,25 +51,29 @@ static int amx_probe(void) {
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 && gemm_bf16_available();
 }
 
-int gemm_amx_available(void) {
-    static atomic_int known;   /* 0 = not asked yet, 1 = no, 2 = yes */
-    if (cpu_isa_capped("amx")) return 0;
-    int v = atomic_load_explicit(&known, memory_order_relaxed);
-    if (!v) atomic_store_explicit(&known, v = amx_probe() ? 2 : 1, memory_order_relaxed);
+/* CPUID leaf 7 EDX bit 25: AMX-INT8 (attention-kvq.c's scores) */
+static int amx_int8_probe(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+}
+
+/* probe's answer, asked once and remembered in *known (0 = not asked yet, 1 = no, 2 = yes): CPUID is a VM exit under
+ * a hypervisor, and the attention asks on every call */
+static int probe_once(atomic_int *known, int (*probe)(void)) {
+    int v = atomic_load_explicit(known, memory_order_relaxed);
+    if (!v) atomic_store_explicit(known, v = probe() ? 2 : 1, memory_order_relaxed);
     return v == 2;
 }
 
-/* ... and its int8 products (CPUID leaf 7 EDX bit 25, AMX-INT8: attention-kvq.c's scores), asked once as well: CPUID
- * is a VM exit under a hypervisor, and the attention asks on every call */
+int gemm_amx_available(void) {
+    static atomic_int known;
+    return !cpu_isa_capped("amx") && probe_once(&known, amx_probe);
+}
+
+/* ... and its int8 products */
 int gemm_amx_int8_available(void) {
-    static atomic_int known;   /* 0 = not asked yet, 1 = no, 2 = yes */
-    int v = atomic_load_explicit(&known, memory_order_relaxed);
-    if (!v) {
-        unsigned a, b, c, d;
-        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) ? 2 : 1;
-        atomic_store_explicit(&known, v, memory_order_relaxed);
-    }
-    return v == 2 && gemm_amx_available();
+    static atomic_int known;
+    return probe_once(&known, amx_int8_probe) && gemm_amx_available();
 }
 
 AMX_KERNEL void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp) {
