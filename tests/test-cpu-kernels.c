@@ -365,6 +365,11 @@ static void test_bf16_matmul(void) {
 static void test_attention_isa(int threads);
 static void test_attention(int threads) {
     test_attention_isa(threads);
+    if (gemm_amx_available()) {   /* one query's AVX-512 scores, as on a CPU without AMX */
+        setenv("CINFER_ISA", "avx512", 1);
+        test_attention_isa(threads);
+        unsetenv("CINFER_ISA");
+    }
     if (att_avx512_available()) {
         setenv("CINFER_ISA", "avx2", 1);
         test_attention_isa(threads);
@@ -373,20 +378,25 @@ static void test_attention(int threads) {
 }
 
 static void test_attention_isa(int threads) {
-    const char *path = att_avx512_available() ? "AVX-512 query blocks" : "sgemm";
+    const char *path = !att_avx512_available() ? "sgemm" : gemm_amx_available() ? "AVX-512 query blocks, one query's scores on AMX"
+                                                                               : "AVX-512 query blocks";
     const be_ops *ops = be_cpu();
     be_ctx *c = NULL;
     if (ops->ctx_new(&c, threads) || !c) return;
-    static const struct { int B, L, nh, nkv, hd, win, keep, p0, p1, len1, page; } cs[] = {
-        { 1, 1, 8, 2, 64, 0, 0, 0, 0, 1, 16 },       /* first decode step */
-        { 2, 1, 8, 2, 64, 0, 0, 37, 5, 1, 4 },       /* batched decode */
-        { 1, 9, 4, 4, 40, 0, 0, 0, 0, 9, 128 },      /* MHA prefill, odd hd */
-        { 2, 7, 8, 2, 64, 0, 0, 3, 0, 4, 2 },        /* second row padded */
-        { 1, 300, 8, 1, 32, 0, 0, 0, 0, 300, 64 },   /* MQA, several query blocks */
-        { 2, 140, 6, 2, 16, 5, 0, 10, 0, 133, 8 },   /* sliding window */
-        { 1, 3, 4, 2, 64, 2, 0, 50, 0, 3, 1 },       /* window, continuing row, 1-slot pages */
-        { 2, 40, 4, 2, 32, 16, 4, 60, 90, 1, 4 },    /* rotating window with 4 sinks, run0 > keep */
-        { 2, 1, 4, 2, 32, 16, 4, 200, 17, 1, 8 },    /* its decode step */
+    static const struct { int B, L, nh, nkv, hd, win, keep, p0, p1, len1, page; float cap; } cs[] = {
+        { 1, 1, 8, 2, 64, 0, 0, 0, 0, 1, 16, 0 },       /* first decode step */
+        { 2, 1, 8, 2, 64, 0, 0, 37, 5, 1, 4, 0 },       /* batched decode */
+        { 1, 9, 4, 4, 40, 0, 0, 0, 0, 9, 128, 0 },      /* MHA prefill, odd hd */
+        { 2, 7, 8, 2, 64, 0, 0, 3, 0, 4, 2, 0 },        /* second row padded */
+        { 1, 300, 8, 1, 32, 0, 0, 0, 0, 300, 64, 0 },   /* MQA, several query blocks */
+        { 2, 140, 6, 2, 16, 5, 0, 10, 0, 133, 8, 0 },   /* sliding window */
+        { 1, 3, 4, 2, 64, 2, 0, 50, 0, 3, 1, 0 },       /* window, continuing row, 1-slot pages */
+        { 2, 40, 4, 2, 32, 16, 4, 60, 90, 1, 4, 0 },    /* rotating window with 4 sinks, run0 > keep */
+        { 2, 1, 4, 2, 32, 16, 4, 200, 17, 1, 8, 0 },    /* its decode step */
+        { 1, 1, 32, 4, 64, 0, 0, 700, 0, 1, 128, 0 },   /* decode over pages of 128 (TinyLlama's group of 8; 16-key tails) */
+        { 2, 1, 16, 2, 128, 0, 0, 300, 45, 1, 16, 0 },  /* batched decode, head_dim 128 */
+        { 1, 1, 8, 2, 64, 0, 0, 90, 0, 1, 32, 0.5f }, /* softcapped decode */
+        { 1, 1, 10, 1, 64, 0, 0, 50, 0, 1, 16, 0 },     /* 10 heads a kv head (AMX's scores take 8 at most) */
     };
     for (int d = 0; d < 3; d++) {
         be_dtype kv = (be_dtype)d;
@@ -396,7 +406,8 @@ static void test_attention_isa(int threads) {
             int pos0[2] = { cs[ci].p0, cs[ci].p1 }, len[2] = { cs[ci].L, cs[ci].len1 };
             if (cs[ci].B == 1) len[0] = cs[ci].len1;
             be_attn a = { .B = cs[ci].B, .L = cs[ci].L, .n_head = cs[ci].nh, .n_kv_head = cs[ci].nkv,
-                          .head_dim = cs[ci].hd, .pos0 = pos0, .len = len, .scale = 1.0f / sqrtf((float)cs[ci].hd) };
+                          .head_dim = cs[ci].hd, .pos0 = pos0, .len = len, .scale = 1.0f / sqrtf((float)cs[ci].hd),
+                          .softcap = cs[ci].cap };
             paged_layout pl;
             uint64_t seed = 1234 + ci;
             paged_run0(&pl, &a, cs[ci].win, cs[ci].keep);

@@ -27,11 +27,13 @@ int att_avx512_available(void) {
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
 
-/* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] (+ c[r][n] when add) for r < rows (<= 4), n < cols: blocks of
+/* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] (+ c[r][n] when add) for r < rows (<= 4), n < cols (a[r][p] at
+ * a + r lda + p ps: ps 1, or 8 for the scores of att_amx_scores' [key][8] layout): blocks of
  * 4 rows x 64 columns (16 accumulators), b's rows loaded whole, a's values broadcast; pf (or NULL): a matrix laid
  * out as b whose lines are prefetched as b's are read (the next segment's values) */
-TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb, int cols, int kk, float alpha,
-                      float *c, int ldc, int add, const float *pf) {
+TGT static inline __attribute__((always_inline)) void rows4(const float *a, int lda, int ps, int rows, const float *b, int ldb,
+                                                           int cols, int kk, float alpha, float *c, int ldc, int add,
+                                                           const float *pf) {
     const float *ar[4];
     for (int i = 0; i < 4; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * lda;
     for (int c0 = 0; c0 < cols; c0 += 64) {
@@ -51,7 +53,7 @@ TGT static void rows4(const float *a, int lda, int rows, const float *b, int ldb
             __m512 b2 = _mm512_maskz_loadu_ps(m[2], bp + 32), b3 = _mm512_maskz_loadu_ps(m[3], bp + 48);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                __m512 x = _mm512_set1_ps(ar[i][p]);
+                __m512 x = _mm512_set1_ps(ar[i][(size_t)p * ps]);
                 acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
                 acc[i][2] = _mm512_fmadd_ps(x, b2, acc[i][2]);
@@ -96,9 +98,9 @@ TGT void att_scale_avx512(float *s, int n, float f) {
     }
 }
 
-void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
+TGT void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds) {
-    rows4(q, ldq, rows, kt, ldk, cols, hd, scale, s, lds, 0, NULL);
+    rows4(q, ldq, 1, rows, kt, ldk, cols, hd, scale, s, lds, 0, NULL);
 }
 
 /* dst[i] = the f16 or bf16 src[i] widened, i < n: 16 at a time */
@@ -151,9 +153,65 @@ TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_
         for (int d = t < n16 ? h16 : 0; d < hd; d++) dst[(size_t)d * ldd + t] = src[(size_t)t * hd + d];
 }
 
-void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+TGT void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
                    const float *pf) {
-    rows4(s, lds, rows, v, hd, hd, cols, 1.0f, o, ldo, add, pf);
+    rows4(s, lds, 1, rows, v, hd, hd, cols, 1.0f, o, ldo, add, pf);
+}
+
+TGT void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+                     const float *pf) {
+    rows4(st + h0, 1, 8, rows, v, hd, hd, cols, 1.0f, o, ldo, add, pf);
+}
+
+/* the union of [a0, a1) and [b0, b1) within [0, T) as at most two ordered, disjoint ranges r[0..2n) */
+static int union2(int T, int a0, int a1, int b0, int b1, int r[4]) {
+    int in[2][2] = {{a0 < 0 ? 0 : a0, a1 > T ? T : a1}, {b0 < 0 ? 0 : b0, b1 > T ? T : b1}}, n = 0;
+    if (in[1][0] < in[0][0]) {
+        int t0 = in[0][0], t1 = in[0][1];
+        in[0][0] = in[1][0], in[0][1] = in[1][1], in[1][0] = t0, in[1][1] = t1;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (in[i][1] <= in[i][0]) continue;
+        if (n && in[i][0] <= r[2 * n - 1]) {
+            if (in[i][1] > r[2 * n - 1]) r[2 * n - 1] = in[i][1];
+        } else {
+            r[2 * n] = in[i][0], r[2 * n + 1] = in[i][1], n++;
+        }
+    }
+    return n;
+}
+
+/* the softmax of st[t][h] (8 heads a key) over the keys [a0, a1) and [b0, b1) for each head, zeros elsewhere
+ * (softcapped first when cap > 0); two keys a vector */
+TGT void att_softmax_t_avx512(float *st, int T, int a0, int a1, int b0, int b1, float cap) {
+    if (cap > 0) for (size_t i = 0; i < 8 * (size_t)T; i++) st[i] = be_softcap(st[i], cap);
+    int r[4], n = union2(T, a0, a1, b0, b1, r);
+    __m512 m = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int g = 0; g < n; g++)
+        for (int t = r[2 * g]; t < r[2 * g + 1]; t += 2)
+            m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, r[2 * g + 1] - t > 1 ? 0xffff : 0x00ff, st + 8 * (size_t)t));
+    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1)));
+    m = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(m8)), _mm256_castps_pd(m8), 1));
+    int prev = 0;
+    for (int g = 0; g < n; g++) {
+        memset(st + 8 * (size_t)prev, 0, sizeof(float) * 8 * (size_t)(r[2 * g] - prev));
+        for (int t = r[2 * g]; t < r[2 * g + 1]; t += 2) {
+            __mmask16 k = r[2 * g + 1] - t > 1 ? 0xffff : 0x00ff;
+            __m512 e = _mm512_maskz_mov_ps(k, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, st + 8 * (size_t)t), m)));
+            _mm512_mask_storeu_ps(st + 8 * (size_t)t, k, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        prev = r[2 * g + 1];
+    }
+    memset(st + 8 * (size_t)prev, 0, sizeof(float) * 8 * (size_t)(T - prev));
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
+    s8 = _mm256_div_ps(_mm256_set1_ps(1.0f), s8);
+    __m512 inv = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(s8)), _mm256_castps_pd(s8), 1));
+    for (int g = 0; g < n; g++)
+        for (int t = r[2 * g]; t < r[2 * g + 1]; t += 2) {
+            __mmask16 k = r[2 * g + 1] - t > 1 ? 0xffff : 0x00ff;
+            _mm512_mask_storeu_ps(st + 8 * (size_t)t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, st + 8 * (size_t)t), inv));
+        }
 }
 #else
 int att_avx512_available(void) { return 0; }
@@ -167,6 +225,13 @@ void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, 
 void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
                    const float *pf) {
     (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add; (void)pf;
+}
+void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+                     const float *pf) {
+    (void)st; (void)h0; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add; (void)pf;
+}
+void att_softmax_t_avx512(float *st, int T, int a0, int a1, int b0, int b1, float cap) {
+    (void)st; (void)T; (void)a0; (void)a1; (void)b0; (void)b1; (void)cap;
 }
 void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf) {
     (void)src; (void)n; (void)hd; (void)dst; (void)ldd; (void)pf;

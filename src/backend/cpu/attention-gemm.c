@@ -23,6 +23,10 @@
  * visible key (many_queries), one query (decode) with the group's heads as
  * the rows, a page's keys transposed at a time (one_query; OpenBLAS falls
  * back to SSE3 on a CPU model it does not know, see attention-avx512.c).
+ * Where the CPU grants AMX tiles and a kv head has at most 8 query heads,
+ * one query's scores go to bf16 tile products instead (attention-amx.c: the
+ * keys as tile rows, f32 ones split exactly into three bf16 parts), laid out
+ * [key][8 heads] for the softmax and p.V that follow (one_query_amx).
  *
  * Workspace: the context's attention buffer (c->att), grown on first use to
  * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list,
@@ -50,6 +54,8 @@ typedef struct ag_job {
     int tmax;                /* most keys of any item */
     int nqb;                 /* query blocks per row */
     int vec;                 /* attention-avx512.c's kernels (att_avx512_available) */
+    int amx;                 /* one query's scores on AMX tiles (att_amx_takes) */
+    size_t amx_f;            /* their scratch, floats at the end of each thread's ws */
 } ag_job;
 
 /* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere;
@@ -188,17 +194,46 @@ static const float *seg_rows(const ag_job *j, const seg *sg, int e, int ns, int 
     return wk;
 }
 
+/* one query with its scores on AMX tiles (attention-amx.c; j->amx): st[T][8], the keys as tile rows (bf16 pages
+ * read in place, f16 ones widened a segment at a time into wk), the softmax per head across a key's lanes, p.V as
+ * one_query's with the scores read 8 apart */
+static void one_query_amx(const ag_job *j, int b, int p, const int rng[4], int n1, int T, const seg *sg, int ns,
+                          const float *Q, float *O, float *st, float *wk, void *aw) {
+    const be_attn *a = j->a;
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, bf = j->dt == BE_BF16, sp[3];
+    att_amx_begin(Q, grp, hd, aw);
+    for (int e = 0; e < ns; e++) {
+        const void *k = bf ? (const void *)((const uint16_t *)j->k + sg[e].off) : (const void *)seg_rows(j, sg, e, ns, 0, wk);
+        att_amx_scores(aw, k, bf, sg[e].n, hd, a->scale, st + 8 * (size_t)sg[e].col,
+                       bf ? next_raw(j, sg, e, ns, 0) : next_seg(j, sg, e, ns, 0));
+    }
+    att_amx_end();
+    be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
+    int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
+    att_softmax_t_avx512(st, T, c0, c1 < c0 ? c0 : c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap);
+    for (int e = 0; e < ns; e++) {
+        const float *v = seg_rows(j, sg, e, ns, 1, wk);
+        for (int r0 = 0; r0 < grp; r0 += 4)
+            att_pv_t_avx512(st + 8 * (size_t)sg[e].col, r0, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, v, hd, O + (size_t)r0 * hd,
+                            hd, e > 0, r0 ? NULL : next_seg(j, sg, e, ns, 1));
+    }
+}
+
 /* one query on AVX-512 (decode): the kv head's grp query heads are the rows, all with the query's mask; each
  * segment's keys transposed into kt[hd][n] (in cache: a segment lies in one page), then the same products as
  * many_queries, 4 heads at a time. f32 pages are read in place, the next segment's prefetched while one is read;
  * 16-bit pages are widened a segment at a time into wk (keys, then values: n x hd floats, in cache). */
 static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], int n1, int T, const seg *sg, int ns,
-                      float *S, float *kt, float *wk) {
+                      float *S, float *kt, float *wk, void *aw) {
     const be_attn *a = j->a;
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head, p = a->pos0[b] + i0, sp[3];
     size_t at = ((size_t)b * a->L + i0) * a->n_head * hd + (size_t)kh * grp * hd;
     const float *Q = j->q + at;
     float *O = j->out + at;
+    if (j->amx) {
+        one_query_amx(j, b, p, rng, n1, T, sg, ns, Q, O, S, wk, aw);
+        return;
+    }
     for (int e = 0; e < ns; e++) {
         int n = sg[e].n;
         att_transpose_avx512(seg_rows(j, sg, e, ns, 0, wk), n, hd, kt, (size_t)n, next_seg(j, sg, e, ns, 0));
@@ -245,7 +280,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
         return;
     }
     if (vec) {
-        one_query(j, b, kh, i0, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, kf);
+        one_query(j, b, kh, i0, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, kf, ws + j->ws_per - j->amx_f);
         return;
     }
     /* one query per row: the group's heads are adjacent rows of q with one mask */
@@ -288,7 +323,9 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
     int tmax = (a->max_span > 0 ? a->max_span : 1) + (a->L < ATT_QB ? a->L : ATT_QB) + a->keep;
     int nth = cpu_pool_size(c->pool);
     size_t segs = (size_t)(tmax / a->page + a->keep + 8) * sizeof(seg) / sizeof(float) + 1;
-    size_t per = (size_t)ATT_QB * tmax + 3 * (size_t)tmax * a->head_dim + segs;
+    int amx = att_avx512_available() && a->L == 1 && att_amx_takes(a->n_head / a->n_kv_head, a->head_dim);
+    size_t amx_f = amx ? (att_amx_ws_bytes(a->head_dim) + 3) / 4 : 0;
+    size_t per = (size_t)ATT_QB * tmax + 3 * (size_t)tmax * a->head_dim + segs + amx_f;
     per = (per + 15) & ~(size_t)15;
     if (c->att_n < per * nth) {
         float *p = realloc(c->att, per * nth * sizeof(float));
@@ -296,7 +333,7 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
         c->att = p;
         c->att_n = per * nth;
     }
-    ag_job j = { a, q, k, v, kv_dt, out, c->att, per, tmax, (a->L + ATT_QB - 1) / ATT_QB, att_avx512_available() };
+    ag_job j = { a, q, k, v, kv_dt, out, c->att, per, tmax, (a->L + ATT_QB - 1) / ATT_QB, att_avx512_available(), amx, amx_f };
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     cpu_pool_run(c->pool, ag_task, &j);
     return 0;

@@ -116,6 +116,23 @@ void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, 
 void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ldd, const float *pf);
 /* dst[i] = src[i] for i < n, src f16 (bf16 = 0) or bf16 (1) */
 void att_widen_avx512(const void *src, int bf16, size_t n, float *dst, const void *pf);
+/* one query's scores as st[key][8] (att_amx_scores): its softmax per head over [a0, a1) and [b0, b1), zeros
+ * elsewhere; o[r] = sum_{c < cols} st[c][h0 + r] v[c] (+ o[r] when add) for r < rows (<= 4) */
+void att_softmax_t_avx512(float *st, int T, int a0, int a1, int b0, int b1, float cap);
+void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
+                     const float *pf);
+
+/* attention-amx.c: one query's scores on AMX bf16 tiles, st[t][h] = scale q[h] . k[t] for a kv head's group of
+ * grp <= 8 heads (lanes past grp: 0), keys f32 (split exactly into three bf16 parts) or bf16 rows; pf (or NULL):
+ * rows laid out as k (the next segment's), prefetched into L2 as k's are read. att_amx_takes says when
+ * (gemm_amx_available, grp <= 8, hd a multiple of 32 up to ATT_AMX_HD); ws: att_amx_ws_bytes(hd) bytes; begin
+ * configures the tiles and splits the queries, end releases the tiles. */
+#define ATT_AMX_HD 256
+int att_amx_takes(int grp, int hd);
+size_t att_amx_ws_bytes(int hd);
+void att_amx_begin(const float *q, int grp, int hd, void *ws);
+void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st, const void *pf);
+void att_amx_end(void);
 
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when

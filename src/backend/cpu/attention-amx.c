@@ -1,0 +1,143 @@
+/*
+ * attention-amx.c — one query's scores on AMX bf16 tiles (TDPBF16PS), for
+ * attention-gemm.c's decode path (one_query) where the CPU grants the tiles
+ * (gemm_amx_available), a kv head has at most 8 query heads and head_dim is
+ * a multiple of 32 up to ATT_AMX_HD:
+ *     st[t][h] = scale * q[h] . k[t]        (keys as rows: st is [key][8])
+ * The keys go to the tiles as A's rows, with no transposition: f32 rows split
+ * exactly into three bf16 parts, k = k1 + k2 + k3 (each the top 8 significant
+ * bits of what is left, by masks); bf16 pages' rows as they are (k = k1).
+ * The group's queries, split the same way once a call, are B: columns 0-7
+ * q1 and 8-15 q2 of one tile, q3 in columns 0-7 of another. Products kept:
+ * (k1 + k2 + k3) (q1 + q2) + k1 q3, the dropped terms below 2^-24 |k||q|: the
+ * f32 dot product to rounding, summed in another order (bf16 products are
+ * exact in the tiles' f32 sums). What it replaces: the keys transposed a page
+ * at a time (16 shuffles a key) and 32 FMAs a key for the 8 heads' scores.
+ * Scratch (att_amx_ws_bytes): B [hd/32][2 tiles][16][16][2] bf16, A [3][16][hd]
+ * bf16, C [16][16] f32.
+ */
+#include "backend/cpu/gemv.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define AMX_TGT "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16"
+#define AMX_FN static inline __attribute__((always_inline, target(AMX_TGT)))
+
+int att_amx_takes(int grp, int hd) { return grp <= 8 && hd % 32 == 0 && hd <= ATT_AMX_HD && gemm_amx_available(); }
+
+size_t att_amx_ws_bytes(int hd) { return 64 * (size_t)hd + 96 * (size_t)hd + 1024 + 64; }
+
+static uint16_t *amx_b(void *ws) { return (uint16_t *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
+static uint16_t *amx_a(void *ws, int hd) { return amx_b(ws) + 32 * (size_t)hd; }
+static float *amx_c(void *ws, int hd) { return (float *)(void *)(amx_a(ws, hd) + 48 * (size_t)hd); }
+
+static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+/* the tiles' shapes (0-2: A parts, 16 keys x 32 dims; 3, 4: B, 16 dim pairs x 16 columns x 2; 5: C, 16 x 16 f32)
+ * and the group's queries split into q1 + q2 + q3 (B) */
+__attribute__((target(AMX_TGT))) void att_amx_begin(const float *q, int grp, int hd, void *ws) {
+    struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    uint16_t *B = amx_b(ws);
+    memset(B, 0, sizeof(uint16_t) * 32 * (size_t)hd);
+    for (int h = 0; h < grp; h++)
+        for (int d = 0; d < hd; d++) {
+            float x = q[(size_t)h * hd + d], p1 = bits_f32(f32_bits(x) & 0xFFFF0000u), r = x - p1;
+            float p2 = bits_f32(f32_bits(r) & 0xFFFF0000u), p3 = r - p2;
+            uint16_t *b = B + (size_t)(d / 32) * 1024 + (size_t)(d % 32 / 2) * 32 + d % 2;   /* tile, row (dim pair), pair */
+            b[2 * h] = (uint16_t)(f32_bits(p1) >> 16);
+            b[2 * (8 + h)] = (uint16_t)(f32_bits(p2) >> 16);
+            b[512 + 2 * h] = (uint16_t)(f32_bits(p3) >> 16);
+        }
+}
+
+__attribute__((target(AMX_TGT))) void att_amx_end(void) { _tile_release(); }
+
+/* rows r < nk of k (f32, hd floats a row) as three bf16 parts into A: [part][16][hd]; pf (or NULL): each row's
+ * lines there prefetched into L2 as the row is read (spread out: a burst of them stalls on the fill buffers) */
+AMX_FN void split_rows(const float *k, int nk, int hd, uint16_t *A, const float *pf) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    size_t pst = 16 * (size_t)hd;
+    for (int r = 0; r < nk; r++)
+        for (int c = 0; c < hd; c += 32) {
+            if (pf) {
+                _mm_prefetch((const char *)(pf + (size_t)r * hd + c), _MM_HINT_T1);
+                _mm_prefetch((const char *)(pf + (size_t)r * hd + c + 16), _MM_HINT_T1);
+            }
+            __m512 x[2], p[3][2];
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) {
+                x[i] = _mm512_loadu_ps(k + (size_t)r * hd + c + 16 * i);
+                p[0][i] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x[i]), hi));
+                __m512 rest = _mm512_sub_ps(x[i], p[0][i]);
+                p[1][i] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), hi));
+                p[2][i] = _mm512_sub_ps(rest, p[1][i]);
+            }
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; j++)   /* each part exactly a bf16: the conversion only packs */
+                _mm512_storeu_si512(A + j * pst + (size_t)r * hd + c, (__m512i)_mm512_cvtne2ps_pbh(p[j][1], p[j][0]));
+        }
+}
+
+/* st[t][h] = scale * (C[t][h] + C[t][8 + h]) for t < nk */
+AMX_FN void fold_c(const float *C, int nk, float scale, float *st) {
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int t = 0; t < nk; t++)
+        _mm256_storeu_ps(st + 8 * (size_t)t, _mm256_mul_ps(s, _mm256_add_ps(_mm256_loadu_ps(C + 16 * t), _mm256_loadu_ps(C + 16 * t + 8))));
+}
+
+/* st[t][0..8) = scale * q[h] . k[t] for t < n (heads past the group: 0); k: n rows of hd, f32 or (bf16) bf16 */
+__attribute__((target(AMX_TGT))) void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st,
+                                                      const void *pf) {
+    const uint16_t *B = amx_b(ws);
+    uint16_t *A = amx_a(ws, hd);
+    float *C = amx_c(ws, hd);
+    size_t pst = 16 * (size_t)hd;
+    for (int t0 = 0; t0 < n; t0 += 16) {
+        int nk = n - t0 < 16 ? n - t0 : 16;
+        const uint16_t *A1 = A;
+        size_t lda = 2 * (size_t)hd;
+        if (!bf16) {
+            split_rows((const float *)k + (size_t)t0 * hd, nk, hd, A, pf ? (const float *)pf + (size_t)t0 * hd : NULL);
+        } else if (nk == 16) {
+            for (size_t b = 0; pf && b < 32 * (size_t)hd; b += 64) _mm_prefetch((const char *)pf + 2 * (size_t)t0 * hd + b, _MM_HINT_T1);
+            A1 = (const uint16_t *)k + (size_t)t0 * hd;   /* the page's own rows */
+        } else {   /* the last rows: copied, so that the tile reads nothing past them */
+            memcpy(A, (const uint16_t *)k + (size_t)t0 * hd, sizeof(uint16_t) * (size_t)nk * hd);
+        }
+        _tile_zero(5);
+        for (int ks = 0; ks < hd / 32; ks++) {
+            _tile_loadd(3, B + (size_t)ks * 1024, 64);
+            _tile_loadd(4, B + (size_t)ks * 1024 + 512, 64);
+            _tile_loadd(0, A1 + (size_t)ks * 32, lda);
+            _tile_dpbf16ps(5, 0, 3);
+            _tile_dpbf16ps(5, 0, 4);
+            if (!bf16) {
+                _tile_loadd(1, A + pst + (size_t)ks * 32, lda);
+                _tile_loadd(2, A + 2 * pst + (size_t)ks * 32, lda);
+                _tile_dpbf16ps(5, 1, 3);
+                _tile_dpbf16ps(5, 2, 3);
+            }
+        }
+        _tile_stored(5, C, 64);
+        fold_c(C, nk, scale, st + 8 * (size_t)t0);
+    }
+}
+#else
+int att_amx_takes(int grp, int hd) { (void)grp; (void)hd; return 0; }
+size_t att_amx_ws_bytes(int hd) { (void)hd; return 0; }
+void att_amx_begin(const float *q, int grp, int hd, void *ws) { (void)q; (void)grp; (void)hd; (void)ws; }
+void att_amx_end(void) {}
+void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st, const void *pf) {
+    (void)ws; (void)k; (void)bf16; (void)n; (void)hd; (void)scale; (void)st; (void)pf;
+}
+#endif
