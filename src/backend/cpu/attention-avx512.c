@@ -19,21 +19,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TGT __attribute__((target("avx512f")))
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 int att_avx512_available(void) {
-    return !cpu_isa_capped("avx512") && __builtin_cpu_supports("avx512f");
+    return !cpu_isa_capped("avx512") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
 }
 
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
 
+/* 16 elements of b from element i (lanes outside m: 0) as f32: b f32 (bt 0), bf16 (1) or f16 (2) */
+TGT static inline __attribute__((always_inline)) __m512 ld16(const void *b, size_t i, __mmask16 m, int bt) {
+    if (!bt) return _mm512_maskz_loadu_ps(m, (const float *)b + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)b + i);
+    return bt == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
 /* c[r][n] = alpha * sum_{p < kk} a[r][p] b[p][n] (+ c[r][n] when add) for r < rows (<= 4), n < cols (a[r][p] at
- * a + r lda + p ps: ps 1, or 8 for the scores of att_amx_scores' [key][8] layout): blocks of
- * 4 rows x 64 columns (16 accumulators), b's rows loaded whole, a's values broadcast; pf (or NULL): a matrix laid
- * out as b whose lines are prefetched as b's are read (the next segment's values) */
-TGT static inline __attribute__((always_inline)) void rows4(const float *a, int lda, int ps, int rows, const float *b, int ldb,
-                                                           int cols, int kk, float alpha, float *c, int ldc, int add,
-                                                           const float *pf) {
+ * a + r lda + p ps: ps 1, or 8 for the scores of att_amx_scores' [key][8] layout; b's elements of type bt, see
+ * ld16, its rows ldb elements apart): blocks of 4 rows x 64 columns (16 accumulators), b's rows loaded whole, a's
+ * values broadcast; pf (or NULL): a matrix laid out as b whose lines are prefetched as b's are read (the next
+ * segment's values) */
+TGT static inline __attribute__((always_inline)) void rows4(const float *a, int lda, int ps, int rows, const void *b, int bt,
+                                                           int ldb, int cols, int kk, float alpha, float *c, int ldc,
+                                                           int add, const void *pf) {
+    const int es = bt ? 2 : 4;
     const float *ar[4];
     for (int i = 0; i < 4; i++) ar[i] = a + (size_t)(i < rows ? i : rows - 1) * lda;
     for (int c0 = 0; c0 < cols; c0 += 64) {
@@ -45,12 +55,12 @@ TGT static inline __attribute__((always_inline)) void rows4(const float *a, int 
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 acc[i][j] = add && i < rows ? _mm512_maskz_loadu_ps(m[j], c + (size_t)i * ldc + c0 + 16 * j) : _mm512_setzero_ps();
-        const float *bp = b + c0;
-        for (int p = 0; p < kk; p++, bp += ldb) {
+        for (int p = 0; p < kk; p++) {
+            size_t bi = (size_t)p * ldb + c0;
             if (pf)
-                for (int j = 0; j < 4 && c0 + 16 * j < cols; j++) _mm_prefetch((const char *)(pf + (bp - b) + 16 * j), _MM_HINT_T1);
-            __m512 b0 = _mm512_maskz_loadu_ps(m[0], bp), b1 = _mm512_maskz_loadu_ps(m[1], bp + 16);
-            __m512 b2 = _mm512_maskz_loadu_ps(m[2], bp + 32), b3 = _mm512_maskz_loadu_ps(m[3], bp + 48);
+                for (int o = 0; o < 64 * es && c0 + o / es < cols; o += 64) _mm_prefetch((const char *)pf + bi * es + o, _MM_HINT_T1);
+            __m512 b0 = ld16(b, bi, m[0], bt), b1 = ld16(b, bi + 16, m[1], bt);
+            __m512 b2 = ld16(b, bi + 32, m[2], bt), b3 = ld16(b, bi + 48, m[3], bt);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
                 __m512 x = _mm512_set1_ps(ar[i][(size_t)p * ps]);
@@ -100,7 +110,7 @@ TGT void att_scale_avx512(float *s, int n, float f) {
 
 TGT void att_qk_avx512(const float *q, int ldq, int rows, const float *kt, int ldk, int cols, int hd, float scale,
                    float *s, int lds) {
-    rows4(q, ldq, 1, rows, kt, ldk, cols, hd, scale, s, lds, 0, NULL);
+    rows4(q, ldq, 1, rows, kt, 0, ldk, cols, hd, scale, s, lds, 0, NULL);
 }
 
 /* dst[i] = the f16 or bf16 src[i] widened, i < n: 16 at a time */
@@ -155,12 +165,14 @@ TGT void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_
 
 TGT void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
                    const float *pf) {
-    rows4(s, lds, 1, rows, v, hd, hd, cols, 1.0f, o, ldo, add, pf);
+    rows4(s, lds, 1, rows, v, 0, hd, hd, cols, 1.0f, o, ldo, add, pf);
 }
 
-TGT void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
-                     const float *pf) {
-    rows4(st + h0, 1, 8, rows, v, hd, hd, cols, 1.0f, o, ldo, add, pf);
+TGT void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const void *v, be_dtype vdt, int hd, float *o, int ldo,
+                         int add, const void *pf) {
+    if (vdt == BE_BF16) rows4(st + h0, 1, 8, rows, v, 1, hd, hd, cols, 1.0f, o, ldo, add, pf);
+    else if (vdt == BE_F16) rows4(st + h0, 1, 8, rows, v, 2, hd, hd, cols, 1.0f, o, ldo, add, pf);
+    else rows4(st + h0, 1, 8, rows, v, 0, hd, hd, cols, 1.0f, o, ldo, add, pf);
 }
 
 /* the union of [a0, a1) and [b0, b1) within [0, T) as at most two ordered, disjoint ranges r[0..2n) */
@@ -226,9 +238,9 @@ void att_pv_avx512(const float *s, int lds, int rows, int cols, const float *v, 
                    const float *pf) {
     (void)s; (void)lds; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add; (void)pf;
 }
-void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
-                     const float *pf) {
-    (void)st; (void)h0; (void)rows; (void)cols; (void)v; (void)hd; (void)o; (void)ldo; (void)add; (void)pf;
+void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const void *v, be_dtype vdt, int hd, float *o, int ldo,
+                     int add, const void *pf) {
+    (void)st; (void)h0; (void)rows; (void)cols; (void)v; (void)vdt; (void)hd; (void)o; (void)ldo; (void)add; (void)pf;
 }
 void att_softmax_t_avx512(float *st, int T, int a0, int a1, int b0, int b1, float cap) {
     (void)st; (void)T; (void)a0; (void)a1; (void)b0; (void)b1; (void)cap;

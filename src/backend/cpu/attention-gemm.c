@@ -212,10 +212,10 @@ static void one_query_amx(const ag_job *j, int b, int p, const int rng[4], int n
     int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
     att_softmax_t_avx512(st, T, c0, c1 < c0 ? c0 : c1, n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap);
     for (int e = 0; e < ns; e++) {
-        const float *v = seg_rows(j, sg, e, ns, 1, wk);
+        const void *v = (const char *)j->v + sg[e].off * be_dtype_size(j->dt);
         for (int r0 = 0; r0 < grp; r0 += 4)
-            att_pv_t_avx512(st + 8 * (size_t)sg[e].col, r0, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, v, hd, O + (size_t)r0 * hd,
-                            hd, e > 0, r0 ? NULL : next_seg(j, sg, e, ns, 1));
+            att_pv_t_avx512(st + 8 * (size_t)sg[e].col, r0, grp - r0 < 4 ? grp - r0 : 4, sg[e].n, v, j->dt, hd,
+                            O + (size_t)r0 * hd, hd, e > 0, r0 ? NULL : next_raw(j, sg, e, ns, 1));
     }
 }
 

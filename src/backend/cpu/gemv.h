@@ -117,10 +117,11 @@ void att_transpose_avx512(const float *src, int n, int hd, float *dst, size_t ld
 /* dst[i] = src[i] for i < n, src f16 (bf16 = 0) or bf16 (1) */
 void att_widen_avx512(const void *src, int bf16, size_t n, float *dst, const void *pf);
 /* one query's scores as st[key][8] (att_amx_scores): its softmax per head over [a0, a1) and [b0, b1), zeros
- * elsewhere; o[r] = sum_{c < cols} st[c][h0 + r] v[c] (+ o[r] when add) for r < rows (<= 4) */
+ * elsewhere; o[r] = sum_{c < cols} st[c][h0 + r] v[c] (+ o[r] when add) for r < rows (<= 4), v's rows f32, bf16
+ * or f16 (vdt: 16-bit pages read in place) */
 void att_softmax_t_avx512(float *st, int T, int a0, int a1, int b0, int b1, float cap);
-void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const float *v, int hd, float *o, int ldo, int add,
-                     const float *pf);
+void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const void *v, be_dtype vdt, int hd, float *o, int ldo,
+                     int add, const void *pf);
 
 /* attention-amx.c: one query's scores on AMX bf16 tiles, st[t][h] = scale q[h] . k[t] for a kv head's group of
  * grp <= 8 heads (lanes past grp: 0), keys f32 (split exactly into three bf16 parts) or bf16 rows; pf (or NULL):
