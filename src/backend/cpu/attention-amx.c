@@ -39,14 +39,9 @@ static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 /* the tiles' shapes (0-2: A parts, 16 keys x 32 dims; 3, 4: B, 16 dim pairs x 16 columns x 2; 5: C, 16 x 16 f32)
  * and the group's queries split into q1 + q2 + q3 (B) */
 __attribute__((target(AMX_TGT))) void att_amx_begin(const float *q, int grp, int hd, void *ws) {
-    struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 6; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_loadconfig(&cfg);
+    static const uint8_t rows[6] = {16, 16, 16, 16, 16, 16};
+    static const uint16_t colsb[6] = {64, 64, 64, 64, 64, 64};
+    amx_tiles(6, rows, colsb);
     uint16_t *B = amx_b(ws);
     memset(B, 0, sizeof(uint16_t) * 32 * (size_t)hd);
     for (int h = 0; h < grp; h++)

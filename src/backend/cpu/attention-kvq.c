@@ -232,16 +232,9 @@ static int8_t amx_s8(float d) { return (int8_t)(d > 127 ? 127 : d < -127 ? -127 
  * and the queries' digits (B) and scales (sg) */
 static __attribute__((target(AMX_TGT))) void amx_begin(const unit_in *x) {
     int hd = x->hd, KS = x->G < 64 ? x->G : 64;   /* dims a product takes: 64, or a group of 32 */
-    struct __attribute__((aligned(64))) { uint8_t palette, start; uint8_t pad[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    cfg.colsb[0] = (uint16_t)KS;   /* A: 16 keys x KS codes */
-    cfg.rows[0] = 16;
-    for (int t = 1; t < 5; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = (uint8_t)(t < 3 ? KS / 4 : 16);
-    }
-    _tile_loadconfig(&cfg);
+    const uint8_t rows[5] = {16, (uint8_t)(KS / 4), (uint8_t)(KS / 4), 16, 16};   /* A: 16 keys x KS codes, then B, C */
+    const uint16_t colsb[5] = {(uint16_t)KS, 64, 64, 64, 64};
+    amx_tiles(5, rows, colsb);
     int8_t *B = (int8_t *)x->amx;
     float *sig = amx_sg(x);
     for (int h = 0; h < HB; h++) {

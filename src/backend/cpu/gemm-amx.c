@@ -117,11 +117,17 @@ AMX_KERNEL void gemm_amx_pack_rows(const float *w, int rows, int64_t k, uint32_t
     }
 }
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
+/* tiles 0..n-1 configured as rows[i] x colsb[i] bytes (palette 1), the others unused */
+AMX_KERNEL void amx_tiles(int n, const uint8_t *rows, const uint16_t *colsb) {
+    struct __attribute__((aligned(64))) { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < n && i < 8; i++) {
+        cfg.colsb[i] = colsb[i];
+        cfg.rows[i] = rows[i];
+    }
+    _tile_loadconfig(&cfg);
+}
 
 /* the 4 C tiles of a step to y[t0..t0+32)[r0..r0+32), only what lies inside n x rows */
 AMX_KERNEL static void store_part(float *y, int64_t ldy, int nt, int nr) {
@@ -139,11 +145,9 @@ AMX_KERNEL static void store_part(float *y, int64_t ldy, int nt, int nr) {
 
 AMX_KERNEL void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y,
                                int64_t ldy) {
-    amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) { cfg.colsb[i] = 64; cfg.rows[i] = 16; }
-    _tile_loadconfig(&cfg);
+    static const uint8_t trows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t tcols[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_tiles(8, trows, tcols);
     int64_t kpad = GEMM_AMX_PAD(k), kp2 = kpad / 2, ld = GEMM_AMX_XLD(k), xs = ld * 2;
     for (int t0 = 0; t0 < n; t0 += 32) {
         const uint16_t *a0 = xp + (size_t)t0 * (size_t)ld, *a1 = a0 + 16 * (size_t)ld;
@@ -177,6 +181,7 @@ AMX_KERNEL void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint3
     _tile_release();
 }
 #else
+void amx_tiles(int n, const uint8_t *rows, const uint16_t *colsb) { (void)n; (void)rows; (void)colsb; }
 int gemm_amx_available(void) { return 0; }
 int gemm_amx_int8_available(void) { return 0; }
 void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp) { (void)x; (void)n; (void)k; (void)xp; }
