@@ -15,6 +15,10 @@
  * at a time (16 shuffles a key) and 32 FMAs a key for the 8 heads' scores.
  * Scratch (att_amx_ws_bytes): B [hd/32][2 tiles][16][16][2] bf16, A [3][16][hd]
  * bf16, C [16][16] f32.
+ * Many queries (prefill, att_amx_qk): the roles turn, queries as A's rows (16
+ * at a time, three parts each) and the item's keys, packed once, as B's
+ * columns (three parts), so C is S[16 queries][16 keys] in the scores' own
+ * layout; products q1 k1 + q2 k1 + q3 k1 + q1 k2 + q2 k2 + q1 k3.
  */
 #include "backend/cpu/gemv.h"
 
@@ -57,10 +61,18 @@ __attribute__((target(AMX_TGT))) void att_amx_begin(const float *q, int grp, int
 
 __attribute__((target(AMX_TGT))) void att_amx_end(void) { _tile_release(); }
 
+/* x = p[0] + p[1] + p[2] exactly, each part the top 8 significant bits of what is left (so a bf16) */
+AMX_FN void split3(__m512 x, __m512 p[3]) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    p[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), hi));
+    __m512 rest = _mm512_sub_ps(x, p[0]);
+    p[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), hi));
+    p[2] = _mm512_sub_ps(rest, p[1]);
+}
+
 /* rows r < nk of k (f32, hd floats a row) as three bf16 parts into A: [part][16][hd]; pf (or NULL): each row's
  * lines there prefetched into L2 as the row is read (spread out: a burst of them stalls on the fill buffers) */
 AMX_FN void split_rows(const float *k, int nk, int hd, uint16_t *A, const float *pf) {
-    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
     size_t pst = 16 * (size_t)hd;
     for (int r = 0; r < nk; r++)
         for (int c = 0; c < hd; c += 32) {
@@ -68,18 +80,12 @@ AMX_FN void split_rows(const float *k, int nk, int hd, uint16_t *A, const float 
                 _mm_prefetch((const char *)(pf + (size_t)r * hd + c), _MM_HINT_T1);
                 _mm_prefetch((const char *)(pf + (size_t)r * hd + c + 16), _MM_HINT_T1);
             }
-            __m512 x[2], p[3][2];
-#pragma GCC unroll 2
-            for (int i = 0; i < 2; i++) {
-                x[i] = _mm512_loadu_ps(k + (size_t)r * hd + c + 16 * i);
-                p[0][i] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x[i]), hi));
-                __m512 rest = _mm512_sub_ps(x[i], p[0][i]);
-                p[1][i] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), hi));
-                p[2][i] = _mm512_sub_ps(rest, p[1][i]);
-            }
+            __m512 p0[3], p1[3];
+            split3(_mm512_loadu_ps(k + (size_t)r * hd + c), p0);
+            split3(_mm512_loadu_ps(k + (size_t)r * hd + c + 16), p1);
 #pragma GCC unroll 3
             for (int j = 0; j < 3; j++)   /* each part exactly a bf16: the conversion only packs */
-                _mm512_storeu_si512(A + j * pst + (size_t)r * hd + c, (__m512i)_mm512_cvtne2ps_pbh(p[j][1], p[j][0]));
+                _mm512_storeu_si512(A + j * pst + (size_t)r * hd + c, (__m512i)_mm512_cvtne2ps_pbh(p1[j], p0[j]));
         }
 }
 
@@ -127,7 +133,80 @@ __attribute__((target(AMX_TGT))) void att_amx_scores(void *ws, const void *k, in
         fold_c(C, nk, scale, st + 8 * (size_t)t0);
     }
 }
+
+/* Many queries (prefill): the item's keys as B tiles, kb[part][T16][hd / 32][16 dim pairs][16 keys][2] bf16 (keys
+ * past the item's: 0), packed once an item, so that C = S[16 queries][16 keys] lands in the scores' own layout */
+size_t att_amx_kt_bytes(int T, int hd) { return 3 * (size_t)((T + 15) / 16) * 32 * (size_t)hd; }
+
+/* keys [col, col + n) of the item (rows of hd f32) into kb; T16 = ceil(T / 16) */
+__attribute__((target(AMX_TGT))) void att_amx_pack_kt(const float *k, int n, int hd, int col, int T, void *kb) {
+    const int T16 = (T + 15) / 16;
+    const size_t pst = (size_t)T16 * 16 * hd;   /* a part's bf16 */
+    uint16_t *B = kb;
+    if (col == 0) memset(B, 0, att_amx_kt_bytes(T, hd));   /* the last block's keys past T stay 0 */
+    const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(64));
+    for (int t = 0; t < n; t++) {
+        int kt = col + t, blk = kt / 16, kn = kt % 16;
+        for (int c = 0; c < hd; c += 32) {
+            __m512 p0[3], p1[3];
+            split3(_mm512_loadu_ps(k + (size_t)t * hd + c), p0);
+            split3(_mm512_loadu_ps(k + (size_t)t * hd + c + 16), p1);
+            for (int j = 0; j < 3; j++) {   /* dword r (dims 2r, 2r + 1) to row r, column kn of the tile */
+                __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1[j], p0[j]);
+                char *tile = (char *)(B + j * pst + ((size_t)blk * (hd / 32) + c / 32) * 512) + 4 * kn;
+                _mm512_i32scatter_epi32(tile, rowoff, w, 1);
+            }
+        }
+    }
+}
+
+/* S[r][c] = scale * q[r] . k[c] for r < rows (<= 16), c < c_end (whole blocks of 16 up to c_end, at most T), from
+ * kb (att_amx_pack_kt); ws: att_amx_ws_bytes(hd). The tiles: 0-2 q's parts (16 x 32 dims), 3-5 k's, 6 C. */
+__attribute__((target(AMX_TGT))) void att_amx_qk(const float *q, int ldq, int rows, const void *kb, int T, int c_end, int hd,
+                                                  float scale, float *S, int lds, void *ws) {
+    static const uint8_t trows[7] = {16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t tcols[7] = {64, 64, 64, 64, 64, 64, 64};
+    amx_tiles(7, trows, tcols);
+    uint16_t *A = amx_a(ws, hd);
+    float *C = amx_c(ws, hd);
+    const size_t pst = 16 * (size_t)hd, kpst = (size_t)((T + 15) / 16) * 16 * hd;
+    const uint16_t *B = kb;
+    for (int r = 0; r < 16; r++)   /* rows past `rows`: zeros */
+        if (r < rows) split_rows(q + (size_t)r * ldq, 1, hd, A + (size_t)r * hd, NULL);
+        else for (int j = 0; j < 3; j++) memset(A + j * pst + (size_t)r * hd, 0, 2 * (size_t)hd);
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int c0 = 0; c0 < c_end; c0 += 16) {
+        _tile_zero(6);
+        for (int ks = 0; ks < hd / 32; ks++) {
+            const uint16_t *b = B + ((size_t)(c0 / 16) * (hd / 32) + ks) * 512;
+            _tile_loadd(0, A + (size_t)ks * 32, 2 * hd);
+            _tile_loadd(1, A + pst + (size_t)ks * 32, 2 * hd);
+            _tile_loadd(2, A + 2 * pst + (size_t)ks * 32, 2 * hd);
+            _tile_loadd(3, b, 64);
+            _tile_loadd(4, b + kpst, 64);
+            _tile_loadd(5, b + 2 * kpst, 64);
+            _tile_dpbf16ps(6, 0, 3);   /* (q1 + q2 + q3) k1 + (q1 + q2) k2 + q1 k3 */
+            _tile_dpbf16ps(6, 1, 3);
+            _tile_dpbf16ps(6, 2, 3);
+            _tile_dpbf16ps(6, 0, 4);
+            _tile_dpbf16ps(6, 1, 4);
+            _tile_dpbf16ps(6, 0, 5);
+        }
+        _tile_stored(6, C, 64);
+        int nc = T - c0 < 16 ? T - c0 : 16;
+        __mmask16 m = (__mmask16)((1u << nc) - 1);
+        for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(S + (size_t)r * lds + c0, m, _mm512_mul_ps(s, _mm512_loadu_ps(C + 16 * r)));
+    }
+    _tile_release();
+}
 #else
+size_t att_amx_kt_bytes(int T, int hd) { (void)T; (void)hd; return 0; }
+void att_amx_pack_kt(const float *k, int n, int hd, int col, int T, void *kb) { (void)k; (void)n; (void)hd; (void)col; (void)T; (void)kb; }
+void att_amx_qk(const float *q, int ldq, int rows, const void *kb, int T, int c_end, int hd, float scale, float *S, int lds,
+                void *ws) {
+    (void)q; (void)ldq; (void)rows; (void)kb; (void)T; (void)c_end; (void)hd; (void)scale; (void)S; (void)lds; (void)ws;
+}
 int att_amx_takes(int grp, int hd) { (void)grp; (void)hd; return 0; }
 size_t att_amx_ws_bytes(int hd) { (void)hd; return 0; }
 void att_amx_begin(const float *q, int grp, int hd, void *ws) { (void)q; (void)grp; (void)hd; (void)ws; }

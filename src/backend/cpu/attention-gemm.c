@@ -26,7 +26,9 @@
  * Where the CPU grants AMX tiles and a kv head has at most 8 query heads,
  * one query's scores go to bf16 tile products instead (attention-amx.c: the
  * keys as tile rows, f32 ones split exactly into three bf16 parts), laid out
- * [key][8 heads] for the softmax and p.V that follow (one_query_amx).
+ * [key][8 heads] for the softmax and p.V that follow (one_query_amx); many
+ * queries' scores likewise, 16 queries against the item's keys packed once
+ * as tiles (many_queries with j->amx_pf).
  *
  * Workspace: the context's attention buffer (c->att), grown on first use to
  * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list,
@@ -55,7 +57,8 @@ typedef struct ag_job {
     int nqb;                 /* query blocks per row */
     int vec;                 /* attention-avx512.c's kernels (att_avx512_available) */
     int amx;                 /* one query's scores on AMX tiles (att_amx_takes) */
-    size_t amx_f;            /* their scratch, floats at the end of each thread's ws */
+    int amx_pf;              /* many queries' scores on AMX tiles */
+    size_t amx_f;            /* their scratch (and the packed keys), floats at the end of each thread's ws */
 } ag_job;
 
 /* softmax of s[0..T) over the columns [a0, a1) and [b0, b1), zero elsewhere;
@@ -137,19 +140,26 @@ static int blk_end(const be_attn *a, int b, int i0, int r0, int M, int rng2, int
 }
 
 static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const int rng[4], int n1, int T, const seg *sg,
-                         int ns, float *S, float *kt, float *vf) {
+                         int ns, float *S, float *kt, float *vf, void *aw) {
     const be_attn *a = j->a;
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
     size_t ld = (size_t)a->n_head * hd;
+    void *kb = (char *)aw + (att_amx_ws_bytes(hd) + 63) / 64 * 64;   /* (j->amx_pf) the keys as B tiles */
     for (int e = 0; e < ns; e++) {
-        att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T, NULL);
+        if (j->amx_pf) att_amx_pack_kt(sg[e].k, sg[e].n, hd, sg[e].col, T, kb);
+        else att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T, NULL);
         if (sg[e].v != vf + (size_t)sg[e].col * hd)
             memcpy(vf + (size_t)sg[e].col * hd, sg[e].v, sizeof(float) * (size_t)sg[e].n * hd);
     }
     for (int g = 0; g < grp; g++) {
         const float *Q = j->q + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
         float *O = j->out + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
-        for (int c0 = 0; c0 < T; c0 += ATT_CH)
+        for (int r0 = 0; j->amx_pf && r0 < M; r0 += 16) {   /* 16 queries a tile, up to their last 4-block's end */
+            int r1 = M - r0 < 16 ? M : r0 + 16;
+            att_amx_qk(Q + (size_t)r0 * ld, (int)ld, r1 - r0, kb, T, blk_end(a, b, i0, (r1 - 1) / 4 * 4, M, rng[2], n1, T), hd,
+                       a->scale, S + (size_t)r0 * T, T, aw);
+        }
+        for (int c0 = 0; !j->amx_pf && c0 < T; c0 += ATT_CH)
             for (int r0 = 0; r0 < M; r0 += 4) {
                 int cb = blk_end(a, b, i0, r0, M, rng[2], n1, T), n = cb - c0 < ATT_CH ? cb - c0 : ATT_CH;
                 if (n > 0)
@@ -276,7 +286,7 @@ static void item(const ag_job *j, int b, int kh, int qb, float *ws) {
     int M = live - i0, vec = j->vec;
     int ns = segments(j, pt, kh, rng, M == 1 && vec ? NULL : kf, vf, sg);   /* one_query widens as it goes */
     if (M > 1 && vec) {
-        many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf);
+        many_queries(j, b, kh, i0, M, rng, n1, T, sg, ns, S, vf + (size_t)j->tmax * hd, vf, ws + j->ws_per - j->amx_f);
         return;
     }
     if (vec) {
@@ -324,7 +334,9 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
     int nth = cpu_pool_size(c->pool);
     size_t segs = (size_t)(tmax / a->page + a->keep + 8) * sizeof(seg) / sizeof(float) + 1;
     int amx = att_avx512_available() && a->L == 1 && att_amx_takes(a->n_head / a->n_kv_head, a->head_dim);
-    size_t amx_f = amx ? (att_amx_ws_bytes(a->head_dim) + 3) / 4 : 0;
+    int amx_pf = att_avx512_available() && a->L > 1 && att_amx_takes(1, a->head_dim);
+    size_t amx_f = amx || amx_pf ? (att_amx_ws_bytes(a->head_dim) + 64 + (amx_pf ? att_amx_kt_bytes(tmax, a->head_dim) : 0) + 3) / 4
+                                 : 0;
     size_t per = (size_t)ATT_QB * tmax + 3 * (size_t)tmax * a->head_dim + segs + amx_f;
     per = (per + 15) & ~(size_t)15;
     if (c->att_n < per * nth) {
@@ -333,7 +345,7 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
         c->att = p;
         c->att_n = per * nth;
     }
-    ag_job j = { a, q, k, v, kv_dt, out, c->att, per, tmax, (a->L + ATT_QB - 1) / ATT_QB, att_avx512_available(), amx, amx_f };
+    ag_job j = { a, q, k, v, kv_dt, out, c->att, per, tmax, (a->L + ATT_QB - 1) / ATT_QB, att_avx512_available(), amx, amx_pf, amx_f };
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
     cpu_pool_run(c->pool, ag_task, &j);
     return 0;

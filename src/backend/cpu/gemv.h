@@ -136,6 +136,13 @@ size_t att_amx_ws_bytes(int hd);
 void att_amx_begin(const float *q, int grp, int hd, void *ws);
 void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st, const void *pf);
 void att_amx_end(void);
+/* many queries (prefill): the item's keys (f32 rows, a segment [col, col + n) at a time, col 0 first) packed as B
+ * tiles into kb (att_amx_kt_bytes), then S[r][c] = scale q[r] . k[c] for blocks of up to 16 queries, keys c <
+ * c_end in whole blocks of 16 (at most T), the same three-part products; ws as above */
+size_t att_amx_kt_bytes(int T, int hd);
+void att_amx_pack_kt(const float *k, int n, int hd, int col, int T, void *kb);
+void att_amx_qk(const float *q, int ldq, int rows, const void *kb, int T, int c_end, int hd, float scale, float *S, int lds,
+                void *ws);
 
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
