@@ -378,7 +378,7 @@ static void test_attention(int threads) {
 }
 
 static void test_attention_isa(int threads) {
-    const char *path = !att_avx512_available() ? "sgemm" : gemm_amx_available() ? "AVX-512 query blocks, one query's scores on AMX"
+    const char *path = !att_avx512_available() ? "sgemm" : gemm_amx_available() ? "AVX-512 query blocks, scores and prefill p.V on AMX"
                                                                                : "AVX-512 query blocks";
     const be_ops *ops = be_cpu();
     be_ctx *c = NULL;

@@ -200,7 +200,99 @@ __attribute__((target(AMX_TGT))) void att_amx_qk(const float *q, int ldq, int ro
     }
     _tile_release();
 }
+
+/* ... and the item's values as B tiles for p.V, vb[part][T32][hd / 16][16 key pairs][16 dims][2] bf16 (keys past
+ * the item's: 0): keys [col, col + n), col 0 first */
+size_t att_amx_vt_bytes(int T, int hd) { return 3 * (size_t)((T + 31) / 32) * 64 * (size_t)hd; }
+
+__attribute__((target(AMX_TGT))) void att_amx_pack_v(const float *v, int n, int hd, int col, int T, void *vb) {
+    const size_t pst = (size_t)((T + 31) / 32) * 32 * hd;   /* a part's bf16 */
+    uint16_t *B = vb;
+    if (col == 0) memset(B, 0, att_amx_vt_bytes(T, hd));
+    for (int t = 0; t < n; t++) {
+        int kt = col + t, e = kt & 1;
+        const __mmask32 m = e ? 0xAAAAAAAAu : 0x55555555u;   /* the key's words of its pair's row */
+        for (int c = 0; c < hd; c += 16) {
+            __m512 p[3];
+            split3(_mm512_loadu_ps(v + (size_t)t * hd + c), p);
+            for (int j = 0; j < 3; j++) {
+                __m512i w = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p[j]));
+                uint16_t *row = B + j * pst + ((size_t)(kt / 32) * (hd / 16) + c / 16) * 512 + (size_t)(kt % 32 / 2) * 32;
+                _mm512_mask_storeu_epi16(row, m, e ? _mm512_slli_epi32(w, 16) : w);
+            }
+        }
+    }
+}
+
+/* o[r][d] = sum_{c < c_end} P[r][c] v[c][d] for r < rows (<= 16), d < hd (o written, not added to), from vb
+ * (att_amx_pack_v); P's columns from c_end on read as 0. Tiles: 0-3 C (64 dims a pass), 4-6 P's parts (16 x 32
+ * keys), 7 B. Products p1 v1 + p2 v1 + p3 v1 + p1 v2 + p2 v2 + p1 v3. */
+__attribute__((target(AMX_TGT))) void att_amx_pv(const float *P, int lds, int rows, int c_end, const void *vb, int T, int hd,
+                                                  float *o, int ldo, void *ws) {
+    static const uint8_t trows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t tcols[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_tiles(8, trows, tcols);
+    uint16_t *A = amx_a(ws, hd);   /* [3][16][32] */
+    float *C = amx_c(ws, hd);
+    const size_t pst = (size_t)((T + 31) / 32) * 32 * hd;
+    const uint16_t *B = vb;
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        int nd = (hd - d0 < 64 ? hd - d0 : 64) / 16;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int c0 = 0; c0 < c_end; c0 += 32) {
+            for (int r = 0; r < 16; r++) {   /* P's rows as three parts; rows past `rows` and keys past c_end: 0 */
+                int left = r < rows ? c_end - c0 : 0;
+                __mmask16 m0 = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+                __mmask16 m1 = (__mmask16)(left >= 32 ? 0xffff : left <= 16 ? 0 : (1u << (left - 16)) - 1);
+                __m512 p0[3], p1[3];
+                split3(_mm512_maskz_loadu_ps(m0, P + (size_t)(r < rows ? r : 0) * lds + c0), p0);
+                split3(_mm512_maskz_loadu_ps(m1, P + (size_t)(r < rows ? r : 0) * lds + c0 + 16), p1);
+                for (int j = 0; j < 3; j++) _mm512_storeu_si512(A + j * 512 + r * 32, (__m512i)_mm512_cvtne2ps_pbh(p1[j], p0[j]));
+            }
+            _tile_loadd(4, A, 64);
+            _tile_loadd(5, A + 512, 64);
+            _tile_loadd(6, A + 1024, 64);
+            const uint16_t *b = B + ((size_t)(c0 / 32) * (hd / 16) + d0 / 16) * 512;
+#define PV_TILE(t)                                                   \
+            if (t < nd) {                                            \
+                _tile_loadd(7, b + (t) * 512, 64);                   \
+                _tile_dpbf16ps(t, 4, 7);                             \
+                _tile_dpbf16ps(t, 5, 7);                             \
+                _tile_dpbf16ps(t, 6, 7);                             \
+                _tile_loadd(7, b + (t) * 512 + pst, 64);             \
+                _tile_dpbf16ps(t, 4, 7);                             \
+                _tile_dpbf16ps(t, 5, 7);                             \
+                _tile_loadd(7, b + (t) * 512 + 2 * pst, 64);         \
+                _tile_dpbf16ps(t, 4, 7);                             \
+            }
+            PV_TILE(0)
+            PV_TILE(1)
+            PV_TILE(2)
+            PV_TILE(3)
+#undef PV_TILE
+        }
+#define PV_OUT(t)                                                                                         \
+        if (t < nd) {                                                                                     \
+            _tile_stored(t, C, 64);                                                                       \
+            for (int r = 0; r < rows; r++) _mm512_storeu_ps(o + (size_t)r * ldo + d0 + 16 * (t), _mm512_loadu_ps(C + 16 * r)); \
+        }
+        PV_OUT(0)
+        PV_OUT(1)
+        PV_OUT(2)
+        PV_OUT(3)
+#undef PV_OUT
+    }
+    _tile_release();
+}
 #else
+size_t att_amx_vt_bytes(int T, int hd) { (void)T; (void)hd; return 0; }
+void att_amx_pack_v(const float *v, int n, int hd, int col, int T, void *vb) { (void)v; (void)n; (void)hd; (void)col; (void)T; (void)vb; }
+void att_amx_pv(const float *P, int lds, int rows, int c_end, const void *vb, int T, int hd, float *o, int ldo, void *ws) {
+    (void)P; (void)lds; (void)rows; (void)c_end; (void)vb; (void)T; (void)hd; (void)o; (void)ldo; (void)ws;
+}
 size_t att_amx_kt_bytes(int T, int hd) { (void)T; (void)hd; return 0; }
 void att_amx_pack_kt(const float *k, int n, int hd, int col, int T, void *kb) { (void)k; (void)n; (void)hd; (void)col; (void)T; (void)kb; }
 void att_amx_qk(const float *q, int ldq, int rows, const void *kb, int T, int c_end, int hd, float scale, float *S, int lds,

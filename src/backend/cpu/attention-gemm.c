@@ -27,8 +27,9 @@
  * one query's scores go to bf16 tile products instead (attention-amx.c: the
  * keys as tile rows, f32 ones split exactly into three bf16 parts), laid out
  * [key][8 heads] for the softmax and p.V that follow (one_query_amx); many
- * queries' scores likewise, 16 queries against the item's keys packed once
- * as tiles (many_queries with j->amx_pf).
+ * queries' scores and p.V likewise, 16 queries against the item's keys and
+ * values packed once as tiles (many_queries with j->amx_pf; a row's softmax
+ * then runs to the end of its block of 16).
  *
  * Workspace: the context's attention buffer (c->att), grown on first use to
  * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list,
@@ -144,13 +145,19 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
     const be_attn *a = j->a;
     int hd = a->head_dim, grp = a->n_head / a->n_kv_head;
     size_t ld = (size_t)a->n_head * hd;
-    void *kb = (char *)aw + (att_amx_ws_bytes(hd) + 63) / 64 * 64;   /* (j->amx_pf) the keys as B tiles */
+    /* (j->amx_pf) the keys and the values as B tiles */
+    void *kb = (char *)aw + (att_amx_ws_bytes(hd) + 63) / 64 * 64, *vb = (char *)kb + att_amx_kt_bytes(T, hd);
     for (int e = 0; e < ns; e++) {
-        if (j->amx_pf) att_amx_pack_kt(sg[e].k, sg[e].n, hd, sg[e].col, T, kb);
-        else att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T, NULL);
+        if (j->amx_pf) {
+            att_amx_pack_kt(sg[e].k, sg[e].n, hd, sg[e].col, T, kb);
+            att_amx_pack_v(sg[e].v, sg[e].n, hd, sg[e].col, T, vb);
+            continue;
+        }
+        att_transpose_avx512(sg[e].k, sg[e].n, hd, kt + sg[e].col, (size_t)T, NULL);
         if (sg[e].v != vf + (size_t)sg[e].col * hd)
             memcpy(vf + (size_t)sg[e].col * hd, sg[e].v, sizeof(float) * (size_t)sg[e].n * hd);
     }
+    const int qb = j->amx_pf ? 16 : 4;   /* a row's scores run to its block's last key: blocks of 16 (tiles) or 4 */
     for (int g = 0; g < grp; g++) {
         const float *Q = j->q + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
         float *O = j->out + ((size_t)b * a->L + i0) * ld + (size_t)(kh * grp + g) * hd;
@@ -171,10 +178,16 @@ static void many_queries(const ag_job *j, int b, int kh, int i0, int M, const in
             be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
             int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
             if (c1 < c0) c1 = c0;
-            masked_softmax(S + (size_t)r * T, blk_end(a, b, i0, r / 4 * 4, M, rng[2], n1, T), c0, c1,
+            int r1 = M - r / qb * qb < qb ? M : r / qb * qb + qb;
+            masked_softmax(S + (size_t)r * T, blk_end(a, b, i0, (r1 - 1) / 4 * 4, M, rng[2], n1, T), c0, c1,
                            n1 + sp[2] - rng[2], n1 + p + 1 - rng[2], a->softcap, 1);
         }
-        for (int c0 = 0; c0 < T; c0 += ATT_CH)
+        for (int r0 = 0; j->amx_pf && r0 < M; r0 += 16) {
+            int r1 = M - r0 < 16 ? M : r0 + 16;
+            att_amx_pv(S + (size_t)r0 * T, T, r1 - r0, blk_end(a, b, i0, (r1 - 1) / 4 * 4, M, rng[2], n1, T), vb, T, hd,
+                       O + (size_t)r0 * ld, (int)ld, aw);
+        }
+        for (int c0 = 0; !j->amx_pf && c0 < T; c0 += ATT_CH)
             for (int r0 = 0; r0 < M; r0 += 4) {
                 int cb = blk_end(a, b, i0, r0, M, rng[2], n1, T), n = cb - c0 < ATT_CH ? cb - c0 : ATT_CH;
                 if (n > 0)
@@ -335,7 +348,7 @@ int cpu_attention_gemm(be_ctx *c, const be_attn *a, const float *q, const void *
     size_t segs = (size_t)(tmax / a->page + a->keep + 8) * sizeof(seg) / sizeof(float) + 1;
     int amx = att_avx512_available() && a->L == 1 && att_amx_takes(a->n_head / a->n_kv_head, a->head_dim);
     int amx_pf = att_avx512_available() && a->L > 1 && att_amx_takes(1, a->head_dim);
-    size_t amx_f = amx || amx_pf ? (att_amx_ws_bytes(a->head_dim) + 64 + (amx_pf ? att_amx_kt_bytes(tmax, a->head_dim) : 0) + 3) / 4
+    size_t amx_f = amx || amx_pf ? (att_amx_ws_bytes(a->head_dim) + 64 + (amx_pf ? att_amx_kt_bytes(tmax, a->head_dim) + att_amx_vt_bytes(tmax, a->head_dim) : 0) + 3) / 4
                                  : 0;
     size_t per = (size_t)ATT_QB * tmax + 3 * (size_t)tmax * a->head_dim + segs + amx_f;
     per = (per + 15) & ~(size_t)15;

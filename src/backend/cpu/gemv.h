@@ -143,6 +143,11 @@ size_t att_amx_kt_bytes(int T, int hd);
 void att_amx_pack_kt(const float *k, int n, int hd, int col, int T, void *kb);
 void att_amx_qk(const float *q, int ldq, int rows, const void *kb, int T, int c_end, int hd, float scale, float *S, int lds,
                 void *ws);
+/* the item's values packed likewise (att_amx_vt_bytes), then o[r] = sum_{c < c_end} P[r][c] v[c] for up to 16 rows
+ * (written; P's columns from c_end on read as 0), P and v in three parts each */
+size_t att_amx_vt_bytes(int T, int hd);
+void att_amx_pack_v(const float *v, int n, int hd, int col, int T, void *vb);
+void att_amx_pv(const float *P, int lds, int rows, int c_end, const void *vb, int T, int hd, float *o, int ldo, void *ws);
 
 /* attention-gemm.c: be_ops.attention through sgemm (same contract; any B, L,
  * GQA, window, f32/f16 cache). Returns non-zero, having done nothing, when
