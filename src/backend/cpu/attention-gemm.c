@@ -32,8 +32,9 @@
  * then runs to the end of its block of 16).
  *
  * Workspace: the context's attention buffer (c->att), grown on first use to
- * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list,
- * T <= max_span + ATT_QB + keep. Like
+ * n_threads x (ATT_QB*T + 3*T*hd) floats + the segment list (+ the AMX
+ * scratch; with many queries on tiles also the packed keys and values, about
+ * 12*T*hd bytes), T <= max_span + ATT_QB + keep. Like
  * cpu_matmul, it keeps OpenBLAS single-threaded: the pool runs the threads.
  * Padded queries (i >= len[b]) get zeros.
  */
