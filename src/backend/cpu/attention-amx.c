@@ -6,7 +6,8 @@
  *     st[t][h] = scale * q[h] . k[t]        (keys as rows: st is [key][8])
  * The keys go to the tiles as A's rows, with no transposition: f32 rows split
  * exactly into three bf16 parts, k = k1 + k2 + k3 (each the top 8 significant
- * bits of what is left, by masks); bf16 pages' rows as they are (k = k1).
+ * bits of what is left, by masks); bf16 pages' rows as they are (k = k1), f16
+ * ones in two parts (their 11 significant bits).
  * The group's queries, split the same way once a call, are B: columns 0-7
  * q1 and 8-15 q2 of one tile, q3 in columns 0-7 of another. Products kept:
  * (k1 + k2 + k3) (q1 + q2) + k1 q3, the dropped terms below 2^-24 |k||q|: the
@@ -70,21 +71,24 @@ AMX_FN void split3(__m512 x, __m512 p[3]) {
     p[2] = _mm512_sub_ps(rest, p[1]);
 }
 
-/* rows r < nk of k (f32, hd floats a row) as three bf16 parts into A: [part][16][hd]; pf (or NULL): each row's
- * lines there prefetched into L2 as the row is read (spread out: a burst of them stalls on the fill buffers) */
-AMX_FN void split_rows(const float *k, int nk, int hd, uint16_t *A, const float *pf) {
-    size_t pst = 16 * (size_t)hd;
+/* 16 elements of a row from element i as f32: f32 (f16 = 0) or f16 */
+AMX_FN __m512 ld_row(const void *k, size_t i, int f16) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)k + i))) : _mm512_loadu_ps((const float *)k + i);
+}
+
+/* rows r < nk of k (f32, or f16: hd elements a row) as three bf16 parts into A: [part][16][hd] (f16: two, its 11
+ * significant bits); pf (or NULL): each row's lines there prefetched into L2 as the row is read (spread out: a
+ * burst of them stalls on the fill buffers) */
+AMX_FN void split_rows(const void *k, int f16, int nk, int hd, uint16_t *A, const void *pf) {
+    const size_t pst = 16 * (size_t)hd, es = f16 ? 2 : 4;
     for (int r = 0; r < nk; r++)
         for (int c = 0; c < hd; c += 32) {
-            if (pf) {
-                _mm_prefetch((const char *)(pf + (size_t)r * hd + c), _MM_HINT_T1);
-                _mm_prefetch((const char *)(pf + (size_t)r * hd + c + 16), _MM_HINT_T1);
-            }
+            for (size_t b = 0; pf && b < 32 * es; b += 64) _mm_prefetch((const char *)pf + ((size_t)r * hd + c) * es + b, _MM_HINT_T1);
             __m512 p0[3], p1[3];
-            split3(_mm512_loadu_ps(k + (size_t)r * hd + c), p0);
-            split3(_mm512_loadu_ps(k + (size_t)r * hd + c + 16), p1);
+            split3(ld_row(k, (size_t)r * hd + c, f16), p0);
+            split3(ld_row(k, (size_t)r * hd + c + 16, f16), p1);
 #pragma GCC unroll 3
-            for (int j = 0; j < 3; j++)   /* each part exactly a bf16: the conversion only packs */
+            for (int j = 0; j < 3 - f16; j++)   /* each part exactly a bf16: the conversion only packs */
                 _mm512_storeu_si512(A + j * pst + (size_t)r * hd + c, (__m512i)_mm512_cvtne2ps_pbh(p1[j], p0[j]));
         }
 }
@@ -96,9 +100,11 @@ AMX_FN void fold_c(const float *C, int nk, float scale, float *st) {
         _mm256_storeu_ps(st + 8 * (size_t)t, _mm256_mul_ps(s, _mm256_add_ps(_mm256_loadu_ps(C + 16 * t), _mm256_loadu_ps(C + 16 * t + 8))));
 }
 
-/* st[t][0..8) = scale * q[h] . k[t] for t < n (heads past the group: 0); k: n rows of hd, f32 or (bf16) bf16 */
-__attribute__((target(AMX_TGT))) void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st,
+/* st[t][0..8) = scale * q[h] . k[t] for t < n (heads past the group: 0); k: n rows of hd, kdt f32, bf16 or f16 */
+__attribute__((target(AMX_TGT))) void att_amx_scores(void *ws, const void *k, be_dtype kdt, int n, int hd, float scale, float *st,
                                                       const void *pf) {
+    const int bf16 = kdt == BE_BF16, f16 = kdt == BE_F16;
+    const size_t es = be_dtype_size(kdt);
     const uint16_t *B = amx_b(ws);
     uint16_t *A = amx_a(ws, hd);
     float *C = amx_c(ws, hd);
@@ -108,7 +114,7 @@ __attribute__((target(AMX_TGT))) void att_amx_scores(void *ws, const void *k, in
         const uint16_t *A1 = A;
         size_t lda = 2 * (size_t)hd;
         if (!bf16) {
-            split_rows((const float *)k + (size_t)t0 * hd, nk, hd, A, pf ? (const float *)pf + (size_t)t0 * hd : NULL);
+            split_rows((const char *)k + (size_t)t0 * hd * es, f16, nk, hd, A, pf ? (const char *)pf + (size_t)t0 * hd * es : NULL);
         } else if (nk == 16) {
             for (size_t b = 0; pf && b < 32 * (size_t)hd; b += 64) _mm_prefetch((const char *)pf + 2 * (size_t)t0 * hd + b, _MM_HINT_T1);
             A1 = (const uint16_t *)k + (size_t)t0 * hd;   /* the page's own rows */
@@ -124,8 +130,10 @@ __attribute__((target(AMX_TGT))) void att_amx_scores(void *ws, const void *k, in
             _tile_dpbf16ps(5, 0, 4);
             if (!bf16) {
                 _tile_loadd(1, A + pst + (size_t)ks * 32, lda);
-                _tile_loadd(2, A + 2 * pst + (size_t)ks * 32, lda);
                 _tile_dpbf16ps(5, 1, 3);
+            }
+            if (!bf16 && !f16) {
+                _tile_loadd(2, A + 2 * pst + (size_t)ks * 32, lda);
                 _tile_dpbf16ps(5, 2, 3);
             }
         }
@@ -173,7 +181,7 @@ __attribute__((target(AMX_TGT))) void att_amx_qk(const float *q, int ldq, int ro
     const size_t pst = 16 * (size_t)hd, kpst = (size_t)((T + 15) / 16) * 16 * hd;
     const uint16_t *B = kb;
     for (int r = 0; r < 16; r++)   /* rows past `rows`: zeros */
-        if (r < rows) split_rows(q + (size_t)r * ldq, 1, hd, A + (size_t)r * hd, NULL);
+        if (r < rows) split_rows(q + (size_t)r * ldq, 0, 1, hd, A + (size_t)r * hd, NULL);
         else for (int j = 0; j < 3; j++) memset(A + j * pst + (size_t)r * hd, 0, 2 * (size_t)hd);
     const __m512 s = _mm512_set1_ps(scale);
     for (int c0 = 0; c0 < c_end; c0 += 16) {
@@ -303,7 +311,7 @@ int att_amx_takes(int grp, int hd) { (void)grp; (void)hd; return 0; }
 size_t att_amx_ws_bytes(int hd) { (void)hd; return 0; }
 void att_amx_begin(const float *q, int grp, int hd, void *ws) { (void)q; (void)grp; (void)hd; (void)ws; }
 void att_amx_end(void) {}
-void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st, const void *pf) {
-    (void)ws; (void)k; (void)bf16; (void)n; (void)hd; (void)scale; (void)st; (void)pf;
+void att_amx_scores(void *ws, const void *k, be_dtype kdt, int n, int hd, float scale, float *st, const void *pf) {
+    (void)ws; (void)k; (void)kdt; (void)n; (void)hd; (void)scale; (void)st; (void)pf;
 }
 #endif

@@ -222,15 +222,13 @@ static const float *seg_rows(const ag_job *j, const seg *sg, int e, int ns, int 
  * read in place, f16 ones widened a segment at a time into wk), the softmax per head across a key's lanes, p.V as
  * one_query's with the scores read 8 apart */
 static void one_query_amx(const ag_job *j, int b, int p, const int rng[4], int n1, int T, const seg *sg, int ns,
-                          const float *Q, float *O, float *st, float *wk, void *aw) {
+                          const float *Q, float *O, float *st, void *aw) {
     const be_attn *a = j->a;
-    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, bf = j->dt == BE_BF16, sp[3];
+    int hd = a->head_dim, grp = a->n_head / a->n_kv_head, sp[3];
     att_amx_begin(Q, grp, hd, aw);
-    for (int e = 0; e < ns; e++) {
-        const void *k = bf ? (const void *)((const uint16_t *)j->k + sg[e].off) : (const void *)seg_rows(j, sg, e, ns, 0, wk);
-        att_amx_scores(aw, k, bf, sg[e].n, hd, a->scale, st + 8 * (size_t)sg[e].col,
-                       bf ? next_raw(j, sg, e, ns, 0) : next_seg(j, sg, e, ns, 0));
-    }
+    for (int e = 0; e < ns; e++)   /* the pages' rows in place, whatever their dtype */
+        att_amx_scores(aw, (const char *)j->k + sg[e].off * be_dtype_size(j->dt), j->dt, sg[e].n, hd, a->scale,
+                       st + 8 * (size_t)sg[e].col, next_raw(j, sg, e, ns, 0));
     att_amx_end();
     be_span(p, a->window, a->keep, a->run0[b], &sp[0], &sp[1], &sp[2]);
     int c0 = sp[0] - rng[0], c1 = sp[1] - rng[0];
@@ -255,7 +253,7 @@ static void one_query(const ag_job *j, int b, int kh, int i0, const int rng[4], 
     const float *Q = j->q + at;
     float *O = j->out + at;
     if (j->amx) {
-        one_query_amx(j, b, p, rng, n1, T, sg, ns, Q, O, S, wk, aw);
+        one_query_amx(j, b, p, rng, n1, T, sg, ns, Q, O, S, aw);
         return;
     }
     for (int e = 0; e < ns; e++) {

@@ -126,7 +126,7 @@ void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const void *v,
                      int add, const void *pf);
 
 /* attention-amx.c: one query's scores on AMX bf16 tiles, st[t][h] = scale q[h] . k[t] for a kv head's group of
- * grp <= 8 heads (lanes past grp: 0), keys f32 (split exactly into three bf16 parts) or bf16 rows; pf (or NULL):
+ * grp <= 8 heads (lanes past grp: 0), keys f32 (split exactly into three bf16 parts), f16 (two) or bf16 rows; pf (or NULL):
  * rows laid out as k (the next segment's), prefetched into L2 as k's are read. att_amx_takes says when
  * (gemm_amx_available, grp <= 8, hd a multiple of 32 up to ATT_AMX_HD); ws: att_amx_ws_bytes(hd) bytes; begin
  * configures the tiles and splits the queries, end releases the tiles. */
@@ -134,7 +134,7 @@ void att_pv_t_avx512(const float *st, int h0, int rows, int cols, const void *v,
 int att_amx_takes(int grp, int hd);
 size_t att_amx_ws_bytes(int hd);
 void att_amx_begin(const float *q, int grp, int hd, void *ws);
-void att_amx_scores(void *ws, const void *k, int bf16, int n, int hd, float scale, float *st, const void *pf);
+void att_amx_scores(void *ws, const void *k, be_dtype kdt, int n, int hd, float scale, float *st, const void *pf);
 void att_amx_end(void);
 /* many queries (prefill): the item's keys (f32 rows, a segment [col, col + n) at a time, col 0 first) packed as B
  * tiles into kb (att_amx_kt_bytes), then S[r][c] = scale q[r] . k[c] for blocks of up to 16 queries, keys c <
