@@ -44,9 +44,7 @@ static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 /* the tiles' shapes (0-2: A parts, 16 keys x 32 dims; 3, 4: B, 16 dim pairs x 16 columns x 2; 5: C, 16 x 16 f32)
  * and the group's queries split into q1 + q2 + q3 (B) */
 __attribute__((target(AMX_TGT))) void att_amx_begin(const float *q, int grp, int hd, void *ws) {
-    static const uint8_t rows[6] = {16, 16, 16, 16, 16, 16};
-    static const uint16_t colsb[6] = {64, 64, 64, 64, 64, 64};
-    amx_tiles(6, rows, colsb);
+    amx_tiles_full();
     uint16_t *B = amx_b(ws);
     memset(B, 0, sizeof(uint16_t) * 32 * (size_t)hd);
     for (int h = 0; h < grp; h++)
@@ -173,9 +171,7 @@ __attribute__((target(AMX_TGT))) void att_amx_pack_kt(const float *k, int n, int
  * kb (att_amx_pack_kt); ws: att_amx_ws_bytes(hd). The tiles: 0-2 q's parts (16 x 32 dims), 3-5 k's, 6 C. */
 __attribute__((target(AMX_TGT))) void att_amx_qk(const float *q, int ldq, int rows, const void *kb, int T, int c_end, int hd,
                                                   float scale, float *S, int lds, void *ws) {
-    static const uint8_t trows[7] = {16, 16, 16, 16, 16, 16, 16};
-    static const uint16_t tcols[7] = {64, 64, 64, 64, 64, 64, 64};
-    amx_tiles(7, trows, tcols);
+    amx_tiles_full();
     uint16_t *A = amx_a(ws, hd);
     float *C = amx_c(ws, hd);
     const size_t pst = 16 * (size_t)hd, kpst = (size_t)((T + 15) / 16) * 16 * hd;
@@ -237,9 +233,7 @@ __attribute__((target(AMX_TGT))) void att_amx_pack_v(const float *v, int n, int 
  * keys), 7 B. Products p1 v1 + p2 v1 + p3 v1 + p1 v2 + p2 v2 + p1 v3. */
 __attribute__((target(AMX_TGT))) void att_amx_pv(const float *P, int lds, int rows, int c_end, const void *vb, int T, int hd,
                                                   float *o, int ldo, void *ws) {
-    static const uint8_t trows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-    static const uint16_t tcols[8] = {64, 64, 64, 64, 64, 64, 64, 64};
-    amx_tiles(8, trows, tcols);
+    amx_tiles_full();
     uint16_t *A = amx_a(ws, hd);   /* [3][16][32] */
     float *C = amx_c(ws, hd);
     const size_t pst = (size_t)((T + 31) / 32) * 32 * hd;

@@ -129,6 +129,13 @@ AMX_KERNEL void amx_tiles(int n, const uint8_t *rows, const uint16_t *colsb) {
     _tile_loadconfig(&cfg);
 }
 
+/* all eight tiles at the largest shape, 16 rows x 64 bytes */
+AMX_KERNEL void amx_tiles_full(void) {
+    static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_tiles(8, rows, colsb);
+}
+
 /* the 4 C tiles of a step to y[t0..t0+32)[r0..r0+32), only what lies inside n x rows */
 AMX_KERNEL static void store_part(float *y, int64_t ldy, int nt, int nr) {
     float tmp[4][16 * 16] __attribute__((aligned(64)));
@@ -145,9 +152,7 @@ AMX_KERNEL static void store_part(float *y, int64_t ldy, int nt, int nr) {
 
 AMX_KERNEL void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y,
                                int64_t ldy) {
-    static const uint8_t trows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-    static const uint16_t tcols[8] = {64, 64, 64, 64, 64, 64, 64, 64};
-    amx_tiles(8, trows, tcols);
+    amx_tiles_full();
     int64_t kpad = GEMM_AMX_PAD(k), kp2 = kpad / 2, ld = GEMM_AMX_XLD(k), xs = ld * 2;
     for (int t0 = 0; t0 < n; t0 += 32) {
         const uint16_t *a0 = xp + (size_t)t0 * (size_t)ld, *a1 = a0 + 16 * (size_t)ld;
@@ -182,6 +187,7 @@ AMX_KERNEL void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint3
 }
 #else
 void amx_tiles(int n, const uint8_t *rows, const uint16_t *colsb) { (void)n; (void)rows; (void)colsb; }
+void amx_tiles_full(void) {}
 int gemm_amx_available(void) { return 0; }
 int gemm_amx_int8_available(void) { return 0; }
 void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp) { (void)x; (void)n; (void)k; (void)xp; }

@@ -96,6 +96,7 @@ int gemm_amx_available(void);
 int gemm_amx_int8_available(void);   /* ... with AMX-INT8 (tile products of bytes) */
 /* the calling thread's tiles 0..n-1 (n <= 8) as rows[i] x colsb[i] bytes (palette 1); _tile_release ends them */
 void amx_tiles(int n, const uint8_t *rows, const uint16_t *colsb);
+void amx_tiles_full(void);   /* all eight tiles 16 rows x 64 bytes */
 void gemm_amx_pack_x(const float *x, int n, int64_t k, uint16_t *xp);
 void gemm_amx_pack_rows(const float *w, int rows, int64_t k, uint32_t *wv);
 void gemm_amx_block(const uint16_t *xp, int n, int64_t k, const uint32_t *wv, int rows, float *y, int64_t ldy);
