@@ -1278,6 +1278,58 @@ static void test_kvq_write(void) {
           "x f32/f16/bf16 scales, head_dim 32-256, pages 4 and 16), other slots untouched, guards intact", n - fails, n);
 }
 
+/* rope of q and k, then k and v quantized into their pools, in one op: q and k against the reference rope; the
+ * pools equal be_ref_kvq_write of the op's own rotated k (so the rope's last bits do not move a code) and of v,
+ * bit for bit (slots it does not write keep their poison); more rotation pairs than a block's threads once */
+static void test_rope_kvq_write(void) {
+    if (!have((const void *)be->rope_kvq_write, "rope_kvq_write")) return;
+    static const struct { int bits, group, dt, hd, H, nkv, half_rot, page; } C[] = {
+        {4, 64, BE_BF16, 128, 8, 2, 0, 16}, {8, 64, BE_F32, 128, 6, 3, 1, 4}, {2, 32, BE_F16, 64, 4, 2, 0, 4},
+        {3, 32, BE_BF16, 64, 2, 2, 1, 16}, {5, 128, BE_F32, 256, 4, 1, 0, 16}, {6, 32, BE_F16, 32, 4, 4, 0, 4},
+        {4, 32, BE_F32, 128, 24, 1, 0, 16}, {8, 128, BE_BF16, 128, 32, 8, 1, 16},
+    };
+    for (size_t ci = 0; ci < sizeof C / sizeof *C; ci++) {
+        int hd = C[ci].hd, H = C[ci].H, nkv = C[ci].nkv, B = 3, L = 5, T = B * L, pos[15];
+        int pos0[3] = {0, 3, 30}, len[3] = {5, 2, 4}, run0[3] = {0, 0, 0};
+        int rot = C[ci].half_rot ? hd / 2 : hd, neox = (int)ci % 2;
+        float *inv = malloc(sizeof(float) * (rot / 2));
+        for (int i = 0; i < rot / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rot);
+        for (int t = 0; t < T; t++) pos[t] = pos0[t / L] + t % L;
+        be_attn a = {.B = B, .L = L, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len, .run0 = run0,
+                     .pos = pos, .inv_freq = inv, .rot_dims = rot, .neox = neox};
+        paged_layout ly;
+        paged_new(&ly, &a, C[ci].page, &rng, be, bc);
+        size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, slots = paged_pool_elems(&a, &ly) / hd;
+        float *q = rnd(nq, 1.0f), *k = rnd(nk, 1.0f), *v = rnd(nk, 2.0f), *qr = malloc(nq * 4), *kr = malloc(nk * 4);
+        float *qg = malloc(nq * 4), *kg = malloc(nk * 4);
+        memcpy(qr, q, nq * 4);
+        memcpy(kr, k, nk * 4);
+        be_ref_rope(qr, T, H, hd, rot, pos, inv, neox);
+        be_ref_rope(kr, T, nkv, hd, rot, pos, inv, neox);
+        qpool kp, vp;
+        qpool_new(&kp, slots, hd, C[ci].bits, C[ci].group, (be_dtype)C[ci].dt);
+        qpool_new(&vp, slots, hd, C[ci].bits, C[ci].group, (be_dtype)C[ci].dt);
+        qpool_put(&kp);
+        qpool_put(&vp);
+        gbuf gq = gb_new(nq), gk = gb_new(nk), gv = gb_new(nk);
+        gb_put(&gq, q); gb_put(&gk, k); gb_put(&gv, v);
+        be->rope_kvq_write(bc, &a, gq.p, gk.p, gv.p, &kp.d, &vp.d);
+        int guards = gb_get(&gq, qg) & gb_get(&gk, kg) & gb_get(&gv, v);
+        be_ref_kvq_write(&a, kg, &kp.h);
+        be_ref_kvq_write(&a, v, &vp.h);
+        int same = qpool_same(&kp, &guards) & qpool_same(&vp, &guards);
+        double eq = relerr(qg, qr, nq), ek = relerr(kg, kr, nk);
+        CHECK(guards && same && eq <= 2e-4 && ek <= 2e-4,
+              "rope_kvq_write %d-bit g%d %s hd %d H %d/%d rot %d %s page %d: q err %.2e, k err %.2e; pools %s the reference's of the "
+              "op's k and v, guards %s", C[ci].bits, C[ci].group, DTN[C[ci].dt], hd, H, nkv, rot, neox ? "neox" : "interleaved", a.page,
+              eq, ek, same ? "equal" : "DIFFER FROM", guards ? "intact" : "WRITTEN");
+        gb_free(&gq); gb_free(&gk); gb_free(&gv);
+        qpool_free(&kp); qpool_free(&vp);
+        paged_free(&ly);
+        free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(inv);
+    }
+}
+
 typedef struct kvq_case {
     int B, L, H, nkv, hd, page, window, keep, bits, group, sdt, kernel;
     int pos0[3], len[3], run0[3];
@@ -1553,6 +1605,7 @@ int main(void) {
     RUN(test_attention);
     RUN(test_attention_rope);
     RUN(test_kvq_write);
+    RUN(test_rope_kvq_write);
     RUN(test_kvq_attention);
 #ifdef CINFER_CUDA
     if (on_cuda) {

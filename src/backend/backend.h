@@ -392,6 +392,10 @@ typedef struct be_ops {
      *     sum exp(s - m'), o = f o + sum exp(s - m') deq(v); out = o / l.
      * Both: fused dequantization, no full-precision copy of the pool. */
     void (*kvq_write)(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool);
+    /* optional: the rope op on q[B][L][n_head][hd] and k[B][L][n_kv][hd] (in place, a->pos, a->inv_freq), then
+     * kvq_write of k into kp and of v into vp — one pass where the backend can (CUDA: one launch a step) */
+    void (*rope_kvq_write)(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, const be_kvq *kp,
+                           const be_kvq *vp);
     void (*kvq_attention)(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel,
                           float *out);
 } be_ops;

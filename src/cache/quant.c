@@ -82,13 +82,17 @@ static int pick_kernel(const kv_quant *c, const be_attn *a) {
 static void quant_update_attend(kv_cache *base, const be_attn *a, float *k, const float *v, float *q, float *out) {
     kv_quant *c = (kv_quant *)base;
     const be_ops *be = c->be;
-    if (a->inv_freq) {
-        int T = a->B * a->L;
-        be->rope(c->bc, q, T, a->n_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
-        be->rope(c->bc, k, T, a->n_kv_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+    if (a->inv_freq && be->rope_kvq_write) {
+        be->rope_kvq_write(c->bc, a, q, k, v, &c->k, &c->v);
+    } else {
+        if (a->inv_freq) {
+            int T = a->B * a->L;
+            be->rope(c->bc, q, T, a->n_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+            be->rope(c->bc, k, T, a->n_kv_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+        }
+        be->kvq_write(c->bc, a, k, &c->k);
+        be->kvq_write(c->bc, a, v, &c->v);
     }
-    be->kvq_write(c->bc, a, k, &c->k);
-    be->kvq_write(c->bc, a, v, &c->v);
     be->kvq_attention(c->bc, a, q, &c->k, &c->v, pick_kernel(c, a), out);
 }
 

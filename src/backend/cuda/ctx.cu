@@ -306,6 +306,9 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->cluster = cf_knob_on("CINFER_CUDA_CLUSTER");
     c->dec_wide = cf_knob_on("CINFER_CUDA_DEC_WIDE");
     c->rope_fuse = cf_knob_on("CINFER_CUDA_ROPE_FUSE");
+    c->kvq_rope = cf_knob_on("CINFER_CUDA_KVQ_ROPE");
+    const char *ko = getenv("CINFER_CUDA_KQ_OCC");
+    c->kq_occ = ko && !strcmp(ko, "1");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");
@@ -625,6 +628,7 @@ static be_ops make_ops(void) {
     o.rope_kv_write = cu_op_rope_kv_write;
     o.rope_kv_attend = cu_op_rope_kv_attend;
     o.kvq_write = cu_op_kvq_write;
+    o.rope_kvq_write = cu_op_rope_kvq_write;
     o.kvq_attention = cu_op_kvq_attention;
     return o;
 }

@@ -122,6 +122,8 @@ struct be_ctx {
     int cluster;             /* decode attention merges its slices within a cluster (CINFER_CUDA_CLUSTER=0: off) */
     int dec_wide;            /* the CUDA-core decode attention with 8 warps a block (CINFER_CUDA_DEC_WIDE=0: 4) */
     int rope_fuse;           /* rope_kv_attend's rope and KV write inside that kernel (CINFER_CUDA_ROPE_FUSE=0: two launches) */
+    int kvq_rope;            /* rope_kvq_write in one launch (CINFER_CUDA_KVQ_ROPE=0: four) */
+    int kq_occ;              /* k_kvq_tc over 4-bit pools with 4 blocks an SM (CINFER_CUDA_KQ_OCC=1; kvquant.cu) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */
@@ -266,6 +268,7 @@ void cu_attn_many_launch(be_ctx *c, const cu_rec *r);
 /* quantized KV (kvquant.cu): be_ops.kvq_write and kvq_attention; prefill of the latter runs the flash
  * kernel with a dequantizing tile loader (attention.cu, record as kvquant.cu's) */
 void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq *pool);
+void cu_op_rope_kvq_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, const be_kvq *kp, const be_kvq *vp);
 void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_kvq *k, const be_kvq *v, int kernel, float *out);
 void cu_kvq_flash_launch(be_ctx *c, const cu_rec *r);
 void cu_op_argmax(be_ctx *c, const float *x, int n, int dim, int32_t *out);

@@ -44,26 +44,13 @@
 
 /* ------------------------------------------------------------------ write */
 
-/* a block of 128 threads, hd/8 threads per row (b, i, kv head) */
-__global__ void __launch_bounds__(128) k_kvq_write(const float *src, uint8_t *codes, void *scales, void *biases, int bits, int group,
-                                                   int sdt, int L, int n_kv, int hd, const int32_t *pt, int n_pt, int sh, const int *pos0,
-                                                   const int *len, const int *seq, int n_rows) {
-    PDL_ENTRY();
-    int per = hd / 8, t = blockIdx.x * blockDim.x + threadIdx.x, r = t / per, c8 = t % per;
-    int gl = group / 8;   /* lanes of a group: an aligned run of a warp (per divides 32 or is a multiple of it) */
-    float v[8], mx = 0.0f, mn = 0.0f;
-    int live = r < n_rows;
-    int h = 0, i = 0, b = 0;
-    if (live) {
-        h = r % n_kv;
-        i = (r / n_kv) % L;
-        b = r / n_kv / L;
-        live = i < len[b];
-    }
-    const float *s = src + (size_t)(live ? r : 0) * hd + c8 * 8;
-#pragma unroll
-    for (int m = 0; m < 8; m++) v[m] = live ? s[m] : 0.0f;
-    mn = v[0];
+/* dims 8 c8 .. 8 c8 + 7 of a row (v) into pool row `row` (< 0: nothing written): the group's max and min by
+ * shuffles among its group/8 lanes (an aligned run of the warp, so every lane of the warp calls this), then
+ * aq_quantize_row's float32 steps in its order; the group's first lane writes its scale and bias */
+__device__ __forceinline__ void kvq_put8(const float *v, int64_t row, int c8, uint8_t *codes, void *scales, void *biases, int bits,
+                                         int group, int sdt, int hd) {
+    int gl = group / 8;
+    float mx = 0.0f, mn = v[0];
 #pragma unroll
     for (int m = 0; m < 8; m++) {   /* GPU rule: the max starts at 0 */
         mx = fmaxf(mx, v[m]);
@@ -73,8 +60,6 @@ __global__ void __launch_bounds__(128) k_kvq_write(const float *src, uint8_t *co
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
     }
-    if (!live) return;
-    int64_t row = cu_kv_row(pt + (size_t)seq[b] * n_pt, sh, n_kv, h, pos0[b] + i);
     if (row < 0) return;
     const float n = (float)((1 << bits) - 1), eps = 1e-7f;
     float s0 = __fdiv_rn(mx - mn, n);
@@ -98,6 +83,28 @@ __global__ void __launch_bounds__(128) k_kvq_write(const float *src, uint8_t *co
         cu_kv_put(scales, sdt, gi, scale);
         cu_kv_put(biases, sdt, gi, bias);
     }
+}
+
+/* a block of 128 threads, hd/8 threads per row (b, i, kv head) */
+__global__ void __launch_bounds__(128) k_kvq_write(const float *src, uint8_t *codes, void *scales, void *biases, int bits, int group,
+                                                   int sdt, int L, int n_kv, int hd, const int32_t *pt, int n_pt, int sh, const int *pos0,
+                                                   const int *len, const int *seq, int n_rows) {
+    PDL_ENTRY();
+    int per = hd / 8, t = blockIdx.x * blockDim.x + threadIdx.x, r = t / per, c8 = t % per;
+    float v[8];
+    int live = r < n_rows;
+    int h = 0, i = 0, b = 0;
+    if (live) {
+        h = r % n_kv;
+        i = (r / n_kv) % L;
+        b = r / n_kv / L;
+        live = i < len[b];
+    }
+    const float *s = src + (size_t)(live ? r : 0) * hd + c8 * 8;
+#pragma unroll
+    for (int m = 0; m < 8; m++) v[m] = live ? s[m] : 0.0f;
+    int64_t row = live ? cu_kv_row(pt + (size_t)seq[b] * n_pt, sh, n_kv, h, pos0[b] + i) : -1;
+    kvq_put8(v, row, c8, codes, scales, biases, bits, group, sdt, hd);
 }
 
 /* the record: p src, codes, scales, biases, then the geometry at p[4]; i[CU_A_OP..]: bits, group, sdt */
@@ -144,6 +151,103 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
     r.i[CU_A_OP] = pool->bits;
     r.i[CU_A_OP + 1] = pool->group;
     r.i[CU_A_OP + 2] = pool->sdt;
+    cu_submit(c, &r);
+}
+
+/* ---------------------------------------------------- rope + kvq write, fused */
+
+/* One block per (token, kv head): the rotation pairs of the kv head's g q heads and of its k head, in place (as
+ * k_rope_kv: angles from the staged positions and frequencies, computed before waiting on the kernel before),
+ * then, after a barrier, the rotated k row and the v row quantized into their pools as k_kvq_write does (hd/8
+ * threads a row, k's first: kvq_put8). A decode step's rope and writes in one launch instead of four (two ropes,
+ * two writes); CINFER_CUDA_KVQ_ROPE=0 issues the four. */
+__global__ void k_rope_kvq(float *q, float *k, const float *v, uint8_t *kc, void *ks, void *kb, uint8_t *vc, void *vs, void *vb, int bits,
+                           int group, int sdt, int L, int H, int n_kv, int hd, int rot, const int32_t *pt, int n_pt, int sh,
+                           const int *pos, const float *inv_freq, int neox, const int *pos0, const int *len, const int *seq) {
+    int h = blockIdx.x % n_kv, t = blockIdx.x / n_kv, b = t / L, i = t % L;
+    int half = rot / 2, g = H / n_kv, npair = (g + 1) * half, w = threadIdx.x;
+    float *kr = k + ((size_t)t * n_kv + h) * hd;
+    float cs = 0.0f, sn = 0.0f;
+    PDL_TRIGGER();   /* the attention after this waits for it whole */
+    if (w < npair) {
+        float ang = (float)pos[t] * inv_freq[w % half];
+        cs = cosf(ang);
+        sn = sinf(ang);
+    }
+    PDL_WAIT();
+    for (; w < npair; w += blockDim.x) {
+        int hh = w / half, j = w % half;
+        if (w >= (int)blockDim.x) {   /* more pairs than threads: this pair's own angle */
+            float ang = (float)pos[t] * inv_freq[j];
+            cs = cosf(ang);
+            sn = sinf(ang);
+        }
+        float *vec = hh < g ? q + ((size_t)t * H + h * g + hh) * hd : kr;
+        int i0, i1;
+        cu_rope_dims(j, rot, neox, &i0, &i1);
+        const float2 r = cu_rope_pair(vec[i0], vec[i1], cs, sn);
+        vec[i0] = r.x;
+        vec[i1] = r.y;
+    }
+    __syncthreads();   /* the rotated k row, written by other threads of the block, is read below */
+    int per = hd / 8, tid = threadIdx.x;
+    if (tid >= (2 * per + 31) / 32 * 32) return;   /* whole warps take part in kvq_put8's shuffles */
+    int isv = tid >= per, c8 = tid % per, live = tid < 2 * per && i < len[b];
+    const float *src = (isv ? v + ((size_t)t * n_kv + h) * hd : kr) + c8 * 8;
+    float x[8];
+#pragma unroll
+    for (int m = 0; m < 8; m++) x[m] = live ? src[m] : 0.0f;
+    int64_t row = live ? cu_kv_row(pt + (size_t)seq[b] * n_pt, sh, n_kv, h, pos0[b] + i) : -1;
+    kvq_put8(x, row, c8, isv ? vc : kc, isv ? vs : ks, isv ? vb : kb, bits, group, sdt, hd);
+}
+
+/* the record: p q, k, v, K codes/scales/biases, V codes/scales/biases, the geometry at p[9], positions p[14],
+ * frequencies p[15]; i[CU_A_OP..]: bits, group, sdt, rot, neox */
+static void l_rope_kvq(be_ctx *c, const cu_rec *r) {
+    unsigned blocks = (unsigned)(r->i[CU_A_B] * r->i[CU_A_L] * r->i[CU_A_NKV]);
+    if (!blocks) return;
+    int g = (int)(r->i[CU_A_H] / r->i[CU_A_NKV]), hd = (int)r->i[CU_A_HD], rot = (int)r->i[CU_A_OP + 3];
+    int work = max((g + 1) * (rot / 2), hd / 4), threads = (work + 31) / 32 * 32;
+    cu_launch(c, k_rope_kvq, dim3(blocks), dim3(threads > 1024 ? 1024 : threads), 0, (float *)r->p[0], (float *)r->p[1],
+              (const float *)r->p[2], (uint8_t *)r->p[3], (void *)r->p[4], (void *)r->p[5], (uint8_t *)r->p[6], (void *)r->p[7],
+              (void *)r->p[8], (int)r->i[CU_A_OP], (int)r->i[CU_A_OP + 1], (int)r->i[CU_A_OP + 2], (int)r->i[CU_A_L],
+              (int)r->i[CU_A_H], (int)r->i[CU_A_NKV], hd, rot, (const int32_t *)r->p[13], (int)r->i[CU_A_NPT], (int)r->i[CU_A_PSH],
+              (const int *)r->p[14], (const float *)r->p[15], (int)r->i[CU_A_OP + 4], (const int *)r->p[9], (const int *)r->p[10],
+              (const int *)r->p[11]);
+    CU_LAUNCHED(c, "rope + kvq_write");
+}
+
+void cu_op_rope_kvq_write(be_ctx *c, const be_attn *a, float *q, float *k, const float *v, const be_kvq *kp, const be_kvq *vp) {
+    int T = a->B * a->L;
+    if (!c->kvq_rope || kp->bits != vp->bits || kp->group != vp->group || kp->sdt != vp->sdt || a->rot_dims <= 0 ||
+        a->rot_dims > a->head_dim || a->rot_dims % 2) {   /* the four ops (and their checks) */
+        cu_op_rope(c, q, T, a->n_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+        cu_op_rope(c, k, T, a->n_kv_head, a->head_dim, a->rot_dims, a->pos, a->inv_freq, a->neox);
+        cu_op_kvq_write(c, a, k, kp);
+        cu_op_kvq_write(c, a, v, vp);
+        return;
+    }
+    if (!kvq_shape_ok(c, a, kp, 1, "rope_kvq_write")) return;
+    cu_rec r;
+    memset(&r, 0, sizeof r);
+    r.fn = l_rope_kvq;
+    r.p[0] = q;
+    r.p[1] = k;
+    r.p[2] = v;
+    r.p[3] = kp->codes;
+    r.p[4] = kp->scales;
+    r.p[5] = kp->biases;
+    r.p[6] = vp->codes;
+    r.p[7] = vp->scales;
+    r.p[8] = vp->biases;
+    cu_rec_attn(c, &r, a, 9);
+    r.p[14] = cu_stage(c, a->pos, sizeof(int) * (size_t)T);
+    r.p[15] = cu_stage(c, a->inv_freq, sizeof(float) * (size_t)(a->rot_dims / 2));
+    r.i[CU_A_OP] = kp->bits;
+    r.i[CU_A_OP + 1] = kp->group;
+    r.i[CU_A_OP + 2] = kp->sdt;
+    r.i[CU_A_OP + 3] = a->rot_dims;
+    r.i[CU_A_OP + 4] = a->neox;
     cu_submit(c, &r);
 }
 
@@ -389,7 +493,7 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  *   of head r & 3's sums, added by a shuffle (scores per run; P V once, before the merge). Otherwise hi and
  *   mid in rows 0-7 and 8-15, lo in a second product. CINFER_CUDA_KQ_PACK=0 keeps two products. */
 #define KT_TK 16
-#define KT_BLOCKS_SM 3   /* resident blocks per SM */
+#define KT_BLOCKS_SM 3   /* resident blocks per SM; 4-bit pools: 4 with CINFER_CUDA_KQ_OCC (kq_tc_occ) */
 template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
     static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
@@ -423,8 +527,8 @@ template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
     return n / WG * GROUP + j * WG + n % WG;
 }
-template <int HD, int BITS, int GROUP, int SDT, bool PACK>
-__global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
+template <int HD, int BITS, int GROUP, int SDT, bool PACK, int OCC>
+__global__ void __launch_bounds__(KQ_THREADS, OCC) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
@@ -648,29 +752,38 @@ enum { KQ_SPLIT = 0, KQ_FLASH = 1, KQ_TC = 2 };
 static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
     return c->dec_tc != 0 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
 }
+/* k_kvq_tc's resident blocks an SM: 4-bit pools' stages leave room for a fourth (4 x 49 KiB of shared memory; the
+ * registers capped at 128 a thread) with CINFER_CUDA_KQ_OCC; 8-bit ones' do not */
+static int kq_tc_occ(const be_ctx *c, int bits) { return bits == 4 && c->kq_occ ? 4 : KT_BLOCKS_SM; }
 
 /* a record's geometry as l_kvq_attention decodes it, for the k_kvq_tc instance it picks */
 struct kq_geo {
     int L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk;
 };
-/* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing */
-template <int HD, int BITS, int GROUP, int SDT, bool PACK>
+/* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing, nor 8-bit ones with 4 blocks an SM */
+template <int HD, int BITS, int GROUP, int SDT, bool PACK, int OCC>
 static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
-    if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT))) {
+    if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT)) && (OCC == KT_BLOCKS_SM || BITS == 4)) {
         size_t sm = kq_tc_geo<HD, BITS>::SMEM;
-        if (!cu_check(c, cudaFuncSetAttribute(k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
-                      "kvq attention: shared memory attribute"))
-            cu_launch(c, k_kvq_tc<HD, BITS, GROUP, SDT, PACK>, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
+        auto *fn = k_kvq_tc<HD, BITS, GROUP, SDT, PACK, OCC>;
+        if (!cu_check(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm), "kvq attention: shared memory attribute") &&
+            !cu_check(c, cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100), "kvq attention: carveout"))
+            cu_launch(c, fn, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
                       (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
     }
 }
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
+static void kq_tc_occ_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
+    if (kq_tc_occ(c, BITS) == 4) kq_tc_go<HD, BITS, GROUP, SDT, PACK, 4>(c, r, k, grid);
+    else kq_tc_go<HD, BITS, GROUP, SDT, PACK, KT_BLOCKS_SM>(c, r, k, grid);
+}
 template <int HD, int BITS, int GROUP>
 static void kq_tc_sdt(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid, int sdt, int pack) {
-    if (sdt == BE_F32) pack ? kq_tc_go<HD, BITS, GROUP, BE_F32, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F32, false>(c, r, k, grid);
-    else if (sdt == BE_F16) pack ? kq_tc_go<HD, BITS, GROUP, BE_F16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F16, false>(c, r, k, grid);
-    else pack ? kq_tc_go<HD, BITS, GROUP, BE_BF16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_BF16, false>(c, r, k, grid);
+    if (sdt == BE_F32) pack ? kq_tc_occ_go<HD, BITS, GROUP, BE_F32, true>(c, r, k, grid) : kq_tc_occ_go<HD, BITS, GROUP, BE_F32, false>(c, r, k, grid);
+    else if (sdt == BE_F16) pack ? kq_tc_occ_go<HD, BITS, GROUP, BE_F16, true>(c, r, k, grid) : kq_tc_occ_go<HD, BITS, GROUP, BE_F16, false>(c, r, k, grid);
+    else pack ? kq_tc_occ_go<HD, BITS, GROUP, BE_BF16, true>(c, r, k, grid) : kq_tc_occ_go<HD, BITS, GROUP, BE_BF16, false>(c, r, k, grid);
 }
 
 /* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
@@ -738,7 +851,7 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
         /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks
          * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
         static_assert(4 * KT_TK == CU_DEC_RUN, "a slice's rounds are the four warps' runs");
-        int pieces = (span + CU_DEC_RUN - 1) / CU_DEC_RUN, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
+        int pieces = (span + CU_DEC_RUN - 1) / CU_DEC_RUN, want = cu_one_wave(pieces, kq_tc_occ(c, k->bits) * c->n_sm, (long)a->B * a->L * a->n_kv_head);
         cu_dec_slices(span, want, c->slice_real, &chunk, &nsplit);
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
         chunk = (span + 255) / 256;
