@@ -61,7 +61,6 @@ run $B/test-backend-ops
 # take the tensor-core one from 8192 keys): forced on (quantized: PACK, then two products a k-step), then off
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_PACK=0 CINFER_TEST_ONLY=kvq_attention $B/test-backend-ops
-run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_OCC=1 CINFER_TEST_ONLY=kvq_attention $B/test-backend-ops   # 4-bit: 4 blocks an SM
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
 # every affine case through the one-token GEMV's other forms too (by default 4-bit rows of one token
 # take its integer form, streamed where a row's scales are whole 16-byte chunks, gemv-affine.cu;

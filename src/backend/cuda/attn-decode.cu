@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <cooperative_groups.h>
+#include <type_traits>
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/dec-tc.cuh"
@@ -452,7 +453,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
             for (int t2 = 0; t2 < 4; t2++)
                 if (jb + 2 * c + (t2 & 1) + (t2 >> 1) * 8 >= j1) x[t2] = -INFINITY;
             float pv[4];
-            dec_online<NT>(x, m_r, l_r, o, pv);
+            dec_online<NT>(x, m_r, l_r, o, pv, std::is_same<KT, __half>::value ? 0.69f : 8.0f);   /* f16 P: 16384 p < 2^15 */
 #pragma unroll
             for (int t2 = 0; t2 < 4; t2++) pv[t2] *= 16384.0f;
             uint32_t ap[4], apl[4];

@@ -307,8 +307,6 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->dec_wide = cf_knob_on("CINFER_CUDA_DEC_WIDE");
     c->rope_fuse = cf_knob_on("CINFER_CUDA_ROPE_FUSE");
     c->kvq_rope = cf_knob_on("CINFER_CUDA_KVQ_ROPE");
-    const char *ko = getenv("CINFER_CUDA_KQ_OCC");
-    c->kq_occ = ko && !strcmp(ko, "1");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");

@@ -34,14 +34,16 @@ __device__ __forceinline__ void dec_pipe_next(int t, int mine, LD &load) {
 }
 
 /* one run's online softmax step: x[4] the lane's scores (-inf: not a key), m_r / l_r the running max and
- * (lane-partial) sum, o rescaled; pv[4] = exp(x - m). The rescale is skipped (a warp vote) when no lane's
- * max moved: its factor would be exactly 1. */
+ * (lane-partial) sum, o rescaled; pv[4] = exp(x - m). Lazily: the running max moves only when a score passes it
+ * by more than tau (natural-log units), so pv <= e^tau and most runs keep it — a factor of exactly 1, whose
+ * rescale (a warp vote) and exp are skipped; (m, l, o) stays a partial of the same definition for any m. The
+ * caller's tau keeps pv in its operands' range (CUDA-core and quantized kernels: 8; f16 P: ln 2). */
 template <int NT>
-__device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l_r, float (*o)[4], float *pv) {
+__device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l_r, float (*o)[4], float *pv, float tau) {
     float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float mn = fmaxf(m_r, mx), al = m_r == -INFINITY ? 0.0f : expf(m_r - mn);
+    float mn = mx > m_r + tau ? mx : m_r, al = mn == m_r ? 1.0f : m_r == -INFINITY ? 0.0f : expf(m_r - mn);
 #pragma unroll
     for (int t = 0; t < 4; t++) pv[t] = x[t] == -INFINITY ? 0.0f : expf(x[t] - mn);
     l_r = l_r * al + ((pv[0] + pv[1]) + (pv[2] + pv[3]));

@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(KQ_THREADS) k_kvq_split(const float *q, const 
  *   of head r & 3's sums, added by a shuffle (scores per run; P V once, before the merge). Otherwise hi and
  *   mid in rows 0-7 and 8-15, lo in a second product. CINFER_CUDA_KQ_PACK=0 keeps two products. */
 #define KT_TK 16
-#define KT_BLOCKS_SM 3   /* resident blocks per SM; 4-bit pools: 4 with CINFER_CUDA_KQ_OCC (kq_tc_occ) */
+#define KT_BLOCKS_SM 3   /* resident blocks per SM (4 for 4-bit pools, registers capped at 128: 0.95-0.97x on an H100) */
 template <int HD, int BITS> struct kq_tc_geo {
     static constexpr int RB = HD * BITS / 8;                                  /* code bytes a row */
     static constexpr int ST = BITS == 8 ? 3 : 4;                              /* stages per warp */
@@ -515,20 +515,40 @@ __device__ __forceinline__ uint32_t kq_bf2_f32(uint32_t x, int i, uint32_t y, in
 }
 /* 4-bit codes: byte sel & 7 of x and byte sel >> 8 & 7 of (x, y) (the permute's selector) as two exact bf16
  * pairs: lo = their low nibbles, hi = their high nibbles (the first byte's in the low halves) */
+__device__ __forceinline__ uint32_t kq_and_or(uint32_t a, uint32_t orv) {   /* (a & 0x000F000F) | orv in one LOP3 */
+    uint32_t d;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(d) : "r"(a), "r"(orv));
+    return d;
+}
 __device__ __forceinline__ void kq_bf2_nib(uint32_t x, uint32_t y, uint32_t sel, uint32_t &lo, uint32_t &hi) {
-    uint32_t v = __byte_perm(x, y, sel), a = (v & 0x000F000Fu) | 0x43004300u, b = (v >> 4 & 0x000F000Fu) | 0x43004300u;
+    /* (the and and the or as one LOP3 each: ptxas, given both constants, spent two) */
+    uint32_t v = __byte_perm(x, y, sel), a = kq_and_or(v, 0x43004300u), b = kq_and_or(v >> 4, 0x43004300u);
     const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
     __nv_bfloat162 ra = __hsub2(*(__nv_bfloat162 *)&a, k128), rb = __hsub2(*(__nv_bfloat162 *)&b, k128);
     lo = *(uint32_t *)&ra;
     hi = *(uint32_t *)&rb;
+}
+/* the NG scales (or biases) of a key's row in a stage: one shared-memory load of the row's 4, 8 or 16 bytes, widened */
+template <int SDT, int NG> __device__ __forceinline__ void kq_sb(const unsigned char *p, float *v) {
+    constexpr int W = SDT == BE_F32 ? NG : (NG + 1) / 2;   /* 32-bit words: 1, 2 or 4 */
+    uint32_t w[W];
+    if (W == 1) w[0] = *(const uint32_t *)p;
+    else if (W == 2) *(uint2 *)w = *(const uint2 *)p;
+    else *(uint4 *)w = *(const uint4 *)p;
+#pragma unroll
+    for (int i = 0; i < NG; i++) {
+        if (SDT == BE_F32) v[i] = __uint_as_float(w[i]);
+        else if (SDT == BE_BF16) v[i] = __uint_as_float(i & 1 ? w[i / 2] & 0xFFFF0000u : w[i / 2] << 16);
+        else v[i] = __half2float(__ushort_as_half((unsigned short)(w[i / 2] >> (i & 1) * 16)));
+    }
 }
 /* the dim of column j of P V's n-tile n (permuted, see above) */
 template <int GROUP> __device__ __forceinline__ int kq_vdim(int n, int j) {
     constexpr int WG = GROUP / 8;
     return n / WG * GROUP + j * WG + n % WG;
 }
-template <int HD, int BITS, int GROUP, int SDT, bool PACK, int OCC>
-__global__ void __launch_bounds__(KQ_THREADS, OCC) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
+__global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float *q, const uint8_t *Kc, const void *Ks, const void *Kb, const uint8_t *Vc,
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
@@ -651,17 +671,25 @@ __global__ void __launch_bounds__(KQ_THREADS, OCC) k_kvq_tc(const float *q, cons
 #pragma unroll
                 for (int t2 = 0; t2 < 4; t2++) {
                     int nt = t2 >> 1, e = t2 & 1, kk = nt * 8 + 2 * c + e;
-                    float v = 0.0f;
+                    float v = 0.0f, ks[NG], kb[NG];
+                    kq_sb<SDT, NG>(sb + kk * 64, ks);
+                    kq_sb<SDT, NG>(sb + kk * 64 + 16, kb);
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64, SDT, gi) * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
+                    for (int gi = 0; gi < NG; gi++) v += ks[gi] * (sacc[gi][nt][e] + sacc[gi][nt][e + 2]);
                     if (PACK) v += __shfl_xor_sync(0xffffffffu, v, 16);   /* + the other half's parts */
 #pragma unroll
-                    for (int gi = 0; gi < NG; gi++) v += cu_mat_get(sb + kk * 64 + 16, SDT, gi) * qsum[gi];
+                    for (int gi = 0; gi < NG; gi++) v += kb[gi] * qsum[gi];
                     if (cap > 0) v = be_softcap(v, cap);
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
             }
-            float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv);
+            float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv, 8.0f), vs[4][NG], vb[4][NG];
+#pragma unroll
+            for (int t2 = 0; t2 < 4; t2++) {   /* the V scales and biases of the lane's keys */
+                int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
+                kq_sb<SDT, NG>(sb + kk * 64 + 32, vs[t2]);
+                kq_sb<SDT, NG>(sb + kk * 64 + 48, vb[t2]);
+            }
 #pragma unroll
             for (int gi = 0; gi < NG; gi++) {   /* P V over the group's n-tiles gi * WG .. */
                 uint32_t ap[4], apl[4];
@@ -669,9 +697,8 @@ __global__ void __launch_bounds__(KQ_THREADS, OCC) k_kvq_tc(const float *q, cons
                     float ps[4], bsum = 0.0f;
 #pragma unroll
                     for (int t2 = 0; t2 < 4; t2++) {
-                        int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
-                        ps[t2] = pv[t2] * cu_mat_get(sb + kk * 64 + 32, SDT, gi);
-                        bsum += pv[t2] * cu_mat_get(sb + kk * 64 + 48, SDT, gi);
+                        ps[t2] = pv[t2] * vs[t2][gi];
+                        bsum += pv[t2] * vb[t2][gi];
                     }
                     ob[gi] = ob[gi] * al + bsum;
                     if (PACK) mma_a_pack<__nv_bfloat16>(ps, lo_rows, ap);
@@ -752,38 +779,29 @@ enum { KQ_SPLIT = 0, KQ_FLASH = 1, KQ_TC = 2 };
 static int kq_tc_takes(const be_ctx *c, int bits, int hd, int group, int sdt) {
     return c->dec_tc != 0 && (bits == 4 || bits == 8) && (hd == 64 || hd == 128) && kq_sbn_ok(kq_sbn(hd, group, sdt));
 }
-/* k_kvq_tc's resident blocks an SM: 4-bit pools' stages leave room for a fourth (4 x 49 KiB of shared memory; the
- * registers capped at 128 a thread) with CINFER_CUDA_KQ_OCC; 8-bit ones' do not */
-static int kq_tc_occ(const be_ctx *c, int bits) { return bits == 4 && c->kq_occ ? 4 : KT_BLOCKS_SM; }
 
 /* a record's geometry as l_kvq_attention decodes it, for the k_kvq_tc instance it picks */
 struct kq_geo {
     int L, H, n_kv, n_pt, sh, window, keep, tiled, nsplit, chunk;
 };
-/* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing, nor 8-bit ones with 4 blocks an SM */
-template <int HD, int BITS, int GROUP, int SDT, bool PACK, int OCC>
+/* one k_kvq_tc instance; formats whose scales kq_tc_takes refuses instantiate nothing */
+template <int HD, int BITS, int GROUP, int SDT, bool PACK>
 static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
-    if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT)) && (OCC == KT_BLOCKS_SM || BITS == 4)) {
+    if constexpr (kq_sbn_ok(kq_sbn(HD, GROUP, SDT))) {
         size_t sm = kq_tc_geo<HD, BITS>::SMEM;
-        auto *fn = k_kvq_tc<HD, BITS, GROUP, SDT, PACK, OCC>;
-        if (!cu_check(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm), "kvq attention: shared memory attribute") &&
-            !cu_check(c, cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100), "kvq attention: carveout"))
+        auto *fn = k_kvq_tc<HD, BITS, GROUP, SDT, PACK>;
+        if (!cu_check(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm), "kvq attention: shared memory attribute"))
             cu_launch(c, fn, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
                       (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
     }
 }
-template <int HD, int BITS, int GROUP, int SDT, bool PACK>
-static void kq_tc_occ_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
-    if (kq_tc_occ(c, BITS) == 4) kq_tc_go<HD, BITS, GROUP, SDT, PACK, 4>(c, r, k, grid);
-    else kq_tc_go<HD, BITS, GROUP, SDT, PACK, KT_BLOCKS_SM>(c, r, k, grid);
-}
 template <int HD, int BITS, int GROUP>
 static void kq_tc_sdt(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid, int sdt, int pack) {
-    if (sdt == BE_F32) pack ? kq_tc_occ_go<HD, BITS, GROUP, BE_F32, true>(c, r, k, grid) : kq_tc_occ_go<HD, BITS, GROUP, BE_F32, false>(c, r, k, grid);
-    else if (sdt == BE_F16) pack ? kq_tc_occ_go<HD, BITS, GROUP, BE_F16, true>(c, r, k, grid) : kq_tc_occ_go<HD, BITS, GROUP, BE_F16, false>(c, r, k, grid);
-    else pack ? kq_tc_occ_go<HD, BITS, GROUP, BE_BF16, true>(c, r, k, grid) : kq_tc_occ_go<HD, BITS, GROUP, BE_BF16, false>(c, r, k, grid);
+    if (sdt == BE_F32) pack ? kq_tc_go<HD, BITS, GROUP, BE_F32, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F32, false>(c, r, k, grid);
+    else if (sdt == BE_F16) pack ? kq_tc_go<HD, BITS, GROUP, BE_F16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_F16, false>(c, r, k, grid);
+    else pack ? kq_tc_go<HD, BITS, GROUP, BE_BF16, true>(c, r, k, grid) : kq_tc_go<HD, BITS, GROUP, BE_BF16, false>(c, r, k, grid);
 }
 
 /* the record: p q, out, K codes/scales/biases, V codes/scales/biases, geometry at p[8]; i[CU_A_OP..]: bits, group,
@@ -851,7 +869,7 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
         /* the tensor-core kernel (no limit on a slice's keys): runs of 64, at most one wave of blocks
          * (H200, llama-3.1-8b decode at 32k, KV4: 256 slices of 128 keys ran 7.12 ms a step) */
         static_assert(4 * KT_TK == CU_DEC_RUN, "a slice's rounds are the four warps' runs");
-        int pieces = (span + CU_DEC_RUN - 1) / CU_DEC_RUN, want = cu_one_wave(pieces, kq_tc_occ(c, k->bits) * c->n_sm, (long)a->B * a->L * a->n_kv_head);
+        int pieces = (span + CU_DEC_RUN - 1) / CU_DEC_RUN, want = cu_one_wave(pieces, KT_BLOCKS_SM * c->n_sm, (long)a->B * a->L * a->n_kv_head);
         cu_dec_slices(span, want, c->slice_real, &chunk, &nsplit);
     } else {   /* runs of 128..KQ_CHUNK keys, about 256 slices on long spans */
         chunk = (span + 255) / 256;
