@@ -982,6 +982,18 @@ static uint32_t bits(const void *p, be_dtype dt, size_t i) {
     return dt == BE_F32 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
 }
 
+/* the batch of the rope + write tests: 3 rows of 5 queries from positions 0, 3 and 30 (5, 2 and 4 of them real), H q
+ * heads over nkv kv heads, rot dims rotated (inv: the frequencies, malloc'd); a points into rb */
+typedef struct rope_batch { int pos0[3], len[3], run0[3], pos[15]; float *inv; be_attn a; } rope_batch;
+static void rope_batch_new(rope_batch *rb, int H, int nkv, int hd, int rot, int neox) {
+    *rb = (rope_batch){.pos0 = {0, 3, 30}, .len = {5, 2, 4}};
+    rb->inv = malloc(sizeof(float) * (rot / 2));
+    for (int i = 0; i < rot / 2; i++) rb->inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rot);
+    for (int t = 0; t < 15; t++) rb->pos[t] = rb->pos0[t / 5] + t % 5;
+    rb->a = (be_attn){.B = 3, .L = 5, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = rb->pos0, .len = rb->len, .run0 = rb->run0,
+                      .pos = rb->pos, .inv_freq = rb->inv, .rot_dims = rot, .neox = neox};
+}
+
 /* rope of q and k, then both written to the pages, in one op: q and k against the reference
  * rope, the pools against be_ref_kv_write of the reference results (slots it does not write
  * keep their poison) */
@@ -989,13 +1001,12 @@ static void test_rope_kv_write(void) {
     if (!have((const void *)be->rope_kv_write, "rope_kv_write")) return;
     for (int dt = 0; dt < 3; dt++)
         for (int variant = 0; variant < 2; variant++) {
-            int B = 3, L = 5, H = 6, nkv = 3, hd = 64, pos0[3] = {0, 3, 30}, len[3] = {5, 2, 4}, run0[3] = {0, 0, 0};
-            int rot = variant ? hd / 2 : hd, neox = !variant, T = B * L, pos[15];
-            float *inv = malloc(sizeof(float) * (rot / 2));
-            for (int i = 0; i < rot / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rot);
-            for (int t = 0; t < T; t++) pos[t] = pos0[t / L] + t % L;
-            be_attn a = {.B = B, .L = L, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len, .run0 = run0,
-                         .pos = pos, .inv_freq = inv, .rot_dims = rot, .neox = neox};
+            int H = 6, nkv = 3, hd = 64, rot = variant ? hd / 2 : hd, neox = !variant, T = 15;
+            rope_batch rb;
+            rope_batch_new(&rb, H, nkv, hd, rot, neox);
+            be_attn a = rb.a;
+            const int *pos = rb.pos;
+            float *inv = rb.inv;
             paged_layout ly;
             paged_new(&ly, &a, variant ? 4 : 16, &rng, be, bc);
             size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, ne = paged_pool_elems(&a, &ly), words = words_of(ne, dt);
@@ -1289,14 +1300,12 @@ static void test_rope_kvq_write(void) {
         {4, 32, BE_F32, 128, 24, 1, 0, 16}, {8, 128, BE_BF16, 128, 32, 8, 1, 16},
     };
     for (size_t ci = 0; ci < sizeof C / sizeof *C; ci++) {
-        int hd = C[ci].hd, H = C[ci].H, nkv = C[ci].nkv, B = 3, L = 5, T = B * L, pos[15];
-        int pos0[3] = {0, 3, 30}, len[3] = {5, 2, 4}, run0[3] = {0, 0, 0};
-        int rot = C[ci].half_rot ? hd / 2 : hd, neox = (int)ci % 2;
-        float *inv = malloc(sizeof(float) * (rot / 2));
-        for (int i = 0; i < rot / 2; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rot);
-        for (int t = 0; t < T; t++) pos[t] = pos0[t / L] + t % L;
-        be_attn a = {.B = B, .L = L, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = pos0, .len = len, .run0 = run0,
-                     .pos = pos, .inv_freq = inv, .rot_dims = rot, .neox = neox};
+        int hd = C[ci].hd, H = C[ci].H, nkv = C[ci].nkv, T = 15, rot = C[ci].half_rot ? hd / 2 : hd, neox = (int)ci % 2;
+        rope_batch rb;
+        rope_batch_new(&rb, H, nkv, hd, rot, neox);
+        be_attn a = rb.a;
+        const int *pos = rb.pos;
+        float *inv = rb.inv;
         paged_layout ly;
         paged_new(&ly, &a, C[ci].page, &rng, be, bc);
         size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, slots = paged_pool_elems(&a, &ly) / hd;

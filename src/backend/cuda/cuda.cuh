@@ -446,6 +446,25 @@ __device__ __forceinline__ void cu_rope_dims(int j, int rot, int neox, int *i0, 
 __device__ __forceinline__ float2 cu_rope_pair(float a0, float a1, float cs, float sn) {
     return make_float2(a0 * cs - a1 * sn, a1 * cs + a0 * sn);
 }
+/* rotation pair w of a (token, kv head) block of k_rope_kv / k_rope_kvq: pair w % half of head hh = w / half — q head
+ * h g + hh (q: the token's q row at that kv head's first head) while hh < g, else the k row kr — rotated in place at
+ * (cs, sn), the angles the block computed for its first round before waiting, or this pair's own past the block's
+ * threads. Returns hh; the pair's dims and rotated values in i0, i1, r */
+__device__ __forceinline__ int cu_rope_kv_pair(int w, float *q, float *kr, int hd, int half, int rot, int neox, int g, float pos,
+                                               const float *inv_freq, float cs, float sn, int *i0, int *i1, float2 *r) {
+    const int hh = w / half, j = w % half;
+    if (w >= (int)blockDim.x) {
+        const float ang = pos * inv_freq[j];
+        cs = cosf(ang);
+        sn = sinf(ang);
+    }
+    float *vec = hh < g ? q + (size_t)hh * hd : kr;
+    cu_rope_dims(j, rot, neox, i0, i1);
+    *r = cu_rope_pair(vec[*i0], vec[*i1], cs, sn);
+    vec[*i0] = r->x;
+    vec[*i1] = r->y;
+    return hh;
+}
 
 /* stores x as element i of a pool of dtype dt (f32/f16/bf16), rounding to nearest even */
 __device__ __forceinline__ void cu_kv_put(void *p, int dt, size_t i, float x) {

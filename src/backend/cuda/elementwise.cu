@@ -454,18 +454,10 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
     for (; w < nwork; w += blockDim.x) {
         float *kr = k + ((size_t)t * n_kv + h) * hd;
         if (w < npair) {
-            int hh = w / half, j = w % half;
-            if (w >= (int)blockDim.x) {   /* more pairs than threads: this pair's own angle */
-                float ang = (float)pos[t] * inv_freq[j];
-                cs = cosf(ang);
-                sn = sinf(ang);
-            }
-            float *vec = hh < g ? q + ((size_t)t * H + h * g + hh) * hd : kr;
             int i0, i1;
-            cu_rope_dims(j, rot, neox, &i0, &i1);
-            const float2 r = cu_rope_pair(vec[i0], vec[i1], cs, sn);
-            vec[i0] = r.x;
-            vec[i1] = r.y;
+            float2 r;
+            int hh = cu_rope_kv_pair(w, q + ((size_t)t * H + h * g) * hd, kr, hd, half, rot, neox, g, (float)pos[t], inv_freq, cs, sn,
+                                     &i0, &i1, &r);
             if (hh == g && store) {
                 cu_kv_put(kc, dt, off + i0, r.x);
                 cu_kv_put(kc, dt, off + i1, r.y);

@@ -154,6 +154,16 @@ void cu_op_kvq_write(be_ctx *c, const be_attn *a, const float *src, const be_kvq
     cu_submit(c, &r);
 }
 
+/* a record's K pools (codes, scales, biases) from p[slot], then V's */
+static void kq_rec_pools(cu_rec *r, int slot, const be_kvq *k, const be_kvq *v) {
+    const be_kvq *pp[2] = {k, v};
+    for (int i = 0; i < 2; i++) {
+        r->p[slot + 3 * i] = pp[i]->codes;
+        r->p[slot + 3 * i + 1] = pp[i]->scales;
+        r->p[slot + 3 * i + 2] = pp[i]->biases;
+    }
+}
+
 /* ---------------------------------------------------- rope + kvq write, fused */
 
 /* One block per (token, kv head): the rotation pairs of the kv head's g q heads and of its k head, in place (as
@@ -176,18 +186,9 @@ __global__ void k_rope_kvq(float *q, float *k, const float *v, uint8_t *kc, void
     }
     PDL_WAIT();
     for (; w < npair; w += blockDim.x) {
-        int hh = w / half, j = w % half;
-        if (w >= (int)blockDim.x) {   /* more pairs than threads: this pair's own angle */
-            float ang = (float)pos[t] * inv_freq[j];
-            cs = cosf(ang);
-            sn = sinf(ang);
-        }
-        float *vec = hh < g ? q + ((size_t)t * H + h * g + hh) * hd : kr;
         int i0, i1;
-        cu_rope_dims(j, rot, neox, &i0, &i1);
-        const float2 r = cu_rope_pair(vec[i0], vec[i1], cs, sn);
-        vec[i0] = r.x;
-        vec[i1] = r.y;
+        float2 r;
+        cu_rope_kv_pair(w, q + ((size_t)t * H + h * g) * hd, kr, hd, half, rot, neox, g, (float)pos[t], inv_freq, cs, sn, &i0, &i1, &r);
     }
     __syncthreads();   /* the rotated k row, written by other threads of the block, is read below */
     int per = hd / 8, tid = threadIdx.x;
@@ -234,12 +235,7 @@ void cu_op_rope_kvq_write(be_ctx *c, const be_attn *a, float *q, float *k, const
     r.p[0] = q;
     r.p[1] = k;
     r.p[2] = v;
-    r.p[3] = kp->codes;
-    r.p[4] = kp->scales;
-    r.p[5] = kp->biases;
-    r.p[6] = vp->codes;
-    r.p[7] = vp->scales;
-    r.p[8] = vp->biases;
+    kq_rec_pools(&r, 3, kp, vp);
     cu_rec_attn(c, &r, a, 9);
     r.p[14] = cu_stage(c, a->pos, sizeof(int) * (size_t)T);
     r.p[15] = cu_stage(c, a->inv_freq, sizeof(float) * (size_t)(a->rot_dims / 2));
@@ -883,12 +879,7 @@ void cu_op_kvq_attention(be_ctx *c, const be_attn *a, const float *q, const be_k
     r.fn = l_kvq_attention;
     r.p[0] = q;
     r.p[1] = out;
-    r.p[2] = k->codes;
-    r.p[3] = k->scales;
-    r.p[4] = k->biases;
-    r.p[5] = v->codes;
-    r.p[6] = v->scales;
-    r.p[7] = v->biases;
+    kq_rec_pools(&r, 2, k, v);
     cu_rec_attn(c, &r, a, 8);
     r.i[CU_A_OP] = k->bits;
     r.i[CU_A_OP + 1] = k->group;
