@@ -364,7 +364,7 @@ template <int HD, bool CL, typename KT>
 __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn_dec_tc(const float *q, const KT *K, const KT *V, int L, int H, int n_kv,
                                                               const int32_t *pt, int n_pt, int sh, int window, int keep, float scale,
                                                               const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
-                                                              int chunk, float *part, int *cnt, float *out) {
+                                                              int chunk, float *part, int *cnt, float *out, float tau) {
     typedef dec_tc_geo<HD> G;
     constexpr int ST = G::ST, RV = HD / 8, KS = HD / 16, NT = HD / 8, TILE = DEC_TK * HD, PER = DEC_TK * RV / 32;
     static_assert(DEC_THREADS == 128 && DEC_GMAX == 8, "four warps; q heads are the A operand's rows 0-7");
@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(DEC_THREADS, dec_tc_geo<HD>::BLOCKS_SM) k_attn
             for (int t2 = 0; t2 < 4; t2++)
                 if (jb + 2 * c + (t2 & 1) + (t2 >> 1) * 8 >= j1) x[t2] = -INFINITY;
             float pv[4];
-            dec_online<NT>(x, m_r, l_r, o, pv, std::is_same<KT, __half>::value ? 0.69f : 8.0f);   /* f16 P: 16384 p < 2^15 */
+            dec_online<NT>(x, m_r, l_r, o, pv, std::is_same<KT, __half>::value ? fminf(tau, 0.69f) : tau);   /* f16 P: 16384 p < 2^15 */
 #pragma unroll
             for (int t2 = 0; t2 < 4; t2++) pv[t2] *= 16384.0f;
             uint32_t ap[4], apl[4];
@@ -577,7 +577,7 @@ void cu_attn_decode_launch(be_ctx *c, const cu_rec *r) {
                                                    (int)dec_tc_geo<HD>::SMEM), "decode attention: shared memory attribute")) \
             cu_launch_cluster(c, cl, k_attn_dec_tc<HD, CL, KT>, grid, dim3(DEC_THREADS), dec_tc_geo<HD>::SMEM, q, (const KT *)K, \
                               (const KT *)V, L, H, n_kv, pt, n_pt, sh, window, keep, scale, pos0, len, seq, run0, nsplit, chunk, c->part, \
-                              c->cnt, out); \
+                              c->cnt, out, c->dec_lazy ? 8.0f : 0.0f); \
     } while (0)
 #define DEC_KT(HD, CL) do { if (bf) DEC(HD, CL, __nv_bfloat16); else DEC(HD, CL, __half); } while (0)
     if (hd == 64) { if (cl) DEC_KT(64, true); else DEC_KT(64, false); }

@@ -548,7 +548,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                                                          const void *Vs, const void *Vb, int L, int H, int n_kv, const int32_t *pt,
                                                          int n_pt, int sh, int window, int keep, float scale, float cap, int tiled,
                                                          const int *pos0, const int *len, const int *seq, const int *run0, int nsplit,
-                                                         int chunk, float *part, int *cnt, float *out) {
+                                                         int chunk, float *part, int *cnt, float *out, float tau) {
     typedef kq_tc_geo<HD, BITS> G;
     constexpr int RB = G::RB, ST = G::ST, KS = HD / 16, NT = HD / 8, NG = HD / GROUP, CPR = RB / 16, WG = GROUP / 8;
     constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, PER = KT_TK * CPR / 32, NB = 4 * 8 * HD;
@@ -679,7 +679,7 @@ __global__ void __launch_bounds__(KQ_THREADS, KT_BLOCKS_SM) k_kvq_tc(const float
                     x[t2] = jb + kk < j1 && (okm >> kk & 1u) ? v : -INFINITY;
                 }
             }
-            float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv, 8.0f), vs[4][NG], vb[4][NG];
+            float pv[4], al = dec_online<NT>(x, m_r, l_r, o, pv, tau), vs[4][NG], vb[4][NG];
 #pragma unroll
             for (int t2 = 0; t2 < 4; t2++) {   /* the V scales and biases of the lane's keys */
                 int kk = (t2 >> 1) * 8 + 2 * c + (t2 & 1);
@@ -790,7 +790,7 @@ static void kq_tc_go(be_ctx *c, const cu_rec *r, const kq_geo &k, dim3 grid) {
             cu_launch(c, fn, grid, dim3(KQ_THREADS), sm, (const float *)r->p[0], (const uint8_t *)r->p[2],
                       r->p[3], r->p[4], (const uint8_t *)r->p[5], r->p[6], r->p[7], k.L, k.H, k.n_kv, (const int32_t *)r->p[12], k.n_pt, k.sh,
                       k.window, k.keep, r->f[0], r->f[2], k.tiled, (const int *)r->p[8], (const int *)r->p[9], (const int *)r->p[10],
-                      (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1]);
+                      (const int *)r->p[11], k.nsplit, k.chunk, c->part, c->cnt, (float *)r->p[1], c->dec_lazy ? 8.0f : 0.0f);
     }
 }
 template <int HD, int BITS, int GROUP>
