@@ -62,7 +62,7 @@ run $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=1 CINFER_TEST_ONLY=attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_KQ_PACK=0 CINFER_TEST_ONLY=kvq_attention $B/test-backend-ops
 run env CINFER_CUDA_DEC_TC=0 CINFER_TEST_ONLY=attention $B/test-backend-ops
-run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_DEC_LAZY=0 CINFER_TEST_ONLY=attention $B/test-backend-ops   # the eager online softmax
+run env CINFER_CUDA_DEC_TC=1 CINFER_CUDA_DEC_LAZY=1 CINFER_TEST_ONLY=attention $B/test-backend-ops   # the lazy online softmax (opt-in)
 # every affine case through the one-token GEMV's other forms too (by default 4-bit rows of one token
 # take its integer form, streamed where a row's scales are whole 16-byte chunks, gemv-affine.cu;
 # CINFER_CUDA_AFF_RING=0 the integer form's register kernel; CINFER_CUDA_AFF_DP=0 the f32 forms: tensor

@@ -307,7 +307,8 @@ static int cuda_ctx_new(be_ctx **out, int n_threads) {
     c->dec_wide = cf_knob_on("CINFER_CUDA_DEC_WIDE");
     c->rope_fuse = cf_knob_on("CINFER_CUDA_ROPE_FUSE");
     c->kvq_rope = cf_knob_on("CINFER_CUDA_KVQ_ROPE");
-    c->dec_lazy = cf_knob_on("CINFER_CUDA_DEC_LAZY");
+    const char *lz = getenv("CINFER_CUDA_DEC_LAZY");   /* opt-in until a GPU has run it (session 50's device time ran out) */
+    c->dec_lazy = lz && !strcmp(lz, "1");
     const char *gr = getenv("CINFER_CUDA_GEMV_ROWS");
     c->gemv_rows = gr ? atoi(gr) : 0;   /* 0: the default (gemm.cu) */
     const char *db = getenv("CINFER_CUDA_DEC_BLOCKS");

@@ -123,7 +123,7 @@ struct be_ctx {
     int dec_wide;            /* the CUDA-core decode attention with 8 warps a block (CINFER_CUDA_DEC_WIDE=0: 4) */
     int rope_fuse;           /* rope_kv_attend's rope and KV write inside that kernel (CINFER_CUDA_ROPE_FUSE=0: two launches) */
     int kvq_rope;            /* rope_kvq_write in one launch (CINFER_CUDA_KVQ_ROPE=0: four) */
-    int dec_lazy;            /* the tensor-core decode kernels' lazy online softmax (dec_online; CINFER_CUDA_DEC_LAZY=0: tau 0, the eager one) */
+    int dec_lazy;            /* the tensor-core decode kernels' lazy online softmax (dec_online; CINFER_CUDA_DEC_LAZY=1; else tau 0: the eager one) */
     int gemv_rows;           /* matmuls of up to this many rows take the GEMV (CINFER_CUDA_GEMV_ROWS=1..8; 0: default, 1) */
     int dec_blocks;          /* decode attention: blocks per SM that fill the GPU (CINFER_CUDA_DEC_BLOCKS; 0: always the span's slices) */
     int dec_many;            /* ... and then attn-many.cu's kernel (CINFER_CUDA_DEC_MANY=0: attn-decode.cu's, one slice) */

@@ -37,7 +37,8 @@ __device__ __forceinline__ void dec_pipe_next(int t, int mine, LD &load) {
  * (lane-partial) sum, o rescaled; pv[4] = exp(x - m). Lazily: the running max moves only when a score passes it
  * by more than tau (natural-log units), so pv <= e^tau and most runs keep it — a factor of exactly 1, whose
  * rescale (a warp vote) and exp are skipped; (m, l, o) stays a partial of the same definition for any m. The
- * caller's tau keeps pv in its operands' range (CUDA-core and quantized kernels: 8; f16 P: ln 2). */
+ * caller's tau keeps pv in its operands' range (bf16 P and the quantized kernel: 8; f16 P: ln 2); tau 0 is the eager
+ * recurrence bit for bit (CINFER_CUDA_DEC_LAZY=1 passes 8: opt-in, not yet run on a GPU). */
 template <int NT>
 __device__ __forceinline__ float dec_online(const float *x, float &m_r, float &l_r, float (*o)[4], float *pv, float tau) {
     float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
