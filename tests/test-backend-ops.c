@@ -993,6 +993,10 @@ static void rope_batch_new(rope_batch *rb, int H, int nkv, int hd, int rot, int 
     rb->a = (be_attn){.B = 3, .L = 5, .n_head = H, .n_kv_head = nkv, .head_dim = hd, .pos0 = rb->pos0, .len = rb->len, .run0 = rb->run0,
                       .pos = rb->pos, .inv_freq = rb->inv, .rot_dims = rot, .neox = neox};
 }
+/* the reference rope of the batch's rows of x (heads heads a token) */
+static void rope_batch_ref(const rope_batch *rb, float *x, int heads) {
+    be_ref_rope(x, rb->a.B * rb->a.L, heads, rb->a.head_dim, rb->a.rot_dims, rb->pos, rb->inv, rb->a.neox);
+}
 
 /* rope of q and k, then both written to the pages, in one op: q and k against the reference
  * rope, the pools against be_ref_kv_write of the reference results (slots it does not write
@@ -1005,8 +1009,6 @@ static void test_rope_kv_write(void) {
             rope_batch rb;
             rope_batch_new(&rb, H, nkv, hd, rot, neox);
             be_attn a = rb.a;
-            const int *pos = rb.pos;
-            float *inv = rb.inv;
             paged_layout ly;
             paged_new(&ly, &a, variant ? 4 : 16, &rng, be, bc);
             size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, ne = paged_pool_elems(&a, &ly), words = words_of(ne, dt);
@@ -1014,8 +1016,8 @@ static void test_rope_kv_write(void) {
             float *qr = malloc(nq * 4), *kr = malloc(nk * 4), *qg = malloc(nq * 4), *kg = malloc(nk * 4);
             memcpy(qr, q, nq * 4);
             memcpy(kr, k, nk * 4);
-            be_ref_rope(qr, T, H, hd, rot, pos, inv, neox);
-            be_ref_rope(kr, T, nkv, hd, rot, pos, inv, neox);
+            rope_batch_ref(&rb, qr, H);
+            rope_batch_ref(&rb, kr, nkv);
             uint32_t *kref = poisoned(words), *vref = poisoned(words), *kc = malloc(words * 4), *vc = malloc(words * 4);
             be_ref_kv_write(&a, kr, kref, dt);
             be_ref_kv_write(&a, v, vref, dt);
@@ -1042,7 +1044,7 @@ static void test_rope_kv_write(void) {
                   guards ? "intact" : "WRITTEN");
             gb_free(&gq); gb_free(&gk); gb_free(&gv); gb_free(&gkc); gb_free(&gvc);
             paged_free(&ly);
-            free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(kc); free(vc); free(inv);
+            free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(kc); free(vc); free(rb.inv);
             free(kref); free(vref); free(ones); free(mask);
         }
 }
@@ -1304,8 +1306,6 @@ static void test_rope_kvq_write(void) {
         rope_batch rb;
         rope_batch_new(&rb, H, nkv, hd, rot, neox);
         be_attn a = rb.a;
-        const int *pos = rb.pos;
-        float *inv = rb.inv;
         paged_layout ly;
         paged_new(&ly, &a, C[ci].page, &rng, be, bc);
         size_t nq = (size_t)T * H * hd, nk = (size_t)T * nkv * hd, slots = paged_pool_elems(&a, &ly) / hd;
@@ -1313,8 +1313,8 @@ static void test_rope_kvq_write(void) {
         float *qg = malloc(nq * 4), *kg = malloc(nk * 4);
         memcpy(qr, q, nq * 4);
         memcpy(kr, k, nk * 4);
-        be_ref_rope(qr, T, H, hd, rot, pos, inv, neox);
-        be_ref_rope(kr, T, nkv, hd, rot, pos, inv, neox);
+        rope_batch_ref(&rb, qr, H);
+        rope_batch_ref(&rb, kr, nkv);
         qpool kp, vp;
         qpool_new(&kp, slots, hd, C[ci].bits, C[ci].group, (be_dtype)C[ci].dt);
         qpool_new(&vp, slots, hd, C[ci].bits, C[ci].group, (be_dtype)C[ci].dt);
@@ -1335,7 +1335,7 @@ static void test_rope_kvq_write(void) {
         gb_free(&gq); gb_free(&gk); gb_free(&gv);
         qpool_free(&kp); qpool_free(&vp);
         paged_free(&ly);
-        free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(inv);
+        free(q); free(k); free(v); free(qr); free(kr); free(qg); free(kg); free(rb.inv);
     }
 }
 
